@@ -1,0 +1,33 @@
+# One command surface: CI and the README call these targets.
+PYTHON ?= python3
+
+.PHONY: install build lint test test-rust test-python bench fmt
+
+install:
+	$(PYTHON) -m pip install -e '.[test]'
+
+build:
+	$(PYTHON) -m pip install -e . --no-deps
+
+lint:
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo fmt --all -- --check
+	ruff check python tests benches
+	ruff format --check python tests benches
+	$(PYTHON) -m mypy.stubtest oxibonsai._core
+
+fmt:
+	cargo fmt --all
+	ruff format python tests benches
+	ruff check --fix python tests benches
+
+test: test-rust test-python
+
+test-rust:
+	cargo test -p oxibonsai-core
+
+test-python:
+	$(PYTHON) -m pytest tests
+
+bench:
+	$(PYTHON) -m pytest benches --benchmark-only

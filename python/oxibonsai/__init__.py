@@ -1,0 +1,8 @@
+"""oxibonsai: fast, dependable inference for PrismML Bonsai 1-bit (Q1_0) language models.
+
+The public API lives here; ``oxibonsai._core`` is the private native module.
+"""
+
+from oxibonsai._core import Q1Matrix, get_num_threads, kernel_info, set_num_threads
+
+__all__ = ["Q1Matrix", "get_num_threads", "kernel_info", "set_num_threads"]

@@ -1,0 +1,306 @@
+//! A persistent worker pool for the kernels: `threads - 1` workers plus the calling thread.
+//!
+//! Work is a list of independent tasks (the kernels make one task per range of row tiles), handed out
+//! through an atomic counter. Each output element is computed by exactly one task with the same code,
+//! so results are bit-identical for any thread count. Workers spin briefly after a job (a GEMV is tens
+//! of microseconds, about one sleep/wake) and then sleep on a condition variable.
+//!
+//! One job runs at a time; a second caller that finds the pool busy runs its tasks inline instead of
+//! waiting, which gives the same results.
+
+use std::cell::Cell;
+use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins before sleeping.
+const SPIN: Duration = Duration::from_micros(200);
+
+type TaskFn = dyn Fn(usize) + Sync;
+
+#[derive(Clone, Copy)]
+struct Job {
+    /// Lifetime-erased pointer to the caller's closure; valid until the caller's `run` returns,
+    /// which waits for every worker to finish with it.
+    f: *const TaskFn,
+    tasks: usize,
+}
+
+// SAFETY: the closure behind `f` is `Sync`, and `run` keeps it alive while any worker can call it.
+unsafe impl Send for Job {}
+
+struct Shared {
+    epoch: AtomicU64,
+    job: Mutex<Option<Job>>,
+    next: AtomicUsize,
+    pending: AtomicUsize,
+    shutdown: AtomicBool,
+    panicked: AtomicBool,
+    wake_lock: Mutex<()>,
+    wake: Condvar,
+    done_lock: Mutex<()>,
+    done: Condvar,
+}
+
+/// A fixed set of worker threads that run parallel loops for the kernels.
+pub struct Pool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    busy: Mutex<()>,
+}
+
+thread_local! {
+    static IN_POOL_TASK: Cell<bool> = const { Cell::new(false) };
+}
+
+impl Pool {
+    /// A pool that runs jobs on `threads` threads in all (the caller counts as one).
+    pub fn new(threads: usize) -> Pool {
+        let shared = Arc::new(Shared {
+            epoch: AtomicU64::new(0),
+            job: Mutex::new(None),
+            next: AtomicUsize::new(0),
+            pending: AtomicUsize::new(0),
+            shutdown: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+            wake_lock: Mutex::new(()),
+            wake: Condvar::new(),
+            done_lock: Mutex::new(()),
+            done: Condvar::new(),
+        });
+        let workers = (1..threads.max(1))
+            .map(|i| {
+                let shared = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("oxibonsai-worker-{i}"))
+                    .spawn(move || worker_loop(&shared))
+                    .expect("failed to spawn a kernel worker thread")
+            })
+            .collect();
+        Pool { shared, workers, busy: Mutex::new(()) }
+    }
+
+    /// Threads that run a job, the caller included.
+    pub fn threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Runs `f(0), ..., f(tasks - 1)`, each exactly once, across the pool; returns when all are done.
+    pub fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        let nested = IN_POOL_TASK.with(Cell::get);
+        let guard = if self.workers.is_empty() || tasks <= 1 || nested { None } else { self.busy.try_lock().ok() };
+        let Some(_guard) = guard else {
+            (0..tasks).for_each(f);
+            return;
+        };
+        // SAFETY: only the lifetime is erased; we wait below until no worker can still call `f`.
+        let f: *const TaskFn = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static TaskFn>(f) };
+        let sh = &*self.shared;
+        *sh.job.lock().unwrap() = Some(Job { f, tasks });
+        sh.next.store(0, Ordering::SeqCst);
+        sh.pending.store(self.workers.len(), Ordering::SeqCst);
+        {
+            let _lock = sh.wake_lock.lock().unwrap();
+            sh.epoch.fetch_add(1, Ordering::SeqCst);
+            sh.wake.notify_all();
+        }
+        // SAFETY: `f` is alive for the whole of this call.
+        run_tasks(sh, unsafe { &*f }, tasks);
+        wait_for_workers(sh);
+        *sh.job.lock().unwrap() = None;
+        if sh.panicked.swap(false, Ordering::SeqCst) {
+            panic!("a kernel task panicked on a worker thread");
+        }
+    }
+
+    /// Splits `0..items` into contiguous ranges (about four per thread, at least `min_chunk` long)
+    /// and runs `f` on each. The split never affects results: each item is handled by one call.
+    pub fn for_each_range(&self, items: usize, min_chunk: usize, f: impl Fn(Range<usize>) + Sync) {
+        let chunk = items.div_ceil(self.threads() * 4).max(min_chunk).max(1);
+        let tasks = items.div_ceil(chunk);
+        self.run(tasks, &|t| f(t * chunk..((t + 1) * chunk).min(items)));
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        {
+            let _lock = self.shared.wake_lock.lock().unwrap();
+            self.shared.shutdown.store(true, Ordering::SeqCst);
+            self.shared.wake.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+fn run_tasks(sh: &Shared, f: &TaskFn, tasks: usize) {
+    IN_POOL_TASK.with(|c| c.set(true));
+    loop {
+        let i = sh.next.fetch_add(1, Ordering::SeqCst);
+        if i >= tasks {
+            break;
+        }
+        if catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
+            sh.panicked.store(true, Ordering::SeqCst);
+        }
+    }
+    IN_POOL_TASK.with(|c| c.set(false));
+}
+
+fn wait_for_workers(sh: &Shared) {
+    let start = Instant::now();
+    while sh.pending.load(Ordering::SeqCst) != 0 {
+        if start.elapsed() > SPIN {
+            let mut lock = sh.done_lock.lock().unwrap();
+            while sh.pending.load(Ordering::SeqCst) != 0 {
+                lock = sh.done.wait(lock).unwrap();
+            }
+            return;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+fn worker_loop(sh: &Shared) {
+    let mut seen = 0u64;
+    loop {
+        if !wait_for_epoch(sh, seen) {
+            return;
+        }
+        seen = sh.epoch.load(Ordering::SeqCst);
+        let job = (*sh.job.lock().unwrap()).expect("a new epoch always carries a job");
+        // SAFETY: the caller of `run` keeps the closure alive until `pending` reaches zero.
+        run_tasks(sh, unsafe { &*job.f }, job.tasks);
+        if sh.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            let _lock = sh.done_lock.lock().unwrap();
+            sh.done.notify_all();
+        }
+    }
+}
+
+/// Waits until the epoch moves past `seen`; false on shutdown.
+fn wait_for_epoch(sh: &Shared, seen: u64) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < SPIN {
+        if sh.shutdown.load(Ordering::Relaxed) {
+            return false;
+        }
+        if sh.epoch.load(Ordering::SeqCst) != seen {
+            return true;
+        }
+        std::hint::spin_loop();
+    }
+    let mut lock = sh.wake_lock.lock().unwrap();
+    loop {
+        if sh.shutdown.load(Ordering::SeqCst) {
+            return false;
+        }
+        if sh.epoch.load(Ordering::SeqCst) != seen {
+            return true;
+        }
+        lock = sh.wake.wait(lock).unwrap();
+    }
+}
+
+static GLOBAL: RwLock<Option<Arc<Pool>>> = RwLock::new(None);
+
+fn default_threads() -> usize {
+    std::env::var("OXIBONSAI_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// The process-wide pool the kernels use (created on first use).
+pub fn global() -> Arc<Pool> {
+    if let Some(pool) = GLOBAL.read().unwrap().as_ref() {
+        return Arc::clone(pool);
+    }
+    let mut slot = GLOBAL.write().unwrap();
+    Arc::clone(slot.get_or_insert_with(|| Arc::new(Pool::new(default_threads()))))
+}
+
+/// Replaces the global pool with one of `threads` threads (`threads >= 1`).
+pub fn set_num_threads(threads: usize) {
+    assert!(threads >= 1, "threads must be >= 1");
+    let old = GLOBAL.write().unwrap().replace(Arc::new(Pool::new(threads)));
+    drop(old);
+}
+
+/// Threads the global pool runs on.
+pub fn num_threads() -> usize {
+    global().threads()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_runs_once_for_any_thread_count() {
+        for threads in [1, 2, 3, 5] {
+            let pool = Pool::new(threads);
+            for tasks in [0, 1, 2, 7, 100] {
+                let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+                pool.run(tasks, &|i| {
+                    hits[i].fetch_add(1, Ordering::SeqCst);
+                });
+                assert!(hits.iter().all(|h| h.load(Ordering::SeqCst) == 1));
+            }
+        }
+    }
+
+    #[test]
+    fn ranges_cover_items_exactly() {
+        let pool = Pool::new(3);
+        for items in [0, 1, 5, 64, 1000] {
+            let hits: Vec<AtomicUsize> = (0..items).map(|_| AtomicUsize::new(0)).collect();
+            pool.for_each_range(items, 3, |r| {
+                for i in r {
+                    hits[i].fetch_add(1, Ordering::SeqCst);
+                }
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::SeqCst) == 1));
+        }
+    }
+
+    #[test]
+    fn concurrent_callers_and_nested_runs_complete() {
+        let pool = Arc::new(Pool::new(2));
+        let total = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let (pool, total) = (Arc::clone(&pool), Arc::clone(&total));
+                std::thread::spawn(move || {
+                    for _ in 0..50 {
+                        pool.run(4, &|_| {
+                            pool.run(2, &|_| {
+                                total.fetch_add(1, Ordering::SeqCst);
+                            });
+                        });
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().for_each(|h| h.join().unwrap());
+        assert_eq!(total.load(Ordering::SeqCst), 4 * 50 * 4 * 2);
+    }
+
+    #[test]
+    fn a_panicking_task_is_reported_and_the_pool_survives() {
+        let pool = Pool::new(2);
+        let r = catch_unwind(AssertUnwindSafe(|| pool.run(8, &|i| assert!(i != 5))));
+        assert!(r.is_err());
+        let count = AtomicUsize::new(0);
+        pool.run(8, &|_| {
+            count.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(count.load(Ordering::SeqCst), 8);
+    }
+}

@@ -1,0 +1,147 @@
+//! AVX2 LUT kernels. One 32-byte load gives the table indices of 32 rows for two weight groups; four
+//! `vpshufb` look up the low and high bytes of both groups' entries, which are interleaved back into
+//! int16 and summed exactly per 128-block.
+//!
+//! Row order inside the int16 accumulators: `lo` holds rows 0..8 (low half) and 16..24 (high half),
+//! `hi` holds rows 8..16 and 24..32, because `vpunpck*bw` works per 128-bit half.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::{LutPacked, TABLE_BYTES, TILE_BLOCK_BYTES, TILE_ROWS};
+
+/// Columns whose tables share one extraction of weight indices in the GEMM.
+const GEMM_COLS: usize = 4;
+
+#[inline(always)]
+unsafe fn table(tables: *const u8, g: usize) -> (__m256i, __m256i) {
+    let t = tables.add(g * TABLE_BYTES);
+    (
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(t.cast())),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(t.add(16).cast())),
+    )
+}
+
+/// Adds the entries of groups `2c` and `2c + 1` selected by `bits` (32 rows) to the accumulators.
+#[inline(always)]
+unsafe fn accumulate_chunk(i0: __m256i, i1: __m256i, tables: *const u8, c: usize, acc: &mut [__m256i; 2]) {
+    let (t0lo, t0hi) = table(tables, 2 * c);
+    let (t1lo, t1hi) = table(tables, 2 * c + 1);
+    let (l0, h0) = (_mm256_shuffle_epi8(t0lo, i0), _mm256_shuffle_epi8(t0hi, i0));
+    let (l1, h1) = (_mm256_shuffle_epi8(t1lo, i1), _mm256_shuffle_epi8(t1hi, i1));
+    let lo = _mm256_add_epi16(_mm256_unpacklo_epi8(l0, h0), _mm256_unpacklo_epi8(l1, h1));
+    let hi = _mm256_add_epi16(_mm256_unpackhi_epi8(l0, h0), _mm256_unpackhi_epi8(l1, h1));
+    acc[0] = _mm256_add_epi16(acc[0], lo);
+    acc[1] = _mm256_add_epi16(acc[1], hi);
+}
+
+#[inline(always)]
+unsafe fn indices(bits: *const u8, c: usize) -> (__m256i, __m256i) {
+    let nibble = _mm256_set1_epi8(0x0f);
+    let v = _mm256_loadu_si256(bits.add(32 * c).cast());
+    (_mm256_and_si256(v, nibble), _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble))
+}
+
+/// `facc[q] = fma(isum(rows 8q..8q+8), d_w * d_a, facc[q])` for one finished block.
+#[inline(always)]
+pub(super) unsafe fn scale_block(acc: &[__m256i; 2], scales: *const u16, da: f32, facc: &mut [__m256; 4]) {
+    let sums = [
+        _mm256_castsi256_si128(acc[0]),
+        _mm256_castsi256_si128(acc[1]),
+        _mm256_extracti128_si256::<1>(acc[0]),
+        _mm256_extracti128_si256::<1>(acc[1]),
+    ];
+    let vda = _mm256_set1_ps(da);
+    for (q, (f, s)) in facc.iter_mut().zip(sums).enumerate() {
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(8 * q).cast()));
+        let isum = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(s));
+        *f = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, vda), *f);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemv_tile(p: &LutPacked, t: usize, tables: *const u8, scales: &[f32], out: &mut [f32]) {
+    let mut facc = [_mm256_setzero_ps(); 4];
+    for (b, &da) in scales.iter().enumerate() {
+        let bits = p.bits.as_ptr().add((t * p.kb + b) * TILE_BLOCK_BYTES);
+        let tb = tables.add(b * 32 * TABLE_BYTES);
+        let mut acc = [_mm256_setzero_si256(); 2];
+        for c in 0..16 {
+            let (i0, i1) = indices(bits, c);
+            accumulate_chunk(i0, i1, tb, c, &mut acc);
+        }
+        scale_block(&acc, p.tile_block_scales(t, b).as_ptr(), da, &mut facc);
+    }
+    for (q, f) in facc.iter().enumerate() {
+        _mm256_storeu_ps(out.as_mut_ptr().add(8 * q), *f);
+    }
+}
+
+/// Rows of `tiles` against one activation row's tables.
+pub fn gemv_tiles(p: &LutPacked, tiles: Range<usize>, tables: &[u8], scales: &[f32], out: &mut [f32]) {
+    assert!(tables.len() >= p.kb * 32 * TABLE_BYTES && scales.len() >= p.kb);
+    assert!(out.len() >= tiles.len() * TILE_ROWS && tiles.end <= p.tiles);
+    for (ti, t) in tiles.enumerate() {
+        // SAFETY: the caller checked AVX2/FMA/F16C; all reads are within the asserted lengths.
+        unsafe { gemv_tile(p, t, tables.as_ptr(), &scales[..p.kb], &mut out[ti * TILE_ROWS..][..TILE_ROWS]) };
+    }
+}
+
+/// `GEMM_COLS` (or fewer) activation rows against one tile: indices extracted once per chunk.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm_tile_cols<const NC: usize>(
+    p: &LutPacked,
+    t: usize,
+    tables: [*const u8; NC],
+    scales: [&[f32]; NC],
+    out: [&mut [f32]; NC],
+) {
+    let mut facc = [[_mm256_setzero_ps(); 4]; NC];
+    for b in 0..p.kb {
+        let bits = p.bits.as_ptr().add((t * p.kb + b) * TILE_BLOCK_BYTES);
+        let mut acc = [[_mm256_setzero_si256(); 2]; NC];
+        for c in 0..16 {
+            let (i0, i1) = indices(bits, c);
+            for j in 0..NC {
+                accumulate_chunk(i0, i1, tables[j].add(b * 32 * TABLE_BYTES), c, &mut acc[j]);
+            }
+        }
+        let ws = p.tile_block_scales(t, b).as_ptr();
+        for j in 0..NC {
+            scale_block(&acc[j], ws, scales[j][b], &mut facc[j]);
+        }
+    }
+    for (o, f) in out.into_iter().zip(facc) {
+        for (q, v) in f.iter().enumerate() {
+            _mm256_storeu_ps(o.as_mut_ptr().add(8 * q), *v);
+        }
+    }
+}
+
+/// `out[j * rows + r]` for `n` activation rows (tables and scales stored one row after another).
+pub fn gemm_tiles(p: &LutPacked, tiles: Range<usize>, n: usize, tables: &[u8], scales: &[f32], out: &mut [f32]) {
+    let col_tables = p.kb * 32 * TABLE_BYTES;
+    let rows = tiles.len() * TILE_ROWS;
+    assert!(tables.len() >= n * col_tables && scales.len() >= n * p.kb && out.len() >= n * rows);
+    assert!(tiles.end <= p.tiles);
+    for (ti, t) in tiles.enumerate() {
+        let mut j = 0;
+        while j < n {
+            let nc = (n - j).min(GEMM_COLS);
+            let tab = |c: usize| tables[(j + c) * col_tables..].as_ptr();
+            let sc = |c: usize| &scales[(j + c) * p.kb..(j + c + 1) * p.kb];
+            let mut outs = out.chunks_exact_mut(rows).skip(j).map(|o| &mut o[ti * TILE_ROWS..][..TILE_ROWS]);
+            let mut o = || outs.next().expect("n output columns");
+            // SAFETY: the caller checked AVX2/FMA/F16C; reads are within the asserted lengths.
+            unsafe {
+                match nc {
+                    4 => gemm_tile_cols::<4>(p, t, [tab(0), tab(1), tab(2), tab(3)], [sc(0), sc(1), sc(2), sc(3)], [o(), o(), o(), o()]),
+                    3 => gemm_tile_cols::<3>(p, t, [tab(0), tab(1), tab(2)], [sc(0), sc(1), sc(2)], [o(), o(), o()]),
+                    2 => gemm_tile_cols::<2>(p, t, [tab(0), tab(1)], [sc(0), sc(1)], [o(), o()]),
+                    _ => gemm_tile_cols::<1>(p, t, [tab(0)], [sc(0)], [o()]),
+                }
+            }
+            j += nc;
+        }
+    }
+}

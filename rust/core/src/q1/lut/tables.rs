@@ -1,0 +1,78 @@
+//! Lookup tables for 4 activations at a time.
+//!
+//! For group `g` (activations `a[4g..4g+4]`), entry `c` (bit `i` of `c` = sign of weight `4g+i`,
+//! set = +) is `sum_i (bit_i(c) ? a_i : -a_i)`, an int16 in [-508, 508]. A group's table is 32
+//! bytes: the 16 low bytes of the entries, then the 16 high bytes.
+
+use super::super::Isa;
+
+/// Bytes of one group's table.
+pub const TABLE_BYTES: usize = 32;
+
+/// The 16 exact entries of one group.
+#[inline]
+pub fn group_entries(a: &[i8]) -> [i16; 16] {
+    let mut t = [0i16; 16];
+    for (c, e) in t.iter_mut().enumerate() {
+        *e = a.iter().take(4).enumerate().map(|(i, &v)| if c >> i & 1 == 1 { i16::from(v) } else { -i16::from(v) }).sum();
+    }
+    t
+}
+
+/// Builds the tables of every group of `q` (`q.len() % 4 == 0`) into `out` (`q.len() / 4 * 32` bytes).
+pub fn build_tables(q: &[i8], out: &mut [u8], isa: Isa) {
+    assert_eq!(out.len(), q.len() / 4 * TABLE_BYTES);
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        // SAFETY: AVX2 is present (checked by `has_avx2`).
+        return unsafe { x86::build_tables(q, out) };
+    }
+    let _ = isa;
+    build_tables_scalar(q, out)
+}
+
+fn build_tables_scalar(q: &[i8], out: &mut [u8]) {
+    for (a, table) in q.chunks_exact(4).zip(out.chunks_exact_mut(TABLE_BYTES)) {
+        for (c, e) in group_entries(a).iter().enumerate() {
+            let [lo, hi] = e.to_le_bytes();
+            table[c] = lo;
+            table[16 + c] = hi;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::TABLE_BYTES;
+
+    /// Entry `c` = `2 * sum_{i: bit i of c} a_i - sum_i a_i`, eight entries per 128-bit half.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn build_tables(q: &[i8], out: &mut [u8]) {
+        // Lane c of mask i is all ones when bit i of c is set (c = 0..16 across the two halves).
+        let bit = |i: i32| {
+            let lane = |c: i32| if c >> i & 1 == 1 { -1i16 } else { 0 };
+            _mm256_setr_epi16(
+                lane(0), lane(1), lane(2), lane(3), lane(4), lane(5), lane(6), lane(7),
+                lane(8), lane(9), lane(10), lane(11), lane(12), lane(13), lane(14), lane(15),
+            )
+        };
+        let masks = [bit(0), bit(1), bit(2), bit(3)];
+        let low_byte = _mm256_set1_epi16(0xff);
+        for (a, table) in q.chunks_exact(4).zip(out.chunks_exact_mut(TABLE_BYTES)) {
+            let mut set = _mm256_setzero_si256();
+            for (m, &v) in masks.iter().zip(a) {
+                set = _mm256_add_epi16(set, _mm256_and_si256(*m, _mm256_set1_epi16(i16::from(v))));
+            }
+            let all = _mm256_set1_epi16(a.iter().map(|&v| i16::from(v)).sum());
+            let t = _mm256_sub_epi16(_mm256_add_epi16(set, set), all);
+            let lo = _mm256_and_si256(t, low_byte);
+            let hi = _mm256_srli_epi16::<8>(t);
+            // packus/packs work per 128-bit half: [lo 0..8, hi 0..8 | lo 8..16, hi 8..16].
+            let lo = _mm256_packus_epi16(lo, hi);
+            let planes = _mm256_permute4x64_epi64::<0b11_01_10_00>(lo);
+            _mm256_storeu_si256(table.as_mut_ptr().cast(), planes);
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! `Q1Matrix`: a validated Q1_0 weight matrix and the entry point of every matmul kernel.
+//!
+//! It keeps the GGUF bytes (for `to_bytes`, dequantization and the sign-flip baseline) and builds the
+//! LUT repacking once, on first use. `matmul` validates shapes and values, quantizes activations,
+//! and dispatches to the chosen kernel family on the chosen (or detected) instruction set.
+
+use std::sync::OnceLock;
+
+use super::act::quantize_acts;
+use super::block::{as_blocks, BlockQ1, BLOCK_WEIGHTS};
+use super::format::{dequantize, quantize, validate};
+use super::lut::{self, LutPacked};
+use super::{reference, signflip, Isa};
+use crate::error::{Error, Result};
+use crate::pool::Pool;
+
+/// Which kernel family computes a matmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// LUT GEMV for one activation row, small GEMM for several.
+    Auto,
+    /// The portable f32 kernel (activations are not quantized).
+    Reference,
+    /// The int8 sign-flip kernel over the GGUF layout (the llama.cpp-style baseline).
+    SignFlip,
+    /// The LUT GEMV, once per activation row.
+    Lut,
+    /// The small GEMM: each weight tile decoded once for up to 64 activation rows.
+    Gemm,
+}
+
+impl Kernel {
+    pub fn parse(name: &str) -> Result<Kernel> {
+        Ok(match name {
+            "auto" => Kernel::Auto,
+            "reference" => Kernel::Reference,
+            "signflip" => Kernel::SignFlip,
+            "lut" => Kernel::Lut,
+            "gemm" => Kernel::Gemm,
+            _ => {
+                return Err(Error::Value(format!(
+                    "unknown kernel {name:?}; expected one of 'auto', 'reference', 'signflip', 'lut', 'gemm'"
+                )))
+            }
+        })
+    }
+}
+
+/// A `rows x cols` Q1_0 matrix (GGUF layout, row-major blocks).
+pub struct Q1Matrix {
+    rows: usize,
+    cols: usize,
+    bytes: Vec<u8>,
+    packed: OnceLock<LutPacked>,
+}
+
+impl Q1Matrix {
+    /// Quantizes a row-major f32 matrix with ggml's reference rules.
+    pub fn quantize(w: &[f32], rows: usize, cols: usize) -> Result<Q1Matrix> {
+        Ok(Self::new_unchecked(quantize(w, rows, cols)?, rows, cols))
+    }
+
+    /// Takes raw GGUF Q1_0 bytes after validating their length and scales.
+    pub fn from_bytes(bytes: Vec<u8>, rows: usize, cols: usize) -> Result<Q1Matrix> {
+        validate(&bytes, rows, cols)?;
+        Ok(Self::new_unchecked(bytes, rows, cols))
+    }
+
+    fn new_unchecked(bytes: Vec<u8>, rows: usize, cols: usize) -> Q1Matrix {
+        Q1Matrix { rows, cols, bytes, packed: OnceLock::new() }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The GGUF bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn blocks(&self) -> &[BlockQ1] {
+        as_blocks(&self.bytes)
+    }
+
+    /// The LUT repacking, built on first use.
+    pub fn packed(&self) -> &LutPacked {
+        self.packed.get_or_init(|| LutPacked::pack(self.blocks(), self.rows, self.cols))
+    }
+
+    /// Row-major f32 weights into `out` (`rows * cols` values).
+    pub fn dequantize_into(&self, out: &mut [f32]) -> Result<()> {
+        expect_len("output", out.len(), self.rows * self.cols)?;
+        dequantize(&self.bytes, out);
+        Ok(())
+    }
+
+    /// `out[i, r] = sum_k w[r, k] * x[i, k]` for `n` activation rows `x` (`n * cols` values) into
+    /// `out` (`n * rows` values).
+    pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32], kernel: Kernel, isa: Isa, pool: &Pool) -> Result<()> {
+        expect_len("activations", x.len(), n * self.cols)?;
+        expect_len("output", out.len(), n * self.rows)?;
+        if !Isa::available().contains(&isa) {
+            return Err(Error::Unsupported(format!("this CPU does not support the {isa} kernels")));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        if kernel == Kernel::Reference {
+            check_finite(x, self.cols)?;
+            reference::gemv_f32(self.blocks(), self.rows, self.cols, x, n, out, pool);
+            return Ok(());
+        }
+        let acts = quantize_acts(x, n, self.cols, isa)?;
+        match kernel {
+            Kernel::SignFlip => signflip::gemv(self.blocks(), self.rows, &acts, out, isa, pool),
+            Kernel::Lut => lut::gemv(self.packed(), &acts, out, isa, pool),
+            Kernel::Gemm => lut::gemm(self.packed(), &acts, out, isa, pool),
+            Kernel::Auto if n == 1 => lut::gemv(self.packed(), &acts, out, isa, pool),
+            Kernel::Auto => lut::gemm(self.packed(), &acts, out, isa, pool),
+            Kernel::Reference => unreachable!("handled above"),
+        }
+        Ok(())
+    }
+}
+
+fn expect_len(what: &str, got: usize, expected: usize) -> Result<()> {
+    if got != expected {
+        return Err(Error::Shape(format!("{what} must hold {expected} values, got {got}")));
+    }
+    Ok(())
+}
+
+fn check_finite(x: &[f32], cols: usize) -> Result<()> {
+    match x.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(Error::Value(format!(
+            "activations must be finite, found {} at ({}, {})",
+            x[i],
+            i / cols,
+            i % cols
+        ))),
+        None => Ok(()),
+    }
+}
+
+const _: () = assert!(BLOCK_WEIGHTS == 128);

@@ -1,0 +1,22 @@
+//! The Q1_0 weight format and its CPU matmul kernels.
+//!
+//! - [`block`], [`format`]: the GGUF-compatible block, quantization, dequantization, validation.
+//! - [`act`]: int8 activation quantization shared by every int8 kernel.
+//! - [`reference`]: the plain f32 kernel and the exact f64 value of the int8 kernels.
+//! - [`signflip`]: llama.cpp's strategy over the GGUF layout (the in-house baseline).
+//! - [`lut`]: the default kernels: LUT GEMV and small GEMM over weights repacked into 32-row tiles.
+//! - [`matrix`]: `Q1Matrix`, validation and dispatch by kernel family and [`Isa`].
+
+pub mod act;
+pub mod block;
+pub mod format;
+mod isa;
+pub mod lut;
+pub mod matrix;
+mod par;
+pub mod reference;
+pub mod signflip;
+
+pub use block::{BlockQ1, BLOCK_BYTES, BLOCK_WEIGHTS, GGML_TYPE_Q1_0};
+pub use isa::Isa;
+pub use matrix::{Kernel, Q1Matrix};

@@ -1,0 +1,20 @@
+//! `oxibonsai._core`: the thin PyO3 binding over `oxibonsai-core`. Conversions only; every area has
+//! its own file, and core errors become Python exceptions in `errors.rs` alone.
+
+mod arrays;
+mod errors;
+mod gil;
+mod q1;
+mod runtime;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<q1::Q1Matrix>()?;
+    m.add_function(wrap_pyfunction!(q1::quantize_activations, m)?)?;
+    m.add_function(wrap_pyfunction!(runtime::set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(runtime::get_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(runtime::kernel_info, m)?)?;
+    Ok(())
+}

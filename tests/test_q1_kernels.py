@@ -1,0 +1,117 @@
+"""Every matmul kernel on every instruction set this CPU has, against float64 references."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import q1_reference as ref
+
+from oxibonsai import Q1Matrix, get_num_threads, kernel_info, set_num_threads
+from oxibonsai._core import quantize_activations
+
+ISAS = kernel_info()["available"]
+INT8_KERNELS = ["lut", "gemm", "signflip", "auto"]
+ROWS = [1, 33, 4097]
+COLS = [128, 4224]
+NS = [1, 3, 17, 64]
+
+
+def activations(rng: np.random.Generator, n: int, cols: int) -> np.ndarray:
+    """Standard normal with a few large outliers (0.1% of values scaled by 20)."""
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    outliers = rng.random((n, cols)) < 0.001
+    x[outliers] *= 20
+    return x
+
+
+def random_matrix(rng: np.random.Generator, rows: int, cols: int) -> tuple[Q1Matrix, bytes]:
+    w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 1.0, (rows, 1)).astype(np.float32)
+    m = Q1Matrix.quantize(w)
+    return m, m.to_bytes()
+
+
+def rel_err(y: np.ndarray, exact: np.ndarray) -> float:
+    return float(np.linalg.norm(y - exact) / np.linalg.norm(exact))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_activation_quantization_matches_reference(rng: np.random.Generator, isa: str) -> None:
+    x = activations(rng, 5, 1024)
+    x[0, :128] = 0.0
+    q, s = quantize_activations(x, isa=isa)
+    q_ref, s_ref = ref.quantize_activations(x)
+    np.testing.assert_array_equal(q, q_ref)
+    np.testing.assert_array_equal(s, s_ref)
+
+
+@pytest.mark.parametrize(("rows", "cols"), list(itertools.product(ROWS, COLS)))
+def test_int8_kernels_match_float64_reference_and_each_other(rng: np.random.Generator, rows: int, cols: int) -> None:
+    m, buf = random_matrix(rng, rows, cols)
+    for n in NS:
+        x = activations(rng, n, cols)
+        q, s = ref.quantize_activations(x)
+        exact = ref.exact_int8(buf, rows, cols, q, s)
+        first = None
+        for isa, kernel in itertools.product(ISAS, INT8_KERNELS):
+            if isa == "scalar" and rows * cols * n > 50_000_000:
+                continue  # the portable loops are slow; smaller shapes cover them
+            y = m.matmul(x, kernel=kernel, isa=isa)
+            assert y.shape == (n, rows) and y.dtype == np.float32
+            assert rel_err(y, exact) < 1e-5, (isa, kernel, n)
+            if first is None:
+                first = y
+            # All int8 kernels sum each block exactly and scale it with the same fma: bit-identical.
+            np.testing.assert_array_equal(y, first, err_msg=f"{isa}/{kernel} n={n}")
+
+
+@pytest.mark.parametrize("kernel", ["reference", *INT8_KERNELS])
+def test_kernels_match_float32_activations(rng: np.random.Generator, kernel: str) -> None:
+    rows, cols = 300, 2048
+    m, buf = random_matrix(rng, rows, cols)
+    x = activations(rng, 4, cols)
+    exact = x.astype(np.float64) @ ref.dequantize(buf, rows, cols).astype(np.float64).T
+    for isa in ISAS:
+        y = m.matmul(x, kernel=kernel, isa=isa)
+        nmse = float(np.sum((y - exact) ** 2) / np.sum(exact**2))
+        limit = 1e-10 if kernel == "reference" else 5e-4
+        assert nmse <= limit, (isa, nmse)
+
+
+def test_vector_input_gives_vector_output(rng: np.random.Generator) -> None:
+    m, _ = random_matrix(rng, 70, 256)
+    x = activations(rng, 1, 256)
+    y = m.matmul(x[0])
+    assert y.shape == (70,)
+    np.testing.assert_array_equal(y, m.matmul(x)[0])
+
+
+def test_zero_rows_of_activations(rng: np.random.Generator) -> None:
+    m, _ = random_matrix(rng, 10, 128)
+    assert m.matmul(np.zeros((0, 128), np.float32)).shape == (0, 10)
+
+
+@pytest.mark.parametrize("kernel", ["lut", "gemm", "signflip", "reference"])
+def test_results_are_bit_identical_for_1_2_and_4_threads(rng: np.random.Generator, kernel: str) -> None:
+    m, _ = random_matrix(rng, 1000, 1152)
+    x = activations(rng, 17, 1152)
+    before = get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 4):
+            set_num_threads(threads)
+            assert get_num_threads() == threads
+            outs.append(m.matmul(x, kernel=kernel))
+    finally:
+        set_num_threads(before)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
+
+
+def test_kernel_info_names_the_active_path() -> None:
+    info = kernel_info()
+    assert info["isa"] == info["available"][-1]
+    assert info["available"][0] == "scalar"
+    assert info["gemv"].startswith("lut-")
+    assert info["num_threads"] == get_num_threads() >= 1
