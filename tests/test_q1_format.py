@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import q1_reference as ref
 
 from oxibonsai import Q1Matrix
+
+import q1_reference as ref
 
 
 def normal_with_outliers(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -63,7 +64,9 @@ def test_block_mean_beyond_fp16_is_an_error() -> None:
 
 
 @pytest.mark.parametrize(("rows", "cols"), [(1, 128), (5, 384), (40, 1024)])
-def test_from_bytes_round_trips_and_dequantizes_exactly(rng: np.random.Generator, rows: int, cols: int) -> None:
+def test_from_bytes_round_trips_and_dequantizes_exactly(
+    rng: np.random.Generator, rows: int, cols: int
+) -> None:
     buf = ref.quantize(normal_with_outliers(rng, (rows, cols)))
     m = Q1Matrix.from_bytes(buf, rows, cols)
     assert m.to_bytes() == buf

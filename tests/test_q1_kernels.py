@@ -6,10 +6,11 @@ import itertools
 
 import numpy as np
 import pytest
-import q1_reference as ref
 
 from oxibonsai import Q1Matrix, get_num_threads, kernel_info, set_num_threads
 from oxibonsai._core import quantize_activations
+
+import q1_reference as ref
 
 ISAS = kernel_info()["available"]
 INT8_KERNELS = ["lut", "gemm", "signflip", "auto"]
@@ -27,7 +28,9 @@ def activations(rng: np.random.Generator, n: int, cols: int) -> np.ndarray:
 
 
 def random_matrix(rng: np.random.Generator, rows: int, cols: int) -> tuple[Q1Matrix, bytes]:
-    w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 1.0, (rows, 1)).astype(np.float32)
+    w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 1.0, (rows, 1)).astype(
+        np.float32
+    )
     m = Q1Matrix.quantize(w)
     return m, m.to_bytes()
 
@@ -47,7 +50,9 @@ def test_activation_quantization_matches_reference(rng: np.random.Generator, isa
 
 
 @pytest.mark.parametrize(("rows", "cols"), list(itertools.product(ROWS, COLS)))
-def test_int8_kernels_match_float64_reference_and_each_other(rng: np.random.Generator, rows: int, cols: int) -> None:
+def test_int8_kernels_match_float64_reference_and_each_other(
+    rng: np.random.Generator, rows: int, cols: int
+) -> None:
     m, buf = random_matrix(rng, rows, cols)
     for n in NS:
         x = activations(rng, n, cols)

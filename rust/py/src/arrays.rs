@@ -12,7 +12,10 @@ pub fn f32_array<'py>(obj: &Bound<'py, PyAny>, name: &str, ndims: &[usize]) -> P
     })?;
     let dtype = untyped.dtype();
     let array = obj.cast::<PyArrayDyn<f32>>().map_err(|_| {
-        PyTypeError::new_err(format!("{name} must have dtype float32, got {}", dtype.str().map_or("?".into(), |s| s.to_string())))
+        PyTypeError::new_err(format!(
+            "{name} must have dtype float32, got {}",
+            dtype.str().map_or("?".into(), |s| s.to_string())
+        ))
     })?;
     if !ndims.contains(&untyped.ndim()) {
         let want: Vec<String> = ndims.iter().map(|d| format!("{d}-D")).collect();

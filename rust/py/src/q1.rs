@@ -76,7 +76,13 @@ impl Q1Matrix {
     /// `(n, rows)`. `kernel`: 'auto', 'lut', 'gemm', 'signflip' or 'reference'; `isa`: one of
     /// `kernel_info()['available']` (default: the fastest).
     #[pyo3(signature = (x, kernel = "auto", isa = None))]
-    fn matmul<'py>(&self, py: Python<'py>, x: &Bound<'py, PyAny>, kernel: &str, isa: Option<&str>) -> PyResult<Bound<'py, PyAny>> {
+    fn matmul<'py>(
+        &self,
+        py: Python<'py>,
+        x: &Bound<'py, PyAny>,
+        kernel: &str,
+        isa: Option<&str>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let (kernel, isa) = (Kernel::parse(kernel).map_err(to_py)?, isa_arg(isa)?);
         let x = f32_array(x, "x", &[1, 2])?;
         let (n, cols, vector) = match x.shape() {
@@ -93,7 +99,11 @@ impl Q1Matrix {
             )));
         }
         let rows = self.inner.rows();
-        let out = if vector { PyArray1::<f32>::zeros(py, [rows], false).into_any() } else { PyArray2::<f32>::zeros(py, [n, rows], false).into_any() };
+        let out = if vector {
+            PyArray1::<f32>::zeros(py, [rows], false).into_any()
+        } else {
+            PyArray2::<f32>::zeros(py, [n, rows], false).into_any()
+        };
         {
             let out = out.cast::<numpy::PyArrayDyn<f32>>()?;
             let mut view = out.readwrite();
@@ -127,9 +137,17 @@ impl Q1Matrix {
     }
 
     fn __repr__(&self) -> String {
-        format!("Q1Matrix(rows={}, cols={}, nbytes={})", self.inner.rows(), self.inner.cols(), self.inner.as_bytes().len())
+        format!(
+            "Q1Matrix(rows={}, cols={}, nbytes={})",
+            self.inner.rows(),
+            self.inner.cols(),
+            self.inner.as_bytes().len()
+        )
     }
 }
+
+/// int8 values and their per-128 scales, as numpy arrays.
+type QuantizedPair<'py> = (Bound<'py, PyArray2<i8>>, Bound<'py, PyArray2<f32>>);
 
 /// The int8 activations every int8 kernel uses: `(q int8 (n, k), scales float32 (n, k/128))`.
 #[pyfunction]
@@ -138,7 +156,7 @@ pub fn quantize_activations<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyAny>,
     isa: Option<&str>,
-) -> PyResult<(Bound<'py, PyArray2<i8>>, Bound<'py, PyArray2<f32>>)> {
+) -> PyResult<QuantizedPair<'py>> {
     let isa = isa_arg(isa)?;
     let x = f32_array(x, "x", &[2])?;
     let (n, k) = (x.shape()[0], x.shape()[1]);

@@ -45,11 +45,7 @@ pub fn quantize_acts(x: &[f32], n: usize, k: usize, isa: Isa) -> Result<Quantize
         if !amax.is_finite() {
             let bad = xb.iter().find(|v| !v.is_finite()).copied().unwrap_or(amax);
             let at = i * BLOCK_WEIGHTS + xb.iter().position(|v| !v.is_finite()).unwrap_or(0);
-            return Err(Error::Value(format!(
-                "activations must be finite, found {bad} at ({}, {})",
-                at / k,
-                at % k
-            )));
+            return Err(Error::Value(format!("activations must be finite, found {bad} at ({}, {})", at / k, at % k)));
         }
         if amax > 0.0 {
             out.scale[i] = amax / 127.0;

@@ -14,7 +14,7 @@ pub fn matrix_bytes(rows: usize, cols: usize) -> Result<usize> {
     if rows == 0 || cols == 0 {
         return Err(Error::Shape(format!("a Q1_0 matrix needs rows > 0 and cols > 0, got ({rows}, {cols})")));
     }
-    if cols % BLOCK_WEIGHTS != 0 {
+    if !cols.is_multiple_of(BLOCK_WEIGHTS) {
         return Err(Error::Shape(format!("cols must be a multiple of 128 for Q1_0, got {cols}")));
     }
     rows.checked_mul(cols / BLOCK_WEIGHTS)
@@ -66,10 +66,7 @@ pub fn quantize(w: &[f32], rows: usize, cols: usize) -> Result<Vec<u8>> {
 pub fn validate(bytes: &[u8], rows: usize, cols: usize) -> Result<()> {
     let expected = matrix_bytes(rows, cols)?;
     if bytes.len() != expected {
-        return Err(Error::Shape(format!(
-            "a ({rows}, {cols}) Q1_0 matrix is {expected} bytes, got {}",
-            bytes.len()
-        )));
+        return Err(Error::Shape(format!("a ({rows}, {cols}) Q1_0 matrix is {expected} bytes, got {}", bytes.len())));
     }
     let per_row = cols / BLOCK_WEIGHTS;
     if let Some(i) = as_blocks(bytes).iter().position(|b| !b.scale().is_finite()) {

@@ -27,9 +27,8 @@ impl Isa {
         let mut isas = vec![Isa::Scalar];
         #[cfg(target_arch = "x86_64")]
         {
-            let avx2 = is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c");
+            let avx2 =
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
             if avx2 {
                 isas.push(Isa::Avx2);
                 let avx512 = is_x86_feature_detected!("avx512f")

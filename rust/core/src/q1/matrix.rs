@@ -137,12 +137,9 @@ fn expect_len(what: &str, got: usize, expected: usize) -> Result<()> {
 
 fn check_finite(x: &[f32], cols: usize) -> Result<()> {
     match x.iter().position(|v| !v.is_finite()) {
-        Some(i) => Err(Error::Value(format!(
-            "activations must be finite, found {} at ({}, {})",
-            x[i],
-            i / cols,
-            i % cols
-        ))),
+        Some(i) => {
+            Err(Error::Value(format!("activations must be finite, found {} at ({}, {})", x[i], i / cols, i % cols)))
+        }
         None => Ok(()),
     }
 }

@@ -47,7 +47,11 @@ pub fn exact_int8(blocks: &[BlockQ1], rows: usize, acts: &QuantizedActs) -> Vec<
                     let isum: i64 = (0..BLOCK_WEIGHTS)
                         .map(|j| {
                             let v = i64::from(q[b * BLOCK_WEIGHTS + j]);
-                            if block.is_positive(j) { v } else { -v }
+                            if block.is_positive(j) {
+                                v
+                            } else {
+                                -v
+                            }
                         })
                         .sum();
                     f64::from(block.scale()) * f64::from(acts.scale[i * kb + b]) * isum as f64

@@ -97,6 +97,7 @@ unsafe fn gemm_tile_cols<const NC: usize>(
     out: [&mut [f32]; NC],
 ) {
     let mut facc = [[_mm256_setzero_ps(); 4]; NC];
+    #[allow(clippy::needless_range_loop)] // b indexes the bits, the tables and every column's scales
     for b in 0..p.kb {
         let bits = p.bits.as_ptr().add((t * p.kb + b) * TILE_BLOCK_BYTES);
         let mut acc = [[_mm256_setzero_si256(); 2]; NC];
@@ -135,7 +136,13 @@ pub fn gemm_tiles(p: &LutPacked, tiles: Range<usize>, n: usize, tables: &[u8], s
             // SAFETY: the caller checked AVX2/FMA/F16C; reads are within the asserted lengths.
             unsafe {
                 match nc {
-                    4 => gemm_tile_cols::<4>(p, t, [tab(0), tab(1), tab(2), tab(3)], [sc(0), sc(1), sc(2), sc(3)], [o(), o(), o(), o()]),
+                    4 => gemm_tile_cols::<4>(
+                        p,
+                        t,
+                        [tab(0), tab(1), tab(2), tab(3)],
+                        [sc(0), sc(1), sc(2), sc(3)],
+                        [o(), o(), o(), o()],
+                    ),
                     3 => gemm_tile_cols::<3>(p, t, [tab(0), tab(1), tab(2)], [sc(0), sc(1), sc(2)], [o(), o(), o()]),
                     2 => gemm_tile_cols::<2>(p, t, [tab(0), tab(1)], [sc(0), sc(1)], [o(), o()]),
                     _ => gemm_tile_cols::<1>(p, t, [tab(0)], [sc(0)], [o()]),

@@ -7,13 +7,13 @@
 //! block's exact integer sum is scaled as `acc = fma(isum, d_w * d_a, acc)`, the same operation in
 //! the same order as every other int8 kernel, so all of them agree bit for bit.
 
-mod pack;
-mod scalar;
-mod tables;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod pack;
+mod scalar;
+mod tables;
 
 pub use pack::{LutPacked, TILE_BLOCK_BYTES, TILE_ROWS};
 pub use tables::{build_tables, TABLE_BYTES};

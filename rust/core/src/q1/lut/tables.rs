@@ -14,7 +14,12 @@ pub const TABLE_BYTES: usize = 32;
 pub fn group_entries(a: &[i8]) -> [i16; 16] {
     let mut t = [0i16; 16];
     for (c, e) in t.iter_mut().enumerate() {
-        *e = a.iter().take(4).enumerate().map(|(i, &v)| if c >> i & 1 == 1 { i16::from(v) } else { -i16::from(v) }).sum();
+        *e = a
+            .iter()
+            .take(4)
+            .enumerate()
+            .map(|(i, &v)| if c >> i & 1 == 1 { i16::from(v) } else { -i16::from(v) })
+            .sum();
     }
     t
 }
@@ -54,8 +59,22 @@ mod x86 {
         let bit = |i: i32| {
             let lane = |c: i32| if c >> i & 1 == 1 { -1i16 } else { 0 };
             _mm256_setr_epi16(
-                lane(0), lane(1), lane(2), lane(3), lane(4), lane(5), lane(6), lane(7),
-                lane(8), lane(9), lane(10), lane(11), lane(12), lane(13), lane(14), lane(15),
+                lane(0),
+                lane(1),
+                lane(2),
+                lane(3),
+                lane(4),
+                lane(5),
+                lane(6),
+                lane(7),
+                lane(8),
+                lane(9),
+                lane(10),
+                lane(11),
+                lane(12),
+                lane(13),
+                lane(14),
+                lane(15),
             )
         };
         let masks = [bit(0), bit(1), bit(2), bit(3)];

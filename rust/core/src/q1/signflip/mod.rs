@@ -3,9 +3,9 @@
 //! are negated where the weight's sign bit is clear and summed exactly; the block sum is scaled as
 //! `acc = fma(isum, d_w * d_a, acc)`, the same as every other int8 kernel.
 
-mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod scalar;
 
 use super::act::QuantizedActs;
 use super::block::BlockQ1;
@@ -24,7 +24,8 @@ pub fn gemv(blocks: &[BlockQ1], rows: usize, acts: &QuantizedActs, out: &mut [f3
         let (q, scales) = (acts.row(i), &acts.scale[i * kb..(i + 1) * kb]);
         let shared = SharedOut::new(&mut out[i * rows..(i + 1) * rows]);
         pool.for_each_range(rows, MIN_ROWS_PER_TASK, |range| {
-            let sums: Vec<f32> = range.clone().map(|r| row_dot(&blocks[r * kb..(r + 1) * kb], q, scales, isa)).collect();
+            let sums: Vec<f32> =
+                range.clone().map(|r| row_dot(&blocks[r * kb..(r + 1) * kb], q, scales, isa)).collect();
             // SAFETY: each task owns its range of rows.
             unsafe { shared.write(range.start, &sums) };
         });

@@ -1,0 +1,115 @@
+//! Every kernel family on every instruction set this CPU has, against the exact f64 value of the
+//! int8 computation, against each other (bit for bit), and across thread counts.
+
+mod common;
+
+use common::Rng;
+use oxibonsai_core::pool::Pool;
+use oxibonsai_core::q1::act::quantize_acts;
+use oxibonsai_core::q1::lut::build_tables;
+use oxibonsai_core::q1::reference::exact_int8;
+use oxibonsai_core::q1::{Isa, Kernel, Q1Matrix};
+
+const INT8_KERNELS: [Kernel; 4] = [Kernel::Lut, Kernel::Gemm, Kernel::SignFlip, Kernel::Auto];
+
+fn rel_err(y: &[f32], exact: &[f64]) -> f64 {
+    let num: f64 = y.iter().zip(exact).map(|(&a, &b)| (f64::from(a) - b).powi(2)).sum();
+    let den: f64 = exact.iter().map(|b| b * b).sum();
+    (num / den.max(1e-300)).sqrt()
+}
+
+fn run(m: &Q1Matrix, x: &[f32], n: usize, kernel: Kernel, isa: Isa, pool: &Pool) -> Vec<f32> {
+    let mut out = vec![f32::NAN; n * m.rows()];
+    m.matmul(x, n, &mut out, kernel, isa, pool).unwrap();
+    out
+}
+
+#[test]
+fn int8_kernels_match_exact_reference_and_each_other_on_odd_shapes() {
+    let mut rng = Rng::fresh("odd shapes");
+    let pool = Pool::new(2);
+    for (rows, cols) in [(1, 128), (33, 128), (33, 1152), (70, 4224), (257, 256)] {
+        let m = Q1Matrix::quantize(&rng.weights(rows * cols), rows, cols).unwrap();
+        for n in [1, 3, 17, 64, 65] {
+            let x = rng.activations(n * cols);
+            let acts = quantize_acts(&x, n, cols, Isa::Scalar).unwrap();
+            let exact = exact_int8(m.blocks(), rows, &acts);
+            let first = run(&m, &x, n, Kernel::Lut, Isa::Scalar, &pool);
+            for isa in Isa::available() {
+                for kernel in INT8_KERNELS {
+                    let y = run(&m, &x, n, kernel, isa, &pool);
+                    assert!(rel_err(&y, &exact) < 1e-5, "{isa} {kernel:?} ({rows}, {cols}) n={n}");
+                    assert_eq!(y, first, "{isa} {kernel:?} ({rows}, {cols}) n={n} differs from scalar LUT");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn reference_kernel_matches_dequantized_f64_product() {
+    let mut rng = Rng::fresh("reference");
+    let (rows, cols, n) = (45, 384, 3);
+    let m = Q1Matrix::quantize(&rng.weights(rows * cols), rows, cols).unwrap();
+    let mut w = vec![0f32; rows * cols];
+    m.dequantize_into(&mut w).unwrap();
+    let x = rng.activations(n * cols);
+    let y = run(&m, &x, n, Kernel::Reference, Isa::Scalar, &Pool::new(1));
+    for i in 0..n {
+        for r in 0..rows {
+            let exact: f64 = (0..cols).map(|k| f64::from(w[r * cols + k]) * f64::from(x[i * cols + k])).sum();
+            let scale: f64 = (0..cols).map(|k| (f64::from(w[r * cols + k]) * f64::from(x[i * cols + k])).abs()).sum();
+            assert!((f64::from(y[i * rows + r]) - exact).abs() <= 1e-5 * scale, "row {r}");
+        }
+    }
+}
+
+#[test]
+fn results_are_bit_identical_for_any_thread_count() {
+    let mut rng = Rng::fresh("threads");
+    let (rows, cols, n) = (1000, 1024, 5);
+    let m = Q1Matrix::quantize(&rng.weights(rows * cols), rows, cols).unwrap();
+    let x = rng.activations(n * cols);
+    for kernel in [Kernel::Lut, Kernel::Gemm, Kernel::SignFlip, Kernel::Reference] {
+        let one = run(&m, &x, n, kernel, Isa::detect(), &Pool::new(1));
+        for threads in [2, 3, 4] {
+            assert_eq!(one, run(&m, &x, n, kernel, Isa::detect(), &Pool::new(threads)), "{kernel:?} x{threads}");
+        }
+    }
+}
+
+#[test]
+fn activation_quantization_and_tables_are_identical_on_every_isa() {
+    let mut rng = Rng::fresh("acts");
+    let (n, k) = (4, 1024);
+    let mut x = rng.activations(n * k);
+    x[..128].fill(0.0);
+    let scalar = quantize_acts(&x, n, k, Isa::Scalar).unwrap();
+    assert!(scalar.q.iter().all(|&q| q != i8::MIN));
+    assert_eq!(scalar.scale[0], 0.0);
+    let mut want = vec![0u8; k / 4 * 32];
+    build_tables(scalar.row(1), &mut want, Isa::Scalar);
+    for isa in Isa::available() {
+        let acts = quantize_acts(&x, n, k, isa).unwrap();
+        assert_eq!(acts, scalar, "{isa}");
+        let mut got = vec![0u8; k / 4 * 32];
+        build_tables(acts.row(1), &mut got, isa);
+        assert_eq!(got, want, "{isa}");
+    }
+}
+
+#[test]
+fn non_finite_activations_are_rejected_by_every_kernel() {
+    let m = Q1Matrix::quantize(&vec![0.5; 4 * 256], 4, 256).unwrap();
+    for isa in Isa::available() {
+        for kernel in [Kernel::Lut, Kernel::Gemm, Kernel::SignFlip, Kernel::Reference] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut x = vec![1.0; 2 * 256];
+                x[256 + 200] = bad;
+                let mut out = vec![0.0; 8];
+                let err = m.matmul(&x, 2, &mut out, kernel, isa, &Pool::new(1)).unwrap_err();
+                assert!(err.to_string().contains("(1, 200)"), "{isa} {kernel:?}: {err}");
+            }
+        }
+    }
+}
