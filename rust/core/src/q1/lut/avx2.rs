@@ -87,68 +87,73 @@ pub fn gemv_tiles(p: &LutPacked, tiles: Range<usize>, tables: &[u8], scales: &[f
     }
 }
 
-/// `GEMM_COLS` (or fewer) activation rows against one tile: indices extracted once per chunk.
+/// `facc` in memory: `out[8q..8q+8] = fma(isum, d_w * d_a, out[8q..8q+8])` for one finished block.
+#[inline(always)]
+pub(super) unsafe fn scale_block_into(acc: &[__m256i; 2], scales: *const u16, da: f32, out: *mut f32) {
+    let mut facc = [_mm256_setzero_ps(); 4];
+    for (q, f) in facc.iter_mut().enumerate() {
+        *f = _mm256_loadu_ps(out.add(8 * q));
+    }
+    scale_block(acc, scales, da, &mut facc);
+    for (q, f) in facc.iter().enumerate() {
+        _mm256_storeu_ps(out.add(8 * q), *f);
+    }
+}
+
+/// Up to `GEMM_COLS` activation rows against a range of tiles. Block-outer, tile-inner: the tables
+/// of one block for these columns (4 KiB) stay in L1 while every tile of the range uses them; the
+/// weight indices of a chunk are extracted once for all columns. `out[j]` must start zeroed.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn gemm_tile_cols<const NC: usize>(
+unsafe fn gemm_cols<const NC: usize>(
     p: &LutPacked,
-    t: usize,
+    tiles: Range<usize>,
     tables: [*const u8; NC],
     scales: [&[f32]; NC],
-    out: [&mut [f32]; NC],
+    out: [*mut f32; NC],
 ) {
-    let mut facc = [[_mm256_setzero_ps(); 4]; NC];
-    #[allow(clippy::needless_range_loop)] // b indexes the bits, the tables and every column's scales
     for b in 0..p.kb {
-        let bits = p.bits.as_ptr().add((t * p.kb + b) * TILE_BLOCK_BYTES);
-        let mut acc = [[_mm256_setzero_si256(); 2]; NC];
-        for c in 0..16 {
-            let (i0, i1) = indices(bits, c);
-            for j in 0..NC {
-                accumulate_chunk(i0, i1, tables[j].add(b * 32 * TABLE_BYTES), c, &mut acc[j]);
+        let ws = |t: usize| p.tile_block_scales(t, b).as_ptr();
+        for (ti, t) in tiles.clone().enumerate() {
+            let bits = p.bits.as_ptr().add((t * p.kb + b) * TILE_BLOCK_BYTES);
+            let mut acc = [[_mm256_setzero_si256(); 2]; NC];
+            for c in 0..16 {
+                let (i0, i1) = indices(bits, c);
+                for j in 0..NC {
+                    accumulate_chunk(i0, i1, tables[j].add(b * 32 * TABLE_BYTES), c, &mut acc[j]);
+                }
             }
-        }
-        let ws = p.tile_block_scales(t, b).as_ptr();
-        for j in 0..NC {
-            scale_block(&acc[j], ws, scales[j][b], &mut facc[j]);
-        }
-    }
-    for (o, f) in out.into_iter().zip(facc) {
-        for (q, v) in f.iter().enumerate() {
-            _mm256_storeu_ps(o.as_mut_ptr().add(8 * q), *v);
+            for j in 0..NC {
+                scale_block_into(&acc[j], ws(t), scales[j][b], out[j].add(ti * TILE_ROWS));
+            }
         }
     }
 }
 
-/// `out[j * rows + r]` for `n` activation rows (tables and scales stored one row after another).
+/// `out[j * rows + r]` for `n` activation rows (tables and scales stored one row after another),
+/// `rows = tiles.len() * 32`.
 pub fn gemm_tiles(p: &LutPacked, tiles: Range<usize>, n: usize, tables: &[u8], scales: &[f32], out: &mut [f32]) {
     let col_tables = p.kb * 32 * TABLE_BYTES;
     let rows = tiles.len() * TILE_ROWS;
     assert!(tables.len() >= n * col_tables && scales.len() >= n * p.kb && out.len() >= n * rows);
     assert!(tiles.end <= p.tiles);
-    for (ti, t) in tiles.enumerate() {
-        let mut j = 0;
-        while j < n {
-            let nc = (n - j).min(GEMM_COLS);
-            let tab = |c: usize| tables[(j + c) * col_tables..].as_ptr();
-            let sc = |c: usize| &scales[(j + c) * p.kb..(j + c + 1) * p.kb];
-            let mut outs = out.chunks_exact_mut(rows).skip(j).map(|o| &mut o[ti * TILE_ROWS..][..TILE_ROWS]);
-            let mut o = || outs.next().expect("n output columns");
-            // SAFETY: the caller checked AVX2/FMA/F16C; reads are within the asserted lengths.
-            unsafe {
-                match nc {
-                    4 => gemm_tile_cols::<4>(
-                        p,
-                        t,
-                        [tab(0), tab(1), tab(2), tab(3)],
-                        [sc(0), sc(1), sc(2), sc(3)],
-                        [o(), o(), o(), o()],
-                    ),
-                    3 => gemm_tile_cols::<3>(p, t, [tab(0), tab(1), tab(2)], [sc(0), sc(1), sc(2)], [o(), o(), o()]),
-                    2 => gemm_tile_cols::<2>(p, t, [tab(0), tab(1)], [sc(0), sc(1)], [o(), o()]),
-                    _ => gemm_tile_cols::<1>(p, t, [tab(0)], [sc(0)], [o()]),
-                }
+    out[..n * rows].fill(0.0);
+    let mut j = 0;
+    while j < n {
+        let nc = (n - j).min(GEMM_COLS);
+        let tab = |c: usize| tables[(j + c) * col_tables..].as_ptr();
+        let sc = |c: usize| &scales[(j + c) * p.kb..(j + c + 1) * p.kb];
+        let o = |c: usize| out[(j + c) * rows..].as_ptr().cast_mut();
+        let tl = tiles.clone();
+        // SAFETY: the caller checked AVX2/FMA/F16C; reads and writes are within the asserted lengths,
+        // and each column's output range is distinct.
+        unsafe {
+            match nc {
+                4 => gemm_cols::<4>(p, tl, [tab(0), tab(1), tab(2), tab(3)], [sc(0), sc(1), sc(2), sc(3)], [o(0), o(1), o(2), o(3)]),
+                3 => gemm_cols::<3>(p, tl, [tab(0), tab(1), tab(2)], [sc(0), sc(1), sc(2)], [o(0), o(1), o(2)]),
+                2 => gemm_cols::<2>(p, tl, [tab(0), tab(1)], [sc(0), sc(1)], [o(0), o(1)]),
+                _ => gemm_cols::<1>(p, tl, [tab(0)], [sc(0)], [o(0)]),
             }
-            j += nc;
         }
+        j += nc;
     }
 }

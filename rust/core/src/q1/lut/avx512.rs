@@ -35,29 +35,42 @@ pub fn arrange_tables(generic: &[u8], out: &mut Vec<u8>) {
     }
 }
 
+/// Adds the entries of the four groups of chunks `2m, 2m + 1` (indices `i0`, `i1`) to `lo`/`hi`.
+#[inline(always)]
+unsafe fn accumulate_pair(i0: __m512i, i1: __m512i, tt: *const u8, acc: &mut [__m512i; 2]) {
+    let l0 = _mm512_shuffle_epi8(_mm512_loadu_si512(tt.cast()), i0);
+    let h0 = _mm512_shuffle_epi8(_mm512_loadu_si512(tt.add(64).cast()), i0);
+    let l1 = _mm512_shuffle_epi8(_mm512_loadu_si512(tt.add(128).cast()), i1);
+    let h1 = _mm512_shuffle_epi8(_mm512_loadu_si512(tt.add(192).cast()), i1);
+    acc[0] = _mm512_add_epi16(acc[0], _mm512_add_epi16(_mm512_unpacklo_epi8(l0, h0), _mm512_unpacklo_epi8(l1, h1)));
+    acc[1] = _mm512_add_epi16(acc[1], _mm512_add_epi16(_mm512_unpackhi_epi8(l0, h0), _mm512_unpackhi_epi8(l1, h1)));
+}
+
+#[inline(always)]
+unsafe fn indices(bits: *const u8, m: usize) -> (__m512i, __m512i) {
+    let nibble = _mm512_set1_epi8(0x0f);
+    let v = _mm512_loadu_si512(bits.add(64 * m).cast());
+    (_mm512_and_si512(v, nibble), _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble))
+}
+
+/// Both 256-bit halves hold the same rows: their sum is the AVX2 accumulator.
+#[inline(always)]
+unsafe fn fold(acc: &[__m512i; 2]) -> [__m256i; 2] {
+    let f = |v: __m512i| _mm256_add_epi16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v));
+    [f(acc[0]), f(acc[1])]
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 unsafe fn gemv_tile(p: &LutPacked, t: usize, tables: *const u8, scales: &[f32], out: &mut [f32]) {
-    let nibble = _mm512_set1_epi8(0x0f);
     let mut facc = [_mm256_setzero_ps(); 4];
     for (b, &da) in scales.iter().enumerate() {
         let bits = p.bits.as_ptr().add((t * p.kb + b) * TILE_BLOCK_BYTES);
-        let mut lo = _mm512_setzero_si512();
-        let mut hi = _mm512_setzero_si512();
+        let mut acc = [_mm512_setzero_si512(); 2];
         for m in 0..8 {
-            let v = _mm512_loadu_si512(bits.add(64 * m).cast());
-            let i0 = _mm512_and_si512(v, nibble);
-            let i1 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
-            let tt = tables.add((b * 8 + m) * 4 * ARRANGED_BYTES);
-            let l0 = _mm512_shuffle_epi8(_mm512_loadu_si512(tt.cast()), i0);
-            let h0 = _mm512_shuffle_epi8(_mm512_loadu_si512(tt.add(64).cast()), i0);
-            let l1 = _mm512_shuffle_epi8(_mm512_loadu_si512(tt.add(128).cast()), i1);
-            let h1 = _mm512_shuffle_epi8(_mm512_loadu_si512(tt.add(192).cast()), i1);
-            lo = _mm512_add_epi16(lo, _mm512_add_epi16(_mm512_unpacklo_epi8(l0, h0), _mm512_unpacklo_epi8(l1, h1)));
-            hi = _mm512_add_epi16(hi, _mm512_add_epi16(_mm512_unpackhi_epi8(l0, h0), _mm512_unpackhi_epi8(l1, h1)));
+            let (i0, i1) = indices(bits, m);
+            accumulate_pair(i0, i1, tables.add((b * 8 + m) * 4 * ARRANGED_BYTES), &mut acc);
         }
-        let fold = |v: __m512i| _mm256_add_epi16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v));
-        let acc = [fold(lo), fold(hi)];
-        scale_block(&acc, p.tile_block_scales(t, b).as_ptr(), da, &mut facc);
+        scale_block(&fold(&acc), p.tile_block_scales(t, b).as_ptr(), da, &mut facc);
     }
     for (q, f) in facc.iter().enumerate() {
         _mm256_storeu_ps(out.as_mut_ptr().add(8 * q), *f);

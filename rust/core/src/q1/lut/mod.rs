@@ -11,6 +11,8 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod pack;
 mod scalar;
 mod tables;
@@ -67,6 +69,10 @@ fn gemv_tiles(p: &LutPacked, tiles: std::ops::Range<usize>, tables: &[u8], scale
             return avx2::gemv_tiles(p, tiles, tables, scales, out);
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa.has_neon() {
+        return neon::gemv_tiles(p, tiles, tables, scales, out);
+    }
     let _ = isa;
     scalar::gemv_tiles(p, tiles, tables, scales, out)
 }
@@ -107,9 +113,15 @@ fn gemm_tiles(
     out: &mut [f32],
     isa: Isa,
 ) {
+    // The AVX2 GEMM also serves AVX-512 machines: a 512-bit version of it measured 20-40% slower
+    // on Zen 4 (double-pumped 512-bit shuffles, twice the table bytes per column).
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
         return avx2::gemm_tiles(p, tiles, n, tables, scales, out);
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa.has_neon() {
+        return neon::gemm_tiles(p, tiles, n, tables, scales, out);
     }
     let _ = isa;
     scalar::gemm_tiles(p, tiles, n, tables, scales, out)
@@ -117,16 +129,11 @@ fn gemm_tiles(
 
 /// The GEMV kernel that runs for `isa`, e.g. `"lut-avx512"`.
 pub fn gemv_name(isa: Isa) -> String {
-    match isa {
-        Isa::Avx512 | Isa::Avx2 | Isa::Scalar => format!("lut-{isa}"),
-        Isa::Neon => "lut-scalar".to_string(),
-    }
+    format!("lut-{isa}")
 }
 
 /// The small-GEMM kernel that runs for `isa`.
 pub fn gemm_name(isa: Isa) -> String {
-    match isa {
-        Isa::Avx512 | Isa::Avx2 => "lut-gemm-avx2".to_string(),
-        Isa::Scalar | Isa::Neon => "lut-gemm-scalar".to_string(),
-    }
+    let code = if isa == Isa::Avx512 { Isa::Avx2 } else { isa };
+    format!("lut-gemm-{code}")
 }

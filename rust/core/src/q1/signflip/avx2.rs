@@ -16,14 +16,26 @@ unsafe fn negate_mask(bits: u32) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), _mm256_setzero_si256())
 }
 
-#[target_feature(enable = "avx2")]
-pub unsafe fn block_sum(block: &BlockQ1, q: &[i8]) -> i32 {
-    assert!(q.len() >= 128);
+/// One row against int8 activations: `acc = fma(isum_b, d_w * d_a, acc)` over its blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn row_dot(row: &[BlockQ1], q: &[i8], scales: &[f32]) -> f32 {
+    assert!(q.len() >= row.len() * 128 && scales.len() >= row.len());
+    let mut acc = 0f32;
+    for (b, block) in row.iter().enumerate() {
+        let isum = block_sum(block, q.get_unchecked(b * 128..));
+        let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le_bytes(block.d)))));
+        acc = (isum as f32).mul_add(d * scales.get_unchecked(b), acc);
+    }
+    acc
+}
+
+#[inline(always)]
+unsafe fn block_sum(block: &BlockQ1, q: &[i8]) -> i32 {
     let ones8 = _mm256_set1_epi8(1);
     let ones16 = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_si256();
     for c in 0..4 {
-        let bits = u32::from_le_bytes(block.qs[4 * c..4 * c + 4].try_into().unwrap());
+        let bits = block.qs.as_ptr().add(4 * c).cast::<u32>().read_unaligned();
         let m = negate_mask(bits);
         let x = _mm256_loadu_si256(q.as_ptr().add(32 * c).cast());
         let flipped = _mm256_sub_epi8(_mm256_xor_si256(x, m), m);

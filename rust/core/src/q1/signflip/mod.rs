@@ -5,6 +5,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod scalar;
 
 use super::act::QuantizedActs;
@@ -33,20 +35,24 @@ pub fn gemv(blocks: &[BlockQ1], rows: usize, acts: &QuantizedActs, out: &mut [f3
 }
 
 fn row_dot(row: &[BlockQ1], q: &[i8], scales: &[f32], isa: Isa) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        // SAFETY: AVX2, FMA and F16C are present (checked by `has_avx2`).
+        return unsafe { avx2::row_dot(row, q, scales) };
+    }
     let mut acc = 0f32;
     for ((block, qb), &da) in row.iter().zip(q.chunks_exact(128)).zip(scales) {
-        let isum = block_sum(block, qb, isa);
-        acc = (isum as f32).mul_add(block.scale() * da, acc);
+        acc = (block_sum(block, qb, isa) as f32).mul_add(block.scale() * da, acc);
     }
     acc
 }
 
 #[inline]
 fn block_sum(block: &BlockQ1, q: &[i8], isa: Isa) -> i32 {
-    #[cfg(target_arch = "x86_64")]
-    if isa.has_avx2() {
-        // SAFETY: AVX2 is present (checked by `has_avx2`).
-        return unsafe { avx2::block_sum(block, q) };
+    #[cfg(target_arch = "aarch64")]
+    if isa.has_neon() {
+        // SAFETY: NEON is present (checked by `has_neon`).
+        return unsafe { neon::block_sum(block, q) };
     }
     let _ = isa;
     scalar::block_sum(block, q)
