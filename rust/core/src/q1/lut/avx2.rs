@@ -111,6 +111,7 @@ unsafe fn gemm_cols<const NC: usize>(
     scales: [&[f32]; NC],
     out: [*mut f32; NC],
 ) {
+    #[allow(clippy::needless_range_loop)] // b indexes the bits, the tables and every column's scales
     for b in 0..p.kb {
         let ws = |t: usize| p.tile_block_scales(t, b).as_ptr();
         for (ti, t) in tiles.clone().enumerate() {
@@ -148,7 +149,13 @@ pub fn gemm_tiles(p: &LutPacked, tiles: Range<usize>, n: usize, tables: &[u8], s
         // and each column's output range is distinct.
         unsafe {
             match nc {
-                4 => gemm_cols::<4>(p, tl, [tab(0), tab(1), tab(2), tab(3)], [sc(0), sc(1), sc(2), sc(3)], [o(0), o(1), o(2), o(3)]),
+                4 => gemm_cols::<4>(
+                    p,
+                    tl,
+                    [tab(0), tab(1), tab(2), tab(3)],
+                    [sc(0), sc(1), sc(2), sc(3)],
+                    [o(0), o(1), o(2), o(3)],
+                ),
                 3 => gemm_cols::<3>(p, tl, [tab(0), tab(1), tab(2)], [sc(0), sc(1), sc(2)], [o(0), o(1), o(2)]),
                 2 => gemm_cols::<2>(p, tl, [tab(0), tab(1)], [sc(0), sc(1)], [o(0), o(1)]),
                 _ => gemm_cols::<1>(p, tl, [tab(0)], [sc(0)], [o(0)]),
