@@ -61,6 +61,11 @@ fn block_amax(xb: &[f32], isa: Isa) -> f32 {
         // SAFETY: AVX2 is present (checked by `Isa::has_avx2`, which only reports detected features).
         return unsafe { x86::block_amax(xb) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa.has_neon() {
+        // SAFETY: NEON is present (checked by `Isa::has_neon`).
+        return unsafe { neon::block_amax(xb) };
+    }
     let _ = isa;
     // NaN must propagate so the caller can report it: f32::max would drop it.
     xb.iter().fold(0.0f32, |m, v| if v.abs() > m || v.is_nan() { v.abs() } else { m })
@@ -71,6 +76,11 @@ fn quantize_block(xb: &[f32], inv: f32, qb: &mut [i8], isa: Isa) -> i32 {
     if isa.has_avx2() {
         // SAFETY: AVX2 is present.
         return unsafe { x86::quantize_block(xb, inv, qb) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa.has_neon() {
+        // SAFETY: NEON is present (checked by `Isa::has_neon`).
+        return unsafe { neon::quantize_block(xb, inv, qb) };
     }
     let _ = isa;
     let mut sum = 0i32;
@@ -129,5 +139,40 @@ mod x86 {
         let mut lanes = [0i32; 8];
         _mm256_storeu_si256(lanes.as_mut_ptr().cast(), sum);
         lanes.iter().sum()
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::*;
+
+    /// max |x| over a block; NaN anywhere yields NaN (`fmax` propagates it).
+    #[target_feature(enable = "neon")]
+    pub unsafe fn block_amax(xb: &[f32]) -> f32 {
+        let mut m = [vdupq_n_f32(0.0); 4];
+        for c in xb.chunks_exact(16) {
+            for (k, mk) in m.iter_mut().enumerate() {
+                *mk = vmaxq_f32(*mk, vabsq_f32(vld1q_f32(c.as_ptr().add(4 * k))));
+            }
+        }
+        vmaxvq_f32(vmaxq_f32(vmaxq_f32(m[0], m[1]), vmaxq_f32(m[2], m[3])))
+    }
+
+    /// Rounds `x * inv` half-to-even (`fcvtns`) into int8, saturating then clamping to -127, and
+    /// returns the block sum.
+    #[target_feature(enable = "neon")]
+    pub unsafe fn quantize_block(xb: &[f32], inv: f32, qb: &mut [i8]) -> i32 {
+        let lim = vdupq_n_s8(-127);
+        // Per int16 lane: 8 chunks x 2 values x 127 at most.
+        let mut sum = vdupq_n_s16(0);
+        for (c, q) in xb.chunks_exact(16).zip(qb.chunks_exact_mut(16)) {
+            let int = |k: usize| vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(c.as_ptr().add(4 * k)), inv));
+            let lo = vqmovn_high_s32(vqmovn_s32(int(0)), int(1));
+            let hi = vqmovn_high_s32(vqmovn_s32(int(2)), int(3));
+            let b = vmaxq_s8(vqmovn_high_s16(vqmovn_s16(lo), hi), lim);
+            vst1q_s8(q.as_mut_ptr(), b);
+            sum = vpadalq_s8(sum, b);
+        }
+        vaddlvq_s16(sum)
     }
 }

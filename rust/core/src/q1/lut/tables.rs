@@ -32,6 +32,11 @@ pub fn build_tables(q: &[i8], out: &mut [u8], isa: Isa) {
         // SAFETY: AVX2 is present (checked by `has_avx2`).
         return unsafe { x86::build_tables(q, out) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa.has_neon() {
+        // SAFETY: NEON is present (checked by `has_neon`).
+        return unsafe { neon::build_tables(q, out) };
+    }
     let _ = isa;
     build_tables_scalar(q, out)
 }
@@ -92,6 +97,45 @@ mod x86 {
             let lo = _mm256_packus_epi16(lo, hi);
             let planes = _mm256_permute4x64_epi64::<0b11_01_10_00>(lo);
             _mm256_storeu_si256(table.as_mut_ptr().cast(), planes);
+        }
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::*;
+
+    use super::TABLE_BYTES;
+
+    /// Lane `c` of `SIGNS[i]` is the sign of activation `i` in entry `c`: +1 when bit `i` of `c` is set.
+    const SIGNS: [[i16; 16]; 4] = {
+        let mut s = [[0i16; 16]; 4];
+        let mut i = 0;
+        while i < 4 {
+            let mut c = 0;
+            while c < 16 {
+                s[i][c] = if c >> i & 1 == 1 { 1 } else { -1 };
+                c += 1;
+            }
+            i += 1;
+        }
+        s
+    };
+
+    /// Entry `c` = `sum_i sign_i(c) * a_i` (exact in int16), entries 0..8 and 8..16 in two vectors;
+    /// `vuzp1q_u8` / `vuzp2q_u8` split them into the low-byte and high-byte planes.
+    #[target_feature(enable = "neon")]
+    pub unsafe fn build_tables(q: &[i8], out: &mut [u8]) {
+        let signs = SIGNS.map(|s| [vld1q_s16(s.as_ptr()), vld1q_s16(s.as_ptr().add(8))]);
+        for (a, table) in q.chunks_exact(4).zip(out.chunks_exact_mut(TABLE_BYTES)) {
+            let mut t = [vdupq_n_s16(0); 2];
+            for (s, &v) in signs.iter().zip(a) {
+                t[0] = vmlaq_n_s16(t[0], s[0], i16::from(v));
+                t[1] = vmlaq_n_s16(t[1], s[1], i16::from(v));
+            }
+            let (b0, b1) = (vreinterpretq_u8_s16(t[0]), vreinterpretq_u8_s16(t[1]));
+            vst1q_u8(table.as_mut_ptr(), vuzp1q_u8(b0, b1));
+            vst1q_u8(table.as_mut_ptr().add(16), vuzp2q_u8(b0, b1));
         }
     }
 }
