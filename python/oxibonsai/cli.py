@@ -18,9 +18,7 @@ def _demo(rows: int, cols: int, repeats: int) -> int:
     m = Q1Matrix.quantize(w)
     info = kernel_info()
     print(f"kernels: gemv={info['gemv']} gemm={info['gemm']} threads={get_num_threads()}")
-    print(
-        f"matrix: {m.rows}x{m.cols} Q1_0, {m.nbytes / 2**20:.2f} MiB (f32: {w.nbytes / 2**20:.1f} MiB)"
-    )
+    print(f"matrix: {m.rows}x{m.cols} Q1_0, {m.nbytes / 2**20:.2f} MiB (f32: {w.nbytes / 2**20:.1f} MiB)")
     exact = m.dequantize().astype(np.float64) @ x.astype(np.float64)
     for kernel in ("lut", "signflip", "reference"):
         y = m.matmul(x, kernel=kernel)
