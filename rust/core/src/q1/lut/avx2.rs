@@ -35,6 +35,23 @@ unsafe fn accumulate_chunk(i0: __m256i, i1: __m256i, tables: *const u8, c: usize
     acc[1] = _mm256_add_epi16(acc[1], hi);
 }
 
+/// Blocks ahead of the current one whose weights are prefetched: the GEMV streams weights once,
+/// and the hardware prefetcher alone left it at about a third of DRAM bandwidth.
+const PREFETCH_BLOCKS: usize = 4;
+
+/// Prefetches the bits and scales `PREFETCH_BLOCKS` tile-blocks ahead (possibly in the next tile).
+#[inline(always)]
+pub(super) unsafe fn prefetch_ahead(p: &LutPacked, t: usize, b: usize) {
+    let ahead = (t * p.kb + b + PREFETCH_BLOCKS) * TILE_BLOCK_BYTES;
+    if ahead + TILE_BLOCK_BYTES <= p.bits.len() {
+        let bits = p.bits.as_ptr().add(ahead);
+        for line in 0..TILE_BLOCK_BYTES / 64 {
+            _mm_prefetch::<_MM_HINT_T0>(bits.add(64 * line).cast());
+        }
+        _mm_prefetch::<_MM_HINT_T0>(p.scales.as_ptr().add(ahead / TILE_BLOCK_BYTES * TILE_ROWS).cast());
+    }
+}
+
 #[inline(always)]
 unsafe fn indices(bits: *const u8, c: usize) -> (__m256i, __m256i) {
     let nibble = _mm256_set1_epi8(0x0f);
@@ -64,6 +81,7 @@ unsafe fn gemv_tile(p: &LutPacked, t: usize, tables: *const u8, scales: &[f32], 
     let mut facc = [_mm256_setzero_ps(); 4];
     for (b, &da) in scales.iter().enumerate() {
         let bits = p.bits.as_ptr().add((t * p.kb + b) * TILE_BLOCK_BYTES);
+        prefetch_ahead(p, t, b);
         let tb = tables.add(b * 32 * TABLE_BYTES);
         let mut acc = [_mm256_setzero_si256(); 2];
         for c in 0..16 {

@@ -9,7 +9,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx2::scale_block;
+use super::avx2::{prefetch_ahead, scale_block};
 use super::{LutPacked, TABLE_BYTES, TILE_BLOCK_BYTES, TILE_ROWS};
 
 /// Bytes of arranged tables per group.
@@ -65,6 +65,7 @@ unsafe fn gemv_tile(p: &LutPacked, t: usize, tables: *const u8, scales: &[f32], 
     let mut facc = [_mm256_setzero_ps(); 4];
     for (b, &da) in scales.iter().enumerate() {
         let bits = p.bits.as_ptr().add((t * p.kb + b) * TILE_BLOCK_BYTES);
+        prefetch_ahead(p, t, b);
         let mut acc = [_mm512_setzero_si512(); 2];
         for m in 0..8 {
             let (i0, i1) = indices(bits, m);
