@@ -3,6 +3,20 @@
 The public API lives here; ``oxibonsai._core`` is the private native module.
 """
 
-from oxibonsai._core import Q1Matrix, get_num_threads, kernel_info, set_num_threads
+from oxibonsai._core import (
+    GGUFError,
+    OxiBonsaiError,
+    Q1Matrix,
+    get_num_threads,
+    kernel_info,
+    set_num_threads,
+)
 
-__all__ = ["Q1Matrix", "get_num_threads", "kernel_info", "set_num_threads"]
+__all__ = [
+    "GGUFError",
+    "OxiBonsaiError",
+    "Q1Matrix",
+    "get_num_threads",
+    "kernel_info",
+    "set_num_threads",
+]

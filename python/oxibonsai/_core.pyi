@@ -5,10 +5,19 @@ from typing import Any, Literal, final
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Q1Matrix", "get_num_threads", "kernel_info", "quantize_activations", "set_num_threads"]
+__all__ = [
+    "GGUFError",
+    "OxiBonsaiError",
+    "Q1Matrix", "get_num_threads", "kernel_info", "quantize_activations", "set_num_threads"]
 
 _Kernel = Literal["auto", "lut", "gemm", "signflip", "reference"]
 _Isa = Literal["scalar", "avx2", "avx512", "neon"]
+
+class OxiBonsaiError(Exception):
+    """Base class of every oxibonsai-specific error."""
+
+class GGUFError(OxiBonsaiError):
+    """A GGUF file is malformed, truncated, or not a model oxibonsai can run."""
 
 @final
 class Q1Matrix:

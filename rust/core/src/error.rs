@@ -12,6 +12,13 @@ pub enum Error {
     Value(String),
     /// A request for something this build or CPU cannot do (maps to `ValueError`).
     Unsupported(String),
+    /// A GGUF file that is malformed, truncated or not what a model needs; the message names the key
+    /// or tensor at fault (maps to `oxibonsai.GGUFError`).
+    Gguf(String),
+    /// A path that does not exist (maps to `FileNotFoundError`).
+    NotFound(String),
+    /// Any other operating-system failure while reading a file (maps to `OSError`).
+    Io(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -19,7 +26,12 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Shape(msg) | Error::Value(msg) | Error::Unsupported(msg) => f.write_str(msg),
+            Error::Shape(msg)
+            | Error::Value(msg)
+            | Error::Unsupported(msg)
+            | Error::Gguf(msg)
+            | Error::NotFound(msg)
+            | Error::Io(msg) => f.write_str(msg),
         }
     }
 }

@@ -4,6 +4,7 @@
 //! worker pool they run on ([`pool`]). It never depends on Python: the `oxibonsai-py` crate is a thin
 //! binding over it, and `cargo test` runs this crate alone.
 
+pub mod bytes;
 pub mod error;
 pub mod pool;
 pub mod q1;

@@ -11,6 +11,7 @@ use super::block::{as_blocks, BlockQ1, BLOCK_WEIGHTS};
 use super::format::{dequantize, quantize, validate};
 use super::lut::{self, LutPacked};
 use super::{reference, signflip, Isa};
+use crate::bytes::SharedBytes;
 use crate::error::{Error, Result};
 use crate::pool::Pool;
 
@@ -50,23 +51,29 @@ impl Kernel {
 pub struct Q1Matrix {
     rows: usize,
     cols: usize,
-    bytes: Vec<u8>,
+    bytes: SharedBytes,
     packed: OnceLock<LutPacked>,
 }
 
 impl Q1Matrix {
     /// Quantizes a row-major f32 matrix with ggml's reference rules.
     pub fn quantize(w: &[f32], rows: usize, cols: usize) -> Result<Q1Matrix> {
-        Ok(Self::new_unchecked(quantize(w, rows, cols)?, rows, cols))
+        Ok(Self::new_unchecked(SharedBytes::from_vec(quantize(w, rows, cols)?), rows, cols))
     }
 
     /// Takes raw GGUF Q1_0 bytes after validating their length and scales.
     pub fn from_bytes(bytes: Vec<u8>, rows: usize, cols: usize) -> Result<Q1Matrix> {
+        Self::from_shared(SharedBytes::from_vec(bytes), rows, cols)
+    }
+
+    /// Borrows raw GGUF Q1_0 bytes (for example a tensor of a memory-mapped file) without copying,
+    /// after validating their length and scales.
+    pub fn from_shared(bytes: SharedBytes, rows: usize, cols: usize) -> Result<Q1Matrix> {
         validate(&bytes, rows, cols)?;
         Ok(Self::new_unchecked(bytes, rows, cols))
     }
 
-    fn new_unchecked(bytes: Vec<u8>, rows: usize, cols: usize) -> Q1Matrix {
+    fn new_unchecked(bytes: SharedBytes, rows: usize, cols: usize) -> Q1Matrix {
         Q1Matrix { rows, cols, bytes, packed: OnceLock::new() }
     }
 
