@@ -125,6 +125,40 @@ impl Pool {
     }
 }
 
+/// A raw pointer that pool tasks may share because each task touches a disjoint part of the buffer.
+struct RowsPtr<T>(*mut T);
+
+// SAFETY: only used by `for_each_row_mut`, whose tasks write disjoint rows.
+unsafe impl<T: Send> Send for RowsPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for RowsPtr<T> {}
+
+impl Pool {
+    /// Runs `f(row, row_slice)` for every `row_len`-long row of `buf`, rows split across the pool in
+    /// contiguous ranges. Each row is handed to exactly one call, so results never depend on the split.
+    pub fn for_each_row_mut<T: Send>(
+        &self,
+        buf: &mut [T],
+        row_len: usize,
+        min_rows: usize,
+        f: impl Fn(usize, &mut [T]) + Sync,
+    ) {
+        assert!(row_len > 0 && buf.len() % row_len == 0, "buffer is not a whole number of rows");
+        let rows = buf.len() / row_len;
+        let base = RowsPtr(buf.as_mut_ptr());
+        let base = &base;
+        self.for_each_range(rows, min_rows, |range| {
+            for row in range {
+                // SAFETY: `row < rows`, so the slice is inside `buf`; each row index is handed to exactly
+                // one call of this closure, so no two tasks alias a row, and `buf` is mutably borrowed
+                // for the whole call.
+                let slice = unsafe { std::slice::from_raw_parts_mut(base.0.add(row * row_len), row_len) };
+                f(row, slice);
+            }
+        });
+    }
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
         {

@@ -4,6 +4,7 @@
 mod arrays;
 mod errors;
 mod gil;
+mod model;
 mod q1;
 mod runtime;
 
@@ -13,6 +14,7 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<q1::Q1Matrix>()?;
+    m.add_class::<model::Model>()?;
     m.add_function(wrap_pyfunction!(q1::quantize_activations, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::get_num_threads, m)?)?;

@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 
 use super::act::quantize_acts;
-use super::block::{as_blocks, BlockQ1, BLOCK_WEIGHTS};
+use super::block::{as_blocks, BlockQ1, BLOCK_BYTES, BLOCK_WEIGHTS};
 use super::format::{dequantize, quantize, validate};
 use super::lut::{self, LutPacked};
 use super::{reference, signflip, Isa};
@@ -104,6 +104,14 @@ impl Q1Matrix {
         expect_len("output", out.len(), self.rows * self.cols)?;
         dequantize(&self.bytes, out);
         Ok(())
+    }
+
+    /// Row `r` as f32 (`cols` values), e.g. one token's embedding.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.rows && out.len() == self.cols, "row {r} out of range or wrong output length");
+        let per_row = self.cols / BLOCK_WEIGHTS;
+        let row_bytes = &self.bytes[r * per_row * BLOCK_BYTES..(r + 1) * per_row * BLOCK_BYTES];
+        dequantize(row_bytes, out);
     }
 
     /// `out[i, r] = sum_k w[r, k] * x[i, k]` for `n` activation rows `x` (`n * cols` values) into

@@ -1,0 +1,229 @@
+"""``LLM``: the synchronous facade. Loads a GGUF model (or the embedded default), builds its tokenizer
+and chat template from the file, and runs ``generate`` / ``chat`` / ``stream`` / ``logits`` through
+the engine's step loop."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from oxibonsai import _core
+from oxibonsai.engine import Engine
+from oxibonsai.outputs import RequestOutput
+from oxibonsai.sampling_params import SamplingParams
+from oxibonsai.tokenizer import Tokenizer
+
+PromptType = Union[str, Sequence[int], Mapping[str, Any]]
+Message = Mapping[str, Any]
+
+DEFAULT_MAX_MODEL_LEN = 4096
+"""``max_model_len`` when none is given: the model's context length, capped here (KV memory)."""
+
+BLOCK_TOKENS = 16
+
+DEFAULT_KV_CACHE_BYTES = 2 << 30
+"""Default KV cache budget; it always holds at least one sequence of ``max_model_len`` tokens."""
+
+
+def default_model_path() -> Path:
+    """The embedded default model shipped inside the package."""
+    models = Path(__file__).parent / "models"
+    found = sorted(models.glob("*.gguf")) if models.is_dir() else []
+    if not found:
+        raise FileNotFoundError(f"no embedded default model under {models}; pass a .gguf path to LLM()")
+    return found[0]
+
+
+class LLM:
+    """A Bonsai (Qwen3, Q1_0) model ready to generate.
+
+    ``model``: path to a ``.gguf`` (``None``: the embedded default model). ``num_threads`` sets the
+    process-wide kernel thread count. ``max_model_len`` bounds prompt plus output (default: the
+    model's context, at most 4096). ``seed`` seeds requests whose ``SamplingParams.seed`` is None.
+    ``kv_cache_blocks``: 16-token KV blocks to reserve (default: 2 GiB worth, at least one full
+    sequence). ``max_num_seqs``: sequences decoded together per step. ``kernel``: the Q1 matmul
+    kernel family (``"auto"``; ``"reference"`` runs the exact f32 kernel, for checking).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        *,
+        num_threads: int | None = None,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        kv_cache_blocks: int | None = None,
+        max_num_seqs: int = 8,
+        kernel: str = "auto",
+    ) -> None:
+        path = Path(model) if model is not None else default_model_path()
+        if not path.exists():
+            raise FileNotFoundError(f"no such model file: {path}")
+        if num_threads is not None:
+            _core.set_num_threads(num_threads)
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        self.model_path = path
+        self.metadata: dict[str, Any] = _core.GGUFFile(path).metadata
+        self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
+        context = int(self.metadata.get("qwen3.context_length", DEFAULT_MAX_MODEL_LEN))
+        max_len = max_model_len if max_model_len is not None else min(context, DEFAULT_MAX_MODEL_LEN)
+        blocks = kv_cache_blocks or _default_kv_blocks(self.metadata, max_len, max_num_seqs)
+        self._model = _core.Model(path, max_model_len=max_len, kv_blocks=blocks, kernel=kernel)
+        if self._model.vocab_size < self.tokenizer.vocab_size:
+            raise _core.GGUFError(
+                f"the tokenizer has {self.tokenizer.vocab_size} tokens but token_embd.weight only "
+                f"{self._model.vocab_size} rows"
+            )
+        self._engine = Engine(self._model, self.tokenizer, seed=seed, max_num_seqs=max_num_seqs)
+        self._ids = itertools.count()
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self._model.config)
+
+    @property
+    def max_model_len(self) -> int:
+        return self._model.max_model_len
+
+    # -- generation -------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generates for one prompt or a list (strings, token id lists, or ``{"prompt": ...}`` /
+        ``{"prompt_token_ids": [...]}`` dicts); returns one finished ``RequestOutput`` per prompt."""
+        batch = self._prompt_list(prompts)
+        params = self._params_list(sampling_params, len(batch))
+        ids = [self._add(p, sp) for p, sp in zip(batch, params, strict=True)]
+        finished: dict[str, RequestOutput] = {}
+        try:
+            while self._engine.has_unfinished():
+                for out in self._engine.step():
+                    if out.finished:
+                        finished[out.request_id] = out
+        except BaseException:
+            self._engine.abort_all()
+            raise
+        return [finished[i] for i in ids]
+
+    def chat(
+        self,
+        messages: Sequence[Message] | Sequence[Sequence[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Applies the model's chat template to one conversation (or a list) and generates."""
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else messages
+        prompts = [
+            self._render_chat(conv, add_generation_prompt, chat_template_kwargs)  # type: ignore[arg-type]
+            for conv in conversations
+        ]
+        return self.generate(prompts, sampling_params)
+
+    def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Yields the request's cumulative output after every generated token; the last one is finished.
+        Closing the iterator early aborts the request and frees its KV blocks."""
+        request_id = self._add(self._prompt_list(prompt)[0], sampling_params or SamplingParams())
+        try:
+            while self._engine.has_unfinished():
+                for out in self._engine.step():
+                    if out.request_id == request_id:
+                        yield out
+                        if out.finished:
+                            return
+        finally:
+            self._engine.abort(request_id)
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """float32 ``(len(token_ids), vocab)``: the logits after every position (one prefill pass)."""
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            raise ValueError("token_ids is empty")
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"{len(ids)} tokens exceed the context (max_model_len={self.max_model_len})")
+        seq = self._model.add_sequence()
+        try:
+            return self._model.step([(seq, ids, "all")])
+        finally:
+            self._model.free_sequence(seq)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _render_chat(
+        self, messages: Sequence[Message], add_generation_prompt: bool, kwargs: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
+        text = self.tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=add_generation_prompt, **dict(kwargs or {})
+        )
+        assert isinstance(text, str)
+        return {"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)}
+
+    def _add(self, prompt: PromptType, params: SamplingParams) -> str:
+        text, ids = self._tokenize(prompt)
+        request_id = str(next(self._ids))
+        self._engine.add_request(request_id, text, ids, params)
+        return request_id
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, Mapping):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), _token_list(prompt["prompt_token_ids"])
+            if "prompt" in prompt and isinstance(prompt["prompt"], str):
+                return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+            raise ValueError("a prompt dict needs a 'prompt' string or 'prompt_token_ids'")
+        return None, _token_list(prompt)
+
+    @staticmethod
+    def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+        if isinstance(prompts, (str, Mapping)):
+            return [prompts]
+        items = list(prompts)
+        if items and all(isinstance(p, (int, np.integer)) for p in items):
+            return [items]
+        return items
+
+    @staticmethod
+    def _params_list(
+        params: SamplingParams | Sequence[SamplingParams] | None, n: int
+    ) -> list[SamplingParams]:
+        if params is None:
+            return [SamplingParams() for _ in range(n)]
+        if isinstance(params, SamplingParams):
+            return [params] * n
+        out = list(params)
+        if len(out) != n:
+            raise ValueError(f"got {len(out)} SamplingParams for {n} prompts")
+        return out
+
+
+def _default_kv_blocks(meta: Mapping[str, Any], max_len: int, max_num_seqs: int) -> int:
+    """Blocks for ``max_num_seqs`` full sequences, capped by the byte budget, never below one sequence."""
+    layers = int(meta.get("qwen3.block_count", 1))
+    heads = int(meta.get("qwen3.attention.head_count", 1))
+    kv_heads = int(meta.get("qwen3.attention.head_count_kv", heads))
+    head_dim = int(meta.get("qwen3.attention.key_length", int(meta.get("qwen3.embedding_length", 0)) // heads))
+    block_bytes = max(1, 2 * layers * kv_heads * head_dim * BLOCK_TOKENS * 4)
+    per_seq = -(-max_len // BLOCK_TOKENS)
+    return max(per_seq, min(per_seq * max_num_seqs, DEFAULT_KV_CACHE_BYTES // block_bytes))
+
+
+def _token_list(ids: Any) -> list[int]:
+    try:
+        out = [int(t) for t in ids]
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"a prompt must be a string, a list of token ids or a prompt dict, got {ids!r:.80}") from e
+    if any(isinstance(t, bool) for t in ids):
+        raise TypeError("token ids must be integers, not booleans")
+    return out

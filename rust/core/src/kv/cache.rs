@@ -1,0 +1,100 @@
+//! `KvCache`: the bytes of the paged KV cache. Storage is `[layer][block][kv_head][slot][dim]`, so one
+//! head's 16 keys (or values) of a block are contiguous and attention walks them with unit stride.
+//! The cache never decides which block a token goes to: callers pass block ids from a block table.
+
+use crate::error::{Error, Result};
+
+/// Tokens per physical block.
+pub const BLOCK_TOKENS: usize = 16;
+
+/// The dimensions the cache is laid out by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    pub n_layers: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvLayout {
+    /// f32 values of one head in one block.
+    fn head_block(&self) -> usize {
+        BLOCK_TOKENS * self.head_dim
+    }
+
+    /// f32 values of one block in one layer (all heads).
+    fn layer_block(&self) -> usize {
+        self.n_kv_heads * self.head_block()
+    }
+
+    /// Bytes of keys and values one block holds over all layers.
+    pub fn block_bytes(&self) -> usize {
+        2 * self.n_layers * self.layer_block() * std::mem::size_of::<f32>()
+    }
+}
+
+/// Keys and values for `num_blocks` physical blocks of every layer.
+pub struct KvCache {
+    layout: KvLayout,
+    num_blocks: usize,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+impl KvCache {
+    /// Reserves the cache zeroed (the OS commits pages only as blocks are first written).
+    pub fn new(layout: KvLayout, num_blocks: usize) -> Result<KvCache> {
+        let len = layout
+            .layer_block()
+            .checked_mul(layout.n_layers)
+            .and_then(|v| v.checked_mul(num_blocks))
+            .ok_or_else(|| Error::Value(format!("a KV cache of {num_blocks} blocks does not fit in memory")))?;
+        let mut keys = Vec::new();
+        let mut values = Vec::new();
+        for buf in [&mut keys, &mut values] {
+            buf.try_reserve_exact(len).map_err(|_| {
+                Error::Value(format!(
+                    "cannot allocate a KV cache of {num_blocks} blocks ({} bytes)",
+                    num_blocks.saturating_mul(layout.block_bytes())
+                ))
+            })?;
+            buf.resize(len, 0.0);
+        }
+        Ok(KvCache { layout, num_blocks, keys, values })
+    }
+
+    pub fn layout(&self) -> KvLayout {
+        self.layout
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    fn head_offset(&self, layer: usize, block: usize, head: usize) -> usize {
+        assert!(layer < self.layout.n_layers && block < self.num_blocks && head < self.layout.n_kv_heads);
+        ((layer * self.num_blocks + block) * self.layout.n_kv_heads + head) * self.layout.head_block()
+    }
+
+    /// Stores one token's keys and values (all KV heads, `kv_dim` values each) at `slot` of `block`.
+    pub fn write(&mut self, layer: usize, block: usize, slot: usize, k: &[f32], v: &[f32]) {
+        let d = self.layout.head_dim;
+        assert!(slot < BLOCK_TOKENS && k.len() == self.layout.n_kv_heads * d && v.len() == k.len());
+        for head in 0..self.layout.n_kv_heads {
+            let at = self.head_offset(layer, block, head) + slot * d;
+            self.keys[at..at + d].copy_from_slice(&k[head * d..(head + 1) * d]);
+            self.values[at..at + d].copy_from_slice(&v[head * d..(head + 1) * d]);
+        }
+    }
+
+    /// The keys of one head in one block: `BLOCK_TOKENS` rows of `head_dim`.
+    pub fn keys(&self, layer: usize, block: usize, head: usize) -> &[f32] {
+        let at = self.head_offset(layer, block, head);
+        &self.keys[at..at + self.layout.head_block()]
+    }
+
+    /// The values of one head in one block: `BLOCK_TOKENS` rows of `head_dim`.
+    pub fn values(&self, layer: usize, block: usize, head: usize) -> &[f32] {
+        let at = self.head_offset(layer, block, head);
+        &self.values[at..at + self.layout.head_block()]
+    }
+}

@@ -1,0 +1,10 @@
+//! The paged KV cache: fixed-size physical blocks of keys and values for every layer
+//! ([`cache::KvCache`]), the allocator that hands them out ([`blocks::BlockPool`]), and block tables
+//! mapping a sequence's positions to physical blocks. A block id names the same slot range in every
+//! layer, so sharing a block (the prefix cache) shares it for the whole model.
+
+pub mod blocks;
+pub mod cache;
+
+pub use blocks::BlockPool;
+pub use cache::{KvCache, KvLayout, BLOCK_TOKENS};

@@ -1,0 +1,66 @@
+//! Grouped-query causal attention of a batch of tokens over the paged KV cache. Each (token, query
+//! head) pair is computed alone, reading keys and values through its sequence's block table, so a
+//! token's output is the same whether it ran in a prefill batch or alone in a decode step.
+
+use crate::kv::{KvCache, BLOCK_TOKENS};
+use crate::pool::Pool;
+
+use super::ops::{axpy, dot};
+
+/// Where one batch token sits: its position and its sequence's block table.
+pub struct TokenSlot<'a> {
+    pub pos: usize,
+    pub block_table: &'a [u32],
+}
+
+/// The attention shape.
+pub struct AttentionShape {
+    pub n_heads: usize,
+    pub group: usize,
+    pub head_dim: usize,
+}
+
+/// `out[t, h] = softmax(q[t, h] . K[0..=pos] / sqrt(d)) V[0..=pos]` for every token and query head;
+/// `q` and `out` are `(tokens, n_heads * head_dim)`.
+pub fn attend(
+    layer: usize,
+    q: &[f32],
+    slots: &[TokenSlot],
+    shape: &AttentionShape,
+    cache: &KvCache,
+    out: &mut [f32],
+    pool: &Pool,
+) {
+    let d = shape.head_dim;
+    let scale = 1.0 / (d as f32).sqrt();
+    pool.for_each_row_mut(out, d, 4, |row, out_head| {
+        let (t, h) = (row / shape.n_heads, row % shape.n_heads);
+        let q_head = &q[row * d..(row + 1) * d];
+        attend_one(layer, h / shape.group, q_head, &slots[t], scale, cache, out_head);
+    });
+}
+
+fn attend_one(layer: usize, kv_head: usize, q: &[f32], slot: &TokenSlot, scale: f32, cache: &KvCache, out: &mut [f32]) {
+    let d = q.len();
+    let seen = slot.pos + 1;
+    let mut scores = Vec::with_capacity(seen);
+    for (b, &block) in slot.block_table[..seen.div_ceil(BLOCK_TOKENS)].iter().enumerate() {
+        let keys = cache.keys(layer, block as usize, kv_head);
+        let used = (seen - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
+        scores.extend(keys.chunks_exact(d).take(used).map(|k| dot(q, k) * scale));
+    }
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut total = 0.0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        total += *s;
+    }
+    out.fill(0.0);
+    for (b, &block) in slot.block_table[..seen.div_ceil(BLOCK_TOKENS)].iter().enumerate() {
+        let values = cache.values(layer, block as usize, kv_head);
+        let weights = &scores[b * BLOCK_TOKENS..(b * BLOCK_TOKENS + BLOCK_TOKENS).min(seen)];
+        for (w, v) in weights.iter().zip(values.chunks_exact(d)) {
+            axpy(out, w / total, v);
+        }
+    }
+}

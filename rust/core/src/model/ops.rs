@@ -1,0 +1,150 @@
+//! The element-wise pieces of the forward pass: vector dot and axpy (with an AVX2 build of the same
+//! code), RMSNorm, SwiGLU and rotate-half RoPE. Every routine accumulates in a fixed order (eight
+//! lanes, then a fixed reduction), so results do not depend on the instruction set or thread count.
+
+const LANES: usize = 8;
+
+/// `sum(a[i] * b[i])`.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { dot_avx2(a, b) };
+    }
+    dot_lanes(a, b)
+}
+
+/// `y[i] += alpha * x[i]`.
+pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { axpy_avx2(y, alpha, x) };
+    }
+    axpy_lanes(y, alpha, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    dot_lanes(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn axpy_avx2(y: &mut [f32], alpha: f32, x: &[f32]) {
+    axpy_lanes(y, alpha, x)
+}
+
+#[inline(always)]
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let mut acc = [0.0f32; LANES];
+    let (a8, b8) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in a8.zip(b8) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    reduce(acc) + tail
+}
+
+#[inline(always)]
+fn axpy_lanes(y: &mut [f32], alpha: f32, x: &[f32]) {
+    assert_eq!(y.len(), x.len());
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += alpha * xi;
+    }
+}
+
+#[inline(always)]
+fn reduce(acc: [f32; LANES]) -> f32 {
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
+/// `out = x / sqrt(mean(x^2) + eps) * weight`.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let mean_square = dot(x, x) / x.len() as f32;
+    let inv = 1.0 / (mean_square + eps).sqrt();
+    for ((o, xi), w) in out.iter_mut().zip(x).zip(weight) {
+        *o = xi * inv * w;
+    }
+}
+
+/// RMSNorm in place.
+pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let mean_square = dot(x, x) / x.len() as f32;
+    let inv = 1.0 / (mean_square + eps).sqrt();
+    for (xi, w) in x.iter_mut().zip(weight) {
+        *xi = *xi * inv * w;
+    }
+}
+
+/// SwiGLU: `gate[i] = silu(gate[i]) * up[i]`.
+pub fn swiglu_in_place(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// The cos/sin of every rotary frequency at every position of a batch: `head_dim / 2` pairs per token.
+pub struct RopeTable {
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeTable {
+    /// Angles `pos * base^(-2i / head_dim)`, computed in f64.
+    pub fn new(positions: &[usize], head_dim: usize, base: f64) -> RopeTable {
+        let half = head_dim / 2;
+        let inv_freq: Vec<f64> = (0..half).map(|i| base.powf(-2.0 * i as f64 / head_dim as f64)).collect();
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for &p in positions {
+            for f in &inv_freq {
+                let angle = p as f64 * f;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        RopeTable { half, cos, sin }
+    }
+
+    /// Rotates one head vector of token `t` (rotate-half / NEOX layout: pairs `(i, i + half)`).
+    pub fn rotate(&self, t: usize, head: &mut [f32]) {
+        let (cos, sin) = (&self.cos[t * self.half..][..self.half], &self.sin[t * self.half..][..self.half]);
+        let (lo, hi) = head.split_at_mut(self.half);
+        for i in 0..self.half {
+            let (x1, x2) = (lo[i], hi[i]);
+            lo[i] = x1 * cos[i] - x2 * sin[i];
+            hi[i] = x2 * cos[i] + x1 * sin[i];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_matches_a_plain_sum_and_is_isa_independent() {
+        let a: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..37).map(|i| (i as f32 * 0.11).cos()).collect();
+        let plain: f64 = a.iter().zip(&b).map(|(x, y)| (*x as f64) * (*y as f64)).sum();
+        assert!((dot(&a, &b) as f64 - plain).abs() < 1e-5);
+        assert_eq!(dot(&a, &b).to_bits(), dot_lanes(&a, &b).to_bits());
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity_and_preserves_norm() {
+        let table = RopeTable::new(&[0, 7], 8, 10_000.0);
+        let mut v = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        table.rotate(0, &mut v);
+        assert_eq!(v, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+        let before = dot(&v, &v);
+        table.rotate(1, &mut v);
+        assert!((dot(&v, &v) - before).abs() < 1e-3);
+    }
+}

@@ -1,0 +1,190 @@
+//! `ModelRunner`: a model, its KV cache and the sequences living in it. It owns block allocation
+//! (each sequence's block table grows as tokens arrive), checks every request before the forward
+//! pass (token ids, context length, free blocks), and splits large batches so activations stay bounded.
+//! A failed step changes nothing: lengths only advance after the forward pass succeeds.
+
+use std::collections::HashMap;
+
+use crate::error::{Error, Result};
+use crate::kv::{BlockPool, KvCache, BLOCK_TOKENS};
+use crate::pool::Pool;
+
+use super::forward::{Logits, Qwen3Model, SeqChunk};
+
+/// Most tokens in one forward pass; longer prompts run in several (chunked prefill).
+pub const MAX_BATCH_TOKENS: usize = 256;
+
+/// One sequence: how many positions hold KV, and where.
+#[derive(Default)]
+struct Sequence {
+    len: usize,
+    block_table: Vec<u32>,
+}
+
+/// One entry of a step: append `tokens` to sequence `seq` and return the requested logits.
+pub struct StepItem<'a> {
+    pub seq: u64,
+    pub tokens: &'a [u32],
+    pub logits: Logits,
+}
+
+pub struct ModelRunner {
+    model: Qwen3Model,
+    cache: KvCache,
+    blocks: BlockPool,
+    max_model_len: usize,
+    seqs: HashMap<u64, Sequence>,
+    next_id: u64,
+}
+
+impl ModelRunner {
+    pub fn new(model: Qwen3Model, num_blocks: usize, max_model_len: usize) -> Result<ModelRunner> {
+        if max_model_len == 0 || max_model_len > model.config.context_length {
+            return Err(Error::Value(format!(
+                "max_model_len must be in 1..={} (the model's context length), got {max_model_len}",
+                model.config.context_length
+            )));
+        }
+        if num_blocks == 0 {
+            return Err(Error::Value("the KV cache needs at least one block".into()));
+        }
+        let cache = KvCache::new(model.kv_layout(), num_blocks)?;
+        let blocks = BlockPool::new(num_blocks);
+        Ok(ModelRunner { model, cache, blocks, max_model_len, seqs: HashMap::new(), next_id: 0 })
+    }
+
+    pub fn model(&self) -> &Qwen3Model {
+        &self.model
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.capacity()
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        self.blocks.num_free()
+    }
+
+    pub fn num_sequences(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Starts an empty sequence and returns its id.
+    pub fn add_sequence(&mut self) -> u64 {
+        self.next_id += 1;
+        self.seqs.insert(self.next_id, Sequence::default());
+        self.next_id
+    }
+
+    /// Ends a sequence and frees its blocks.
+    pub fn free_sequence(&mut self, seq: u64) -> Result<()> {
+        let s = self.seqs.remove(&seq).ok_or_else(|| unknown(seq))?;
+        for id in s.block_table {
+            self.blocks.release(id)?;
+        }
+        Ok(())
+    }
+
+    /// Tokens of KV the sequence holds.
+    pub fn sequence_len(&self, seq: u64) -> Result<usize> {
+        Ok(self.seqs.get(&seq).ok_or_else(|| unknown(seq))?.len)
+    }
+
+    /// Blocks a sequence of `tokens` tokens occupies.
+    pub fn blocks_for(tokens: usize) -> usize {
+        tokens.div_ceil(BLOCK_TOKENS)
+    }
+
+    /// Appends each item's tokens to its sequence and returns the requested logits rows in item order.
+    pub fn step(&mut self, items: &[StepItem], pool: &Pool) -> Result<Vec<f32>> {
+        self.check(items)?;
+        self.reserve_blocks(items)?;
+        let mut logits = Vec::new();
+        let mut batch: Vec<SeqChunk> = Vec::new();
+        let mut batch_tokens = 0;
+        for item in items {
+            let seq = &self.seqs[&item.seq];
+            let pieces = item.tokens.chunks(MAX_BATCH_TOKENS).collect::<Vec<_>>();
+            let mut start = seq.len;
+            for (i, piece) in pieces.iter().enumerate() {
+                if batch_tokens + piece.len() > MAX_BATCH_TOKENS && !batch.is_empty() {
+                    logits.extend(self.model.forward(&batch, &mut self.cache, pool)?);
+                    batch.clear();
+                    batch_tokens = 0;
+                }
+                let wanted = match item.logits {
+                    Logits::Last if i + 1 < pieces.len() => Logits::None,
+                    other => other,
+                };
+                batch.push(SeqChunk { tokens: piece, start, block_table: &seq.block_table, logits: wanted });
+                batch_tokens += piece.len();
+                start += piece.len();
+            }
+        }
+        if !batch.is_empty() {
+            logits.extend(self.model.forward(&batch, &mut self.cache, pool)?);
+        }
+        for item in items {
+            self.seqs.get_mut(&item.seq).expect("checked").len += item.tokens.len();
+        }
+        Ok(logits)
+    }
+
+    fn check(&self, items: &[StepItem]) -> Result<()> {
+        let vocab = self.model.config.vocab;
+        let mut seen = std::collections::HashSet::new();
+        for item in items {
+            let seq = self.seqs.get(&item.seq).ok_or_else(|| unknown(item.seq))?;
+            if !seen.insert(item.seq) {
+                return Err(Error::Value(format!("sequence {} appears twice in one step", item.seq)));
+            }
+            if item.tokens.is_empty() {
+                return Err(Error::Value(format!("sequence {}: a step needs at least one token", item.seq)));
+            }
+            if let Some(bad) = item.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(Error::Value(format!("token id {bad} is out of range for a vocabulary of {vocab}")));
+            }
+            let total = seq.len + item.tokens.len();
+            if total > self.max_model_len {
+                return Err(Error::Value(format!(
+                    "sequence {} would hold {total} tokens, more than max_model_len={}",
+                    item.seq, self.max_model_len
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Grows block tables to cover the new tokens, all or nothing.
+    fn reserve_blocks(&mut self, items: &[StepItem]) -> Result<()> {
+        let needed: usize = items
+            .iter()
+            .map(|it| {
+                let seq = &self.seqs[&it.seq];
+                Self::blocks_for(seq.len + it.tokens.len()).saturating_sub(seq.block_table.len())
+            })
+            .sum();
+        if needed > self.blocks.num_free() {
+            return Err(Error::Value(format!(
+                "the KV cache is full: this step needs {needed} more blocks, {} of {} are free",
+                self.blocks.num_free(),
+                self.blocks.capacity()
+            )));
+        }
+        for it in items {
+            let seq = self.seqs.get_mut(&it.seq).expect("checked");
+            while seq.block_table.len() < Self::blocks_for(seq.len + it.tokens.len()) {
+                seq.block_table.push(self.blocks.allocate().expect("counted above"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn unknown(seq: u64) -> Error {
+    Error::Value(format!("unknown sequence id {seq}"))
+}

@@ -1,0 +1,155 @@
+//! `Model`: a loaded Qwen3 GGUF model with its KV cache and sequences, for the Python engine.
+//! Loading and every step release the GIL; logits come back as numpy arrays that own their buffer.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use numpy::{IntoPyArray, PyArray2, PyArrayMethods};
+use oxibonsai_core::gguf::GgufFile;
+use oxibonsai_core::model::{Logits, MatmulPlan, ModelRunner, Qwen3Model, StepItem};
+use oxibonsai_core::pool;
+use oxibonsai_core::q1::{Isa, Kernel};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::to_py;
+use crate::gil::without_gil;
+
+/// A Qwen3 model loaded from GGUF, its paged KV cache, and the sequences being generated.
+#[pyclass(frozen, module = "oxibonsai._core")]
+pub struct Model {
+    runner: Mutex<ModelRunner>,
+}
+
+fn logits_mode(name: &str) -> PyResult<Logits> {
+    match name {
+        "none" => Ok(Logits::None),
+        "last" => Ok(Logits::Last),
+        "all" => Ok(Logits::All),
+        _ => Err(PyValueError::new_err(format!("logits must be 'none', 'last' or 'all', got {name:?}"))),
+    }
+}
+
+impl Model {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ModelRunner> {
+        self.runner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[pymethods]
+impl Model {
+    /// Loads `path`. `max_model_len` defaults to the model's context length; `kv_blocks` to enough
+    /// 16-token blocks for one sequence of `max_model_len` tokens.
+    #[new]
+    #[pyo3(signature = (path, *, max_model_len=None, kv_blocks=None, kernel="auto"))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        max_model_len: Option<usize>,
+        kv_blocks: Option<usize>,
+        kernel: &str,
+    ) -> PyResult<Model> {
+        let plan = MatmulPlan { kernel: Kernel::parse(kernel).map_err(to_py)?, isa: Isa::detect() };
+        let runner = without_gil(py, || {
+            let file = GgufFile::open(&path)?;
+            let model = Qwen3Model::from_gguf(&file, plan)?;
+            let len = max_model_len.unwrap_or(model.config.context_length);
+            let blocks = kv_blocks.unwrap_or_else(|| ModelRunner::blocks_for(len));
+            ModelRunner::new(model, blocks, len)
+        })
+        .map_err(to_py)?;
+        Ok(Model { runner: Mutex::new(runner) })
+    }
+
+    /// The model's hyper-parameters.
+    #[getter]
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let runner = self.lock();
+        let c = &runner.model().config;
+        let d = PyDict::new(py);
+        d.set_item("n_layers", c.n_layers)?;
+        d.set_item("hidden", c.hidden)?;
+        d.set_item("ffn", c.ffn)?;
+        d.set_item("n_heads", c.n_heads)?;
+        d.set_item("n_kv_heads", c.n_kv_heads)?;
+        d.set_item("head_dim", c.head_dim)?;
+        d.set_item("vocab", c.vocab)?;
+        d.set_item("context_length", c.context_length)?;
+        d.set_item("rope_base", c.rope_base)?;
+        d.set_item("rms_eps", c.rms_eps)?;
+        d.set_item("tied_output", runner.model().weights.output.is_none())?;
+        Ok(d)
+    }
+
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.lock().model().config.vocab
+    }
+
+    #[getter]
+    fn max_model_len(&self) -> usize {
+        self.lock().max_model_len()
+    }
+
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.lock().num_blocks()
+    }
+
+    #[getter]
+    fn num_free_blocks(&self) -> usize {
+        self.lock().num_free_blocks()
+    }
+
+    #[getter]
+    fn num_sequences(&self) -> usize {
+        self.lock().num_sequences()
+    }
+
+    /// Tokens per KV block.
+    #[getter]
+    fn block_tokens(&self) -> usize {
+        oxibonsai_core::kv::BLOCK_TOKENS
+    }
+
+    /// Bytes of keys and values per KV block (all layers).
+    #[getter]
+    fn block_bytes(&self) -> usize {
+        self.lock().model().kv_layout().block_bytes()
+    }
+
+    /// Starts an empty sequence; returns its id.
+    fn add_sequence(&self) -> u64 {
+        self.lock().add_sequence()
+    }
+
+    /// Ends a sequence and frees its KV blocks.
+    fn free_sequence(&self, seq: u64) -> PyResult<()> {
+        self.lock().free_sequence(seq).map_err(to_py)
+    }
+
+    /// Tokens of KV a sequence holds.
+    fn sequence_len(&self, seq: u64) -> PyResult<usize> {
+        self.lock().sequence_len(seq).map_err(to_py)
+    }
+
+    /// Runs one batched forward pass. Each item is `(sequence id, token ids, logits)` with logits
+    /// `'none'`, `'last'` or `'all'`; returns float32 `(rows, vocab)` for the requested rows in order.
+    fn step<'py>(&self, py: Python<'py>, items: Vec<(u64, Vec<u32>, String)>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let modes = items.iter().map(|(_, _, m)| logits_mode(m)).collect::<PyResult<Vec<_>>>()?;
+        let (logits, vocab) = without_gil(py, || {
+            let step: Vec<StepItem> = items
+                .iter()
+                .zip(&modes)
+                .map(|((seq, tokens, _), &logits)| StepItem { seq: *seq, tokens, logits })
+                .collect();
+            let mut runner = self.lock();
+            let vocab = runner.model().config.vocab;
+            runner.step(&step, &pool::global()).map(|l| (l, vocab))
+        })
+        .map_err(to_py)?;
+        let rows = logits.len() / vocab;
+        logits.into_pyarray(py).reshape([rows, vocab])
+    }
+}
