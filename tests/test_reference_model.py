@@ -176,5 +176,5 @@ def test_top1_margins_and_int8_activation_deviation(tmp_path: Path, rng: np.rand
     pct = dict(zip(levels, np.percentile(gaps_arr, levels).round(3).tolist(), strict=True))
     print(f"top-1 gap percentiles {pct}; P(gap < 0.1) = {np.mean(gaps_arr < 0.1):.3f}")
     print(f"int8-activation max |dlogit| per model {np.round(errors, 3)}, top-1 flips {flips}/{len(gaps)}")
-    assert np.median(gaps_arr) > 0.3 and np.mean(gaps_arr < 0.05) < 0.1
+    assert np.median(gaps_arr) > 0.3 and np.mean(gaps_arr < 0.05) < 0.15
     assert max(errors) < 1.0
