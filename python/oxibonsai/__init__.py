@@ -5,6 +5,7 @@ The public API lives here; ``oxibonsai._core`` is the private native module.
 
 from oxibonsai._core import (
     GGUFError,
+    GGUFFile,
     OxiBonsaiError,
     Q1Matrix,
     get_num_threads,
@@ -14,6 +15,7 @@ from oxibonsai._core import (
 
 __all__ = [
     "GGUFError",
+    "GGUFFile",
     "OxiBonsaiError",
     "Q1Matrix",
     "get_num_threads",

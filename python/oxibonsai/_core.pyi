@@ -1,14 +1,21 @@
 """Type stubs for the native module ``oxibonsai._core`` (built from ``rust/py``)."""
 
-from typing import Any, Literal, final
+import os
+from typing import Any, Literal, TypedDict, final
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
     "GGUFError",
+    "GGUFFile",
     "OxiBonsaiError",
-    "Q1Matrix", "get_num_threads", "kernel_info", "quantize_activations", "set_num_threads"]
+    "Q1Matrix",
+    "get_num_threads",
+    "kernel_info",
+    "quantize_activations",
+    "set_num_threads",
+]
 
 _Kernel = Literal["auto", "lut", "gemm", "signflip", "reference"]
 _Isa = Literal["scalar", "avx2", "avx512", "neon"]
@@ -18,6 +25,34 @@ class OxiBonsaiError(Exception):
 
 class GGUFError(OxiBonsaiError):
     """A GGUF file is malformed, truncated, or not a model oxibonsai can run."""
+
+class _TensorInfo(TypedDict):
+    name: str
+    shape: tuple[int, ...]
+    dims: tuple[int, ...]
+    type: str
+    offset: int
+    nbytes: int
+
+@final
+class GGUFFile:
+    """A GGUF file, memory-mapped read-only and validated on open."""
+
+    def __new__(cls, path: str | os.PathLike[str]) -> GGUFFile: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def alignment(self) -> int: ...
+    @property
+    def data_offset(self) -> int: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def metadata(self) -> dict[str, Any]: ...
+    def tensor_names(self) -> list[str]: ...
+    def tensor_info(self, name: str) -> _TensorInfo: ...
+    def tensors(self) -> list[_TensorInfo]: ...
+    def tensor_bytes(self, name: str) -> npt.NDArray[np.uint8]: ...
 
 @final
 class Q1Matrix:

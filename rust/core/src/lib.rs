@@ -1,11 +1,12 @@
 //! oxibonsai-core: everything in oxibonsai that must be fast or exact, in pure Rust.
 //!
-//! This crate owns the Q1_0 weight format and its CPU matmul kernels ([`q1`]) and the persistent
-//! worker pool they run on ([`pool`]). It never depends on Python: the `oxibonsai-py` crate is a thin
-//! binding over it, and `cargo test` runs this crate alone.
+//! This crate owns the Q1_0 weight format and its CPU matmul kernels ([`q1`]), the persistent
+//! worker pool they run on ([`pool`]) and the GGUF file reader ([`gguf`]). It never depends on
+//! Python: the `oxibonsai-py` crate is a thin binding over it, and `cargo test` runs this crate alone.
 
 pub mod bytes;
 pub mod error;
+pub mod gguf;
 pub mod pool;
 pub mod q1;
 

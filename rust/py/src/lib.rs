@@ -3,6 +3,7 @@
 
 mod arrays;
 mod errors;
+mod gguf;
 mod gil;
 mod model;
 mod q1;
@@ -13,6 +14,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
+    m.add_class::<gguf::GgufFile>()?;
     m.add_class::<q1::Q1Matrix>()?;
     m.add_class::<model::Model>()?;
     m.add_function(wrap_pyfunction!(q1::quantize_activations, m)?)?;

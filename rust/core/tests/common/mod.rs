@@ -1,8 +1,11 @@
-//! Test helpers: a small seeded generator (fresh seed per run, printed) and random inputs.
+//! Test helpers: a small seeded generator (fresh seed per run, printed), random inputs, and a GGUF
+//! writer ([`gguf_writer`]).
 
 #![allow(dead_code)]
 
 use std::time::{SystemTime, UNIX_EPOCH};
+
+pub mod gguf_writer;
 
 pub struct Rng(u64);
 
