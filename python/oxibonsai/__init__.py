@@ -12,12 +12,23 @@ from oxibonsai._core import (
     kernel_info,
     set_num_threads,
 )
+from oxibonsai.llm import LLM
+from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from oxibonsai.sampling_params import SamplingParams
+from oxibonsai.tokenizer import Tokenizer
 
 __all__ = [
+    "LLM",
+    "CompletionOutput",
     "GGUFError",
     "GGUFFile",
+    "Logprob",
     "OxiBonsaiError",
     "Q1Matrix",
+    "RequestMetrics",
+    "RequestOutput",
+    "SamplingParams",
+    "Tokenizer",
     "get_num_threads",
     "kernel_info",
     "set_num_threads",

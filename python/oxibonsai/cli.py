@@ -108,7 +108,10 @@ def _chat(args: argparse.Namespace) -> int:
         if not line.strip():
             break
         history.append({"role": "user", "content": line})
-        prompt = llm._render_chat(history, True, {"enable_thinking": False} if args.no_think else None)
+        extra = {"enable_thinking": False} if args.no_think else {}
+        text = llm.tokenizer.apply_chat_template(history, add_generation_prompt=True, **extra)
+        assert isinstance(text, str)
+        prompt = {"prompt": text, "prompt_token_ids": llm.tokenizer.encode(text, add_special_tokens=False)}
         out = _print_stream(llm.stream(prompt, params))
         _timing_line(out)
         history.append({"role": "assistant", "content": out.outputs[0].text if out else ""})

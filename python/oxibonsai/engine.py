@@ -183,7 +183,9 @@ class Engine:
 
     def _advance(self, r: _Request, logits: object) -> None:
         n_logprobs = r.params.logprobs or 0
-        token, logprob, top = r.sampler.sample(logits, r.prompt_ids, r.output_ids, self._banned(r), n_logprobs)
+        token, logprob, top = r.sampler.sample(
+            logits, r.prompt_ids, r.output_ids, self._banned(r), n_logprobs
+        )
         now = time.perf_counter()
         if r.metrics.first_token_time is None:
             r.metrics.first_token_time = now
@@ -211,7 +213,10 @@ class Engine:
         if r.logprobs is None:
             return
         r.cumulative_logprob += logprob
-        entry = {t: Logprob(lp, rank, self._tokenizer.decode([t], skip_special_tokens=False)) for rank, (t, lp) in enumerate(top, 1)}
+        entry = {
+            t: Logprob(lp, rank, self._tokenizer.decode([t], skip_special_tokens=False))
+            for rank, (t, lp) in enumerate(top, 1)
+        }
         if token not in entry:
             entry[token] = Logprob(logprob, None, self._tokenizer.decode([token], skip_special_tokens=False))
         r.logprobs.append(entry)

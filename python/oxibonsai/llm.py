@@ -8,7 +8,7 @@ import itertools
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from oxibonsai.outputs import RequestOutput
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.tokenizer import Tokenizer
 
-PromptType = Union[str, Sequence[int], Mapping[str, Any]]
+PromptType = str | Sequence[int] | Mapping[str, Any]
 Message = Mapping[str, Any]
 
 DEFAULT_MAX_MODEL_LEN = 4096
@@ -102,9 +102,9 @@ class LLM:
         ``{"prompt_token_ids": [...]}`` dicts); returns one finished ``RequestOutput`` per prompt."""
         batch = self._prompt_list(prompts)
         params = self._params_list(sampling_params, len(batch))
-        ids = [self._add(p, sp) for p, sp in zip(batch, params, strict=True)]
         finished: dict[str, RequestOutput] = {}
         try:
+            ids = [self._add(p, sp) for p, sp in zip(batch, params, strict=True)]
             while self._engine.has_unfinished():
                 for out in self._engine.step():
                     if out.finished:
@@ -130,7 +130,9 @@ class LLM:
         ]
         return self.generate(prompts, sampling_params)
 
-    def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+    def stream(
+        self, prompt: PromptType, sampling_params: SamplingParams | None = None
+    ) -> Iterator[RequestOutput]:
         """Yields the request's cumulative output after every generated token; the last one is finished.
         Closing the iterator early aborts the request and frees its KV blocks."""
         request_id = self._add(self._prompt_list(prompt)[0], sampling_params or SamplingParams())
@@ -213,7 +215,9 @@ def _default_kv_blocks(meta: Mapping[str, Any], max_len: int, max_num_seqs: int)
     layers = int(meta.get("qwen3.block_count", 1))
     heads = int(meta.get("qwen3.attention.head_count", 1))
     kv_heads = int(meta.get("qwen3.attention.head_count_kv", heads))
-    head_dim = int(meta.get("qwen3.attention.key_length", int(meta.get("qwen3.embedding_length", 0)) // heads))
+    head_dim = int(
+        meta.get("qwen3.attention.key_length", int(meta.get("qwen3.embedding_length", 0)) // heads)
+    )
     block_bytes = max(1, 2 * layers * kv_heads * head_dim * BLOCK_TOKENS * 4)
     per_seq = -(-max_len // BLOCK_TOKENS)
     return max(per_seq, min(per_seq * max_num_seqs, DEFAULT_KV_CACHE_BYTES // block_bytes))
@@ -223,7 +227,9 @@ def _token_list(ids: Any) -> list[int]:
     try:
         out = [int(t) for t in ids]
     except (TypeError, ValueError) as e:
-        raise TypeError(f"a prompt must be a string, a list of token ids or a prompt dict, got {ids!r:.80}") from e
+        raise TypeError(
+            f"a prompt must be a string, a list of token ids or a prompt dict, got {ids!r:.80}"
+        ) from e
     if any(isinstance(t, bool) for t in ids):
         raise TypeError("token ids must be integers, not booleans")
     return out

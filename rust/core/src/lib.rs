@@ -7,6 +7,8 @@
 pub mod bytes;
 pub mod error;
 pub mod gguf;
+pub mod kv;
+pub mod model;
 pub mod pool;
 pub mod q1;
 

@@ -7,6 +7,11 @@
 //!
 //! One job runs at a time; a second caller that finds the pool busy runs its tasks inline instead of
 //! waiting, which gives the same results.
+//!
+//! A job ends when its tasks are done, not when every worker has seen it: a worker that wakes late
+//! (descheduled on a busy machine) finds the job closed and skips it. Workers announce themselves
+//! (`active`) before reading `closed`, and the caller sets `closed` before waiting for `active` to
+//! drain, so with sequentially consistent atomics no worker can touch a finished job's closure.
 
 use std::cell::Cell;
 use std::ops::Range;
@@ -24,7 +29,7 @@ type TaskFn = dyn Fn(usize) + Sync;
 #[derive(Clone, Copy)]
 struct Job {
     /// Lifetime-erased pointer to the caller's closure; valid until the caller's `run` returns,
-    /// which waits for every worker to finish with it.
+    /// which waits until the job is closed and no worker is inside it.
     f: *const TaskFn,
     tasks: usize,
 }
@@ -36,13 +41,16 @@ struct Shared {
     epoch: AtomicU64,
     job: Mutex<Option<Job>>,
     next: AtomicUsize,
-    pending: AtomicUsize,
+    /// Tasks of the current job that have finished.
+    finished: AtomicUsize,
+    /// Workers between announcing themselves and leaving the current job.
+    active: AtomicUsize,
+    /// Set once a job's tasks are all finished; late workers skip a closed job.
+    closed: AtomicBool,
     shutdown: AtomicBool,
     panicked: AtomicBool,
     wake_lock: Mutex<()>,
     wake: Condvar,
-    done_lock: Mutex<()>,
-    done: Condvar,
 }
 
 /// A fixed set of worker threads that run parallel loops for the kernels.
@@ -63,13 +71,13 @@ impl Pool {
             epoch: AtomicU64::new(0),
             job: Mutex::new(None),
             next: AtomicUsize::new(0),
-            pending: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            closed: AtomicBool::new(true),
             shutdown: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
             wake_lock: Mutex::new(()),
             wake: Condvar::new(),
-            done_lock: Mutex::new(()),
-            done: Condvar::new(),
         });
         let workers = (1..threads.max(1))
             .map(|i| {
@@ -101,7 +109,8 @@ impl Pool {
         let sh = &*self.shared;
         *sh.job.lock().unwrap() = Some(Job { f, tasks });
         sh.next.store(0, Ordering::SeqCst);
-        sh.pending.store(self.workers.len(), Ordering::SeqCst);
+        sh.finished.store(0, Ordering::SeqCst);
+        sh.closed.store(false, Ordering::SeqCst);
         {
             let _lock = sh.wake_lock.lock().unwrap();
             sh.epoch.fetch_add(1, Ordering::SeqCst);
@@ -109,7 +118,9 @@ impl Pool {
         }
         // SAFETY: `f` is alive for the whole of this call.
         run_tasks(sh, unsafe { &*f }, tasks);
-        wait_for_workers(sh);
+        spin_until(|| sh.finished.load(Ordering::SeqCst) == tasks);
+        sh.closed.store(true, Ordering::SeqCst);
+        spin_until(|| sh.active.load(Ordering::SeqCst) == 0);
         *sh.job.lock().unwrap() = None;
         if sh.panicked.swap(false, Ordering::SeqCst) {
             panic!("a kernel task panicked on a worker thread");
@@ -143,7 +154,7 @@ impl Pool {
         min_rows: usize,
         f: impl Fn(usize, &mut [T]) + Sync,
     ) {
-        assert!(row_len > 0 && buf.len() % row_len == 0, "buffer is not a whole number of rows");
+        assert!(row_len > 0 && buf.len().is_multiple_of(row_len), "buffer is not a whole number of rows");
         let rows = buf.len() / row_len;
         let base = RowsPtr(buf.as_mut_ptr());
         let base = &base;
@@ -182,21 +193,21 @@ fn run_tasks(sh: &Shared, f: &TaskFn, tasks: usize) {
         if catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
             sh.panicked.store(true, Ordering::SeqCst);
         }
+        sh.finished.fetch_add(1, Ordering::SeqCst);
     }
     IN_POOL_TASK.with(|c| c.set(false));
 }
 
-fn wait_for_workers(sh: &Shared) {
+/// Spins on `done`, yielding the CPU after a short while (the tasks still running belong to threads
+/// that may be descheduled).
+fn spin_until(done: impl Fn() -> bool) {
     let start = Instant::now();
-    while sh.pending.load(Ordering::SeqCst) != 0 {
+    while !done() {
         if start.elapsed() > SPIN {
-            let mut lock = sh.done_lock.lock().unwrap();
-            while sh.pending.load(Ordering::SeqCst) != 0 {
-                lock = sh.done.wait(lock).unwrap();
-            }
-            return;
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
         }
-        std::hint::spin_loop();
     }
 }
 
@@ -207,13 +218,16 @@ fn worker_loop(sh: &Shared) {
             return;
         }
         seen = sh.epoch.load(Ordering::SeqCst);
-        let job = (*sh.job.lock().unwrap()).expect("a new epoch always carries a job");
-        // SAFETY: the caller of `run` keeps the closure alive until `pending` reaches zero.
-        run_tasks(sh, unsafe { &*job.f }, job.tasks);
-        if sh.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
-            let _lock = sh.done_lock.lock().unwrap();
-            sh.done.notify_all();
+        sh.active.fetch_add(1, Ordering::SeqCst);
+        if !sh.closed.load(Ordering::SeqCst) {
+            let job = *sh.job.lock().unwrap();
+            if let Some(job) = job {
+                // SAFETY: the job is open and this worker is counted in `active`, so the caller of
+                // `run` is still waiting and keeps the closure alive.
+                run_tasks(sh, unsafe { &*job.f }, job.tasks);
+            }
         }
+        sh.active.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -34,7 +34,7 @@ impl Qwen3Config {
         let key = |name: &str| format!("{ARCH}.{name}");
         let n_heads = as_usize(file.require_u64(&key("attention.head_count"))?);
         let hidden = as_usize(file.require_u64(&key("embedding_length"))?);
-        let default_head_dim = if n_heads == 0 { 0 } else { hidden / n_heads };
+        let default_head_dim = hidden.checked_div(n_heads).unwrap_or(0);
         let head_dim = file.get_u64(&key("attention.key_length"))?.map_or(default_head_dim, as_usize);
         if let Some(v) = file.get_u64(&key("attention.value_length"))? {
             if as_usize(v) != head_dim {
@@ -75,13 +75,13 @@ impl Qwen3Config {
                 return Err(Error::Gguf(format!("{ARCH}.{name} must be in 1..={MAX_DIM}, got {value}")));
             }
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(Error::Gguf(format!(
                 "{ARCH}.attention.head_count ({}) must be a multiple of head_count_kv ({})",
                 self.n_heads, self.n_kv_heads
             )));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(Error::Gguf(format!("{ARCH}.attention.key_length must be even, got {}", self.head_dim)));
         }
         if !(self.rope_base.is_finite() && self.rope_base > 1.0) {

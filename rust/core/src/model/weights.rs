@@ -115,9 +115,7 @@ fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
 fn widen(name: &str, info: &TensorInfo, bytes: &[u8]) -> Result<Vec<f32>> {
     Ok(match info.ggml_type {
         GgmlType::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-        GgmlType::F16 => {
-            bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
-        }
+        GgmlType::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
         GgmlType::BF16 => {
             bytes.chunks_exact(2).map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)).collect()
         }

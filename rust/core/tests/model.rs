@@ -1,0 +1,127 @@
+//! The Qwen3 runner on a tiny random GGUF built in memory: prefill/decode splits and thread counts
+//! never change a bit, failed steps change nothing, and every block comes back.
+
+mod common;
+
+use common::gguf_writer::{build, TensorSpec};
+use common::Rng;
+use oxibonsai_core::bytes::SharedBytes;
+use oxibonsai_core::gguf::{GgufFile, Value};
+use oxibonsai_core::model::{Logits, MatmulPlan, ModelRunner, Qwen3Model, StepItem};
+use oxibonsai_core::pool::Pool;
+use oxibonsai_core::q1::{format::quantize, Isa, Kernel};
+use oxibonsai_core::Error;
+
+const HIDDEN: u64 = 128;
+const HEADS: u64 = 2;
+const KV_HEADS: u64 = 1;
+const HEAD_DIM: u64 = 128;
+const FFN: u64 = 256;
+const VOCAB: u64 = 64;
+const LAYERS: u64 = 2;
+
+fn q1(rng: &mut Rng, name: &str, rows: u64, cols: u64) -> TensorSpec {
+    let w: Vec<f32> = (0..rows * cols).map(|_| rng.normal() / (cols as f32).sqrt()).collect();
+    TensorSpec::new(name, &[cols, rows], 41, quantize(&w, rows as usize, cols as usize).unwrap())
+}
+
+fn norm(rng: &mut Rng, name: &str, len: u64) -> TensorSpec {
+    let bytes = (0..len).flat_map(|_| (1.0 + 0.1 * rng.normal()).to_le_bytes()).collect();
+    TensorSpec::new(name, &[len], 0, bytes)
+}
+
+fn tiny_model(rng: &mut Rng) -> Qwen3Model {
+    let kvs = [
+        ("general.architecture", Value::String("qwen3".into())),
+        ("qwen3.block_count", Value::U32(LAYERS as u32)),
+        ("qwen3.context_length", Value::U32(256)),
+        ("qwen3.embedding_length", Value::U32(HIDDEN as u32)),
+        ("qwen3.feed_forward_length", Value::U32(FFN as u32)),
+        ("qwen3.attention.head_count", Value::U32(HEADS as u32)),
+        ("qwen3.attention.head_count_kv", Value::U32(KV_HEADS as u32)),
+        ("qwen3.attention.key_length", Value::U32(HEAD_DIM as u32)),
+        ("qwen3.rope.freq_base", Value::F32(1e6)),
+        ("qwen3.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+    ];
+    let mut tensors = vec![q1(rng, "token_embd.weight", VOCAB, HIDDEN), norm(rng, "output_norm.weight", HIDDEN)];
+    for i in 0..LAYERS {
+        let n = |t: &str| format!("blk.{i}.{t}.weight");
+        tensors.extend([
+            norm(rng, &n("attn_norm"), HIDDEN),
+            q1(rng, &n("attn_q"), HEADS * HEAD_DIM, HIDDEN),
+            q1(rng, &n("attn_k"), KV_HEADS * HEAD_DIM, HIDDEN),
+            q1(rng, &n("attn_v"), KV_HEADS * HEAD_DIM, HIDDEN),
+            q1(rng, &n("attn_output"), HIDDEN, HEADS * HEAD_DIM),
+            norm(rng, &n("attn_q_norm"), HEAD_DIM),
+            norm(rng, &n("attn_k_norm"), HEAD_DIM),
+            norm(rng, &n("ffn_norm"), HIDDEN),
+            q1(rng, &n("ffn_gate"), FFN, HIDDEN),
+            q1(rng, &n("ffn_up"), FFN, HIDDEN),
+            q1(rng, &n("ffn_down"), HIDDEN, FFN),
+        ]);
+    }
+    let file = GgufFile::from_bytes(SharedBytes::from_vec(build(&kvs, &tensors, 32))).unwrap();
+    Qwen3Model::from_gguf(&file, MatmulPlan { kernel: Kernel::Auto, isa: Isa::detect() }).unwrap()
+}
+
+fn tokens(rng: &mut Rng, n: usize) -> Vec<u32> {
+    (0..n).map(|_| (rng.next_u64() % VOCAB) as u32).collect()
+}
+
+fn step(runner: &mut ModelRunner, seq: u64, toks: &[u32], logits: Logits, pool: &Pool) -> Vec<f32> {
+    runner.step(&[StepItem { seq, tokens: toks, logits }], pool).unwrap()
+}
+
+#[test]
+fn prefill_decode_splits_and_thread_counts_give_identical_logits() {
+    let mut rng = Rng::fresh("model_splits");
+    let mut runner = ModelRunner::new(tiny_model(&mut rng), 64, 256).unwrap();
+    let toks = tokens(&mut rng, 40);
+    let one = Pool::new(1);
+    let seq = runner.add_sequence();
+    let full = step(&mut runner, seq, &toks, Logits::All, &one);
+    assert_eq!(full.len(), toks.len() * VOCAB as usize);
+    for threads in [1, 2, 3] {
+        let pool = Pool::new(threads);
+        let seq = runner.add_sequence();
+        let cut = 1 + (rng.next_u64() % 39) as usize;
+        let mut rows = step(&mut runner, seq, &toks[..cut], Logits::All, &pool);
+        for t in &toks[cut..] {
+            rows.extend(step(&mut runner, seq, &[*t], Logits::Last, &pool));
+        }
+        assert!(rows.iter().zip(&full).all(|(a, b)| a.to_bits() == b.to_bits()), "threads {threads} cut {cut}");
+    }
+}
+
+#[test]
+fn a_failed_step_changes_nothing_and_blocks_come_back() {
+    let mut rng = Rng::fresh("model_failures");
+    let mut runner = ModelRunner::new(tiny_model(&mut rng), 4, 256).unwrap();
+    let pool = Pool::new(2);
+    let a = runner.add_sequence();
+    step(&mut runner, a, &tokens(&mut rng, 20), Logits::Last, &pool);
+    let b = runner.add_sequence();
+    let too_many = tokens(&mut rng, 50);
+    let err = runner.step(&[StepItem { seq: b, tokens: &too_many, logits: Logits::Last }], &pool).unwrap_err();
+    assert!(matches!(err, Error::Value(ref m) if m.contains("KV cache is full")), "{err:?}");
+    let bad = [VOCAB as u32];
+    assert!(runner.step(&[StepItem { seq: a, tokens: &bad, logits: Logits::Last }], &pool).is_err());
+    assert!(runner.step(&[StepItem { seq: 999, tokens: &bad[..0], logits: Logits::Last }], &pool).is_err());
+    assert_eq!(runner.sequence_len(a).unwrap(), 20);
+    assert_eq!(runner.sequence_len(b).unwrap(), 0);
+    runner.free_sequence(a).unwrap();
+    runner.free_sequence(b).unwrap();
+    assert_eq!(runner.num_free_blocks(), 4);
+    assert!(runner.free_sequence(a).is_err());
+}
+
+#[test]
+fn the_context_limit_is_enforced() {
+    let mut rng = Rng::fresh("model_context");
+    let mut runner = ModelRunner::new(tiny_model(&mut rng), 64, 32).unwrap();
+    let pool = Pool::new(1);
+    let seq = runner.add_sequence();
+    let err = runner.step(&[StepItem { seq, tokens: &tokens(&mut rng, 33), logits: Logits::Last }], &pool);
+    assert!(matches!(err, Err(Error::Value(ref m)) if m.contains("max_model_len=32")));
+    assert!(ModelRunner::new(tiny_model(&mut rng), 64, 1000).is_err());
+}

@@ -1,0 +1,47 @@
+"""The ``oxibonsai`` command run as a user would: a subprocess, text on stdout, timing on stderr."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "oxibonsai.cli", *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=300,
+    )
+
+
+def test_generate_streams_text_and_reports_timing(tiny_model):
+    done = run("generate", "the model", "--model", str(tiny_model), "--max-tokens", "6", "--temperature", "0")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()
+    assert "time to first token" in done.stderr and "6 generated" in done.stderr
+
+
+def test_chat_keeps_history(tiny_model):
+    done = run("chat", "--model", str(tiny_model), "--max-tokens", "3", stdin="hello\nand again\n\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("generated tokens") == 2
+    first, second = (line for line in done.stderr.splitlines() if "prompt +" in line)
+    prompt_tokens = [int(line.split("[")[1].split()[0]) for line in (first, second)]
+    assert prompt_tokens[1] > prompt_tokens[0] + 3
+
+
+def test_info_describes_the_file(tiny_model):
+    done = run("info", str(tiny_model))
+    assert done.returncode == 0, done.stderr
+    for needle in ("architecture: qwen3", "qwen3.block_count", "Q1_0", "F32", "gpt2", "chat template"):
+        assert needle in done.stdout
+
+
+def test_errors_are_one_line_and_exit_1(tmp_path):
+    done = run("generate", "hi", "--model", str(tmp_path / "missing.gguf"))
+    assert done.returncode == 1
+    assert "error" in done.stderr and "Traceback" not in done.stderr
+    bad = run("generate", "hi", "--model", str(tmp_path / "missing.gguf"), "--temperature", "-1")
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
