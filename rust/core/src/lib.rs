@@ -1,12 +1,13 @@
 //! oxibonsai-core: everything in oxibonsai that must be fast or exact, in pure Rust.
 //!
-//! This crate owns the Q1_0 weight format and its CPU matmul kernels ([`q1`]) and the persistent
-//! worker pool they run on ([`pool`]). It never depends on Python: the `oxibonsai-py` crate is a thin
+//! This crate owns the Q1_0 weight format and its CPU matmul kernels ([`q1`]), the persistent
+//! worker pool they run on ([`pool`]) and the per-request samplers ([`sample`]). It never depends on Python: the `oxibonsai-py` crate is a thin
 //! binding over it, and `cargo test` runs this crate alone.
 
 pub mod bytes;
 pub mod error;
 pub mod pool;
 pub mod q1;
+pub mod sample;
 
 pub use error::{Error, Result};
