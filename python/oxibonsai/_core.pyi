@@ -1,5 +1,6 @@
 """Type stubs for the native module ``oxibonsai._core`` (built from ``rust/py``)."""
 
+from collections.abc import Sequence
 from typing import Any, Literal, final
 
 import numpy as np
@@ -8,7 +9,13 @@ import numpy.typing as npt
 __all__ = [
     "GGUFError",
     "OxiBonsaiError",
-    "Q1Matrix", "get_num_threads", "kernel_info", "quantize_activations", "set_num_threads"]
+    "Q1Matrix",
+    "Sampler",
+    "get_num_threads",
+    "kernel_info",
+    "quantize_activations",
+    "set_num_threads",
+]
 
 _Kernel = Literal["auto", "lut", "gemm", "signflip", "reference"]
 _Isa = Literal["scalar", "avx2", "avx512", "neon"]
@@ -40,6 +47,39 @@ class Q1Matrix:
     def nbytes(self) -> int: ...
     @property
     def shape(self) -> tuple[int, int]: ...
+
+@final
+class Sampler:
+    """A token sampler with its own random stream: the same seed, logits and history give the same token."""
+
+    def __new__(
+        cls,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        seed: int = 0,
+    ) -> Sampler: ...
+    def sample(
+        self,
+        logits: npt.NDArray[np.float32],
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        banned: Sequence[int] | None = None,
+        logprobs: int = 0,
+    ) -> tuple[int, float, list[tuple[int, float]]]:
+        """Samples one token: ``(token, raw logprob, [(id, raw logprob)] * logprobs, descending)``."""
+    def probabilities(
+        self,
+        logits: npt.NDArray[np.float32],
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        banned: Sequence[int] | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """The float32 distribution ``sample`` draws from (zero outside the candidates; one-hot if greedy)."""
 
 def quantize_activations(
     x: npt.NDArray[np.float32], isa: _Isa | None = None

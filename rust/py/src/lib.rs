@@ -6,6 +6,7 @@ mod errors;
 mod gil;
 mod q1;
 mod runtime;
+mod sample;
 
 use pyo3::prelude::*;
 
@@ -13,6 +14,7 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<q1::Q1Matrix>()?;
+    m.add_class::<sample::Sampler>()?;
     m.add_function(wrap_pyfunction!(q1::quantize_activations, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::get_num_threads, m)?)?;
