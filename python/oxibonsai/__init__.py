@@ -11,11 +11,13 @@ from oxibonsai._core import (
     kernel_info,
     set_num_threads,
 )
+from oxibonsai.sampling_params import SamplingParams
 
 __all__ = [
     "GGUFError",
     "OxiBonsaiError",
     "Q1Matrix",
+    "SamplingParams",
     "get_num_threads",
     "kernel_info",
     "set_num_threads",
