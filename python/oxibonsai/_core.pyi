@@ -1,6 +1,7 @@
 """Type stubs for the native module ``oxibonsai._core`` (built from ``rust/py``)."""
 
 import os
+from collections.abc import Sequence
 from typing import Any, Literal, TypedDict, final
 
 import numpy as np
@@ -9,8 +10,10 @@ import numpy.typing as npt
 __all__ = [
     "GGUFError",
     "GGUFFile",
+    "Model",
     "OxiBonsaiError",
     "Q1Matrix",
+    "Sampler",
     "get_num_threads",
     "kernel_info",
     "quantize_activations",
@@ -55,6 +58,41 @@ class GGUFFile:
     def tensor_bytes(self, name: str) -> npt.NDArray[np.uint8]: ...
 
 @final
+class Model:
+    """A Qwen3 model loaded from GGUF, its paged KV cache, and the sequences being generated."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_model_len: int | None = None,
+        kv_blocks: int | None = None,
+        kernel: str = "auto",
+    ) -> None: ...
+    @property
+    def config(self) -> dict[str, Any]: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    @property
+    def num_sequences(self) -> int: ...
+    @property
+    def block_tokens(self) -> int: ...
+    @property
+    def block_bytes(self) -> int: ...
+    def add_sequence(self) -> int: ...
+    def free_sequence(self, seq: int) -> None: ...
+    def sequence_len(self, seq: int) -> int: ...
+    def step(
+        self, items: list[tuple[int, list[int], Literal["none", "last", "all"]]]
+    ) -> npt.NDArray[np.float32]: ...
+
+@final
 class Q1Matrix:
     """A Q1_0 weight matrix: 128 weights per block, one fp16 scale, one sign bit per weight."""
 
@@ -75,6 +113,39 @@ class Q1Matrix:
     def nbytes(self) -> int: ...
     @property
     def shape(self) -> tuple[int, int]: ...
+
+@final
+class Sampler:
+    """A token sampler with its own random stream: the same seed, logits and history give the same token."""
+
+    def __new__(
+        cls,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        seed: int = 0,
+    ) -> Sampler: ...
+    def sample(
+        self,
+        logits: npt.NDArray[np.float32],
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        banned: Sequence[int] | None = None,
+        logprobs: int = 0,
+    ) -> tuple[int, float, list[tuple[int, float]]]:
+        """Samples one token: ``(token, raw logprob, [(id, raw logprob)] * logprobs, descending)``."""
+    def probabilities(
+        self,
+        logits: npt.NDArray[np.float32],
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        banned: Sequence[int] | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """The float32 distribution ``sample`` draws from (zero outside the candidates; one-hot if greedy)."""
 
 def quantize_activations(
     x: npt.NDArray[np.float32], isa: _Isa | None = None

@@ -8,6 +8,7 @@ mod gil;
 mod model;
 mod q1;
 mod runtime;
+mod sample;
 
 use pyo3::prelude::*;
 
@@ -17,6 +18,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<gguf::GgufFile>()?;
     m.add_class::<q1::Q1Matrix>()?;
     m.add_class::<model::Model>()?;
+    m.add_class::<sample::Sampler>()?;
     m.add_function(wrap_pyfunction!(q1::quantize_activations, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::get_num_threads, m)?)?;

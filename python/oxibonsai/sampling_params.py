@@ -1,0 +1,180 @@
+"""``SamplingParams``: how one request is sampled and when it stops, with vLLM's names and meanings.
+
+The dataclass checks and normalizes every field when it is built (``__post_init__``), so the engine can
+trust it: a wrong type raises ``TypeError``, a value out of range raises ``ValueError``, and both name
+the field, what it accepts and what was given. ``stop`` and ``stop_token_ids`` become lists. This module
+only validates; the sampling itself runs in Rust, in the sampler that :meth:`SamplingParams.sampler`
+builds.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from oxibonsai import _core
+
+#: The most logprobs a request may ask for (vLLM's default limit).
+MAX_LOGPROBS = 20
+_SEED_LIMIT = 2**64
+_TOKEN_ID_LIMIT = 2**32
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__
+
+
+def _as_int(name: str, value: object) -> int:
+    """An int that is not a bool (``True`` is not a count)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {_type_name(value)} {value!r}")
+    return int(value)
+
+
+def _as_float(name: str, value: object) -> float:
+    """A real number (int or float, not bool), as a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {_type_name(value)} {value!r}")
+    return float(value)
+
+
+def _as_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {_type_name(value)} {value!r}")
+    return value
+
+
+def _out_of_range(name: str, allowed: str, value: object) -> ValueError:
+    return ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _float_in(name: str, value: object, allowed: str, ok: Callable[[float], bool]) -> float:
+    """A finite float for which ``ok(x)`` holds; NaN and infinities are always out of range."""
+    x = _as_float(name, value)
+    if not (math.isfinite(x) and ok(x)):
+        raise _out_of_range(name, allowed, x)
+    return x
+
+
+def _stop_strings(value: object) -> list[str]:
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise TypeError(f"stop must be a str, a list of str or None, got {_type_name(value)} {value!r}")
+    for i, s in enumerate(items):
+        if not isinstance(s, str):
+            raise TypeError(f"stop[{i}] must be a str, got {_type_name(s)} {s!r}")
+        if not s:
+            raise ValueError(f"stop[{i}] must be a non-empty string, got ''")
+    return list(items)
+
+
+def _stop_token_ids(value: object) -> list[int]:
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"stop_token_ids must be a list of int or None, got {_type_name(value)} {value!r}")
+    ids = [_as_int(f"stop_token_ids[{i}]", v) for i, v in enumerate(value)]
+    for i, v in enumerate(ids):
+        if not 0 <= v < _TOKEN_ID_LIMIT:
+            raise _out_of_range(f"stop_token_ids[{i}]", f"a token id in [0, {_TOKEN_ID_LIMIT})", v)
+    return ids
+
+
+@dataclass(kw_only=True)
+class SamplingParams:
+    """Sampling and stopping parameters of one request (vLLM's names, defaults and ranges).
+
+    ``top_k`` 0 or -1 turns top-k off; ``temperature`` 0 is greedy; ``seed`` None draws the request's
+    seed from the engine; ``max_tokens`` None generates up to the context length; ``logprobs`` asks
+    for that many top raw logprobs per token (None: none). ``stop`` becomes a list of strings and
+    ``stop_token_ids`` a list of ints.
+    """
+
+    n: int = 1
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        self._check_lengths()
+        self._check_sampling()
+        self._check_stopping()
+
+    def _check_lengths(self) -> None:
+        self.n = _as_int("n", self.n)
+        if self.n != 1:
+            raise ValueError(f"n must be 1 (one completion per request is supported), got {self.n}")
+        if self.max_tokens is not None:
+            self.max_tokens = _as_int("max_tokens", self.max_tokens)
+            if self.max_tokens < 1:
+                raise _out_of_range("max_tokens", ">= 1 or None", self.max_tokens)
+        self.min_tokens = _as_int("min_tokens", self.min_tokens)
+        if self.min_tokens < 0:
+            raise _out_of_range("min_tokens", ">= 0", self.min_tokens)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise _out_of_range("min_tokens", f"<= max_tokens ({self.max_tokens})", self.min_tokens)
+
+    def _check_sampling(self) -> None:
+        self.temperature = _float_in(
+            "temperature", self.temperature, "a finite number >= 0", lambda x: x >= 0
+        )
+        self.top_k = _as_int("top_k", self.top_k)
+        if self.top_k < -1:
+            raise _out_of_range("top_k", "-1 or 0 (off) or >= 1", self.top_k)
+        self.top_p = _float_in("top_p", self.top_p, "in (0, 1]", lambda x: 0 < x <= 1)
+        self.min_p = _float_in("min_p", self.min_p, "in [0, 1]", lambda x: 0 <= x <= 1)
+        self.repetition_penalty = _float_in(
+            "repetition_penalty", self.repetition_penalty, "a finite number > 0", lambda x: x > 0
+        )
+        for name in ("presence_penalty", "frequency_penalty"):
+            setattr(self, name, _float_in(name, getattr(self, name), "in [-2, 2]", lambda x: -2 <= x <= 2))
+        if self.seed is not None:
+            self.seed = _as_int("seed", self.seed)
+            if not 0 <= self.seed < _SEED_LIMIT:
+                raise _out_of_range("seed", "in [0, 2**64) or None", self.seed)
+        if self.logprobs is not None:
+            self.logprobs = _as_int("logprobs", self.logprobs)
+            if not 0 <= self.logprobs <= MAX_LOGPROBS:
+                raise _out_of_range("logprobs", f"in [0, {MAX_LOGPROBS}] or None", self.logprobs)
+
+    def _check_stopping(self) -> None:
+        self.stop = _stop_strings(self.stop)
+        self.stop_token_ids = _stop_token_ids(self.stop_token_ids)
+        self.ignore_eos = _as_bool("ignore_eos", self.ignore_eos)
+        self.include_stop_str_in_output = _as_bool(
+            "include_stop_str_in_output", self.include_stop_str_in_output
+        )
+        self.skip_special_tokens = _as_bool("skip_special_tokens", self.skip_special_tokens)
+
+    def sampler(self, default_seed: int) -> _core.Sampler:
+        """The native sampler of this request: seeded with ``seed``, or ``default_seed`` when it is None."""
+        seed = self.seed if self.seed is not None else _as_int("default_seed", default_seed)
+        if not 0 <= seed < _SEED_LIMIT:
+            raise _out_of_range("default_seed", "in [0, 2**64)", seed)
+        return _core.Sampler(
+            temperature=self.temperature,
+            top_k=0 if self.top_k == -1 else min(self.top_k, _TOKEN_ID_LIMIT - 1),
+            top_p=self.top_p,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            seed=seed,
+        )

@@ -1,0 +1,157 @@
+//! Steps 5-8 of the pipeline: temperature, top-k, top-p and min-p over a candidate list.
+//!
+//! Candidates are token ids. [`top_k`] ranks the penalized logits themselves; [`weights`] then turns
+//! the candidates' entries of the logits into `exp((x - max) / temperature)` (the best token's weight
+//! is exactly 1). Entries of non-candidates are stale and must never be read. Every filter leaves the
+//! candidates in ascending id order, the order the draw walks; ties in probability go to the lower id.
+
+use super::math::{exp_in_place, exp_nonpositive, sum};
+use super::rank::{by_value_desc, highest};
+
+/// Keeps the `k` highest candidates out of all `x.len()` tokens (all of them when `k` is 0).
+pub(crate) fn top_k(x: &[f32], cand: &mut Vec<u32>, k: usize) {
+    if k == 0 || k >= x.len() {
+        cand.clear();
+        cand.extend(0..x.len() as u32);
+    } else {
+        highest(x, k, cand);
+        cand.sort_unstable();
+    }
+}
+
+/// Replaces the candidates' logits by their weights `exp((x - max) / t)` and returns their sum.
+/// When every token is a candidate this is one vectorized pass over the whole vocabulary.
+pub(crate) fn weights(x: &mut [f32], cand: &[u32], max: f32, t: f32) -> f64 {
+    if cand.len() == x.len() {
+        exp_in_place(x, max, t);
+        return sum(x);
+    }
+    cand.iter()
+        .map(|&i| {
+            let w = exp_nonpositive((x[i as usize] - max) / t);
+            x[i as usize] = w;
+            w as f64
+        })
+        .sum()
+}
+
+/// The sum of the candidates' weights, in candidate order.
+pub(crate) fn total(w: &[f32], cand: &[u32]) -> f64 {
+    if cand.len() == w.len() {
+        return sum(w);
+    }
+    cand.iter().map(|&i| w[i as usize] as f64).sum()
+}
+
+/// Top-p over weights `w` whose sum over `cand` is `z`, then min-p (weights are relative to the best
+/// token's weight 1). Both keep a prefix of the candidates in descending order, so the result is the
+/// shorter prefix.
+pub(crate) fn top_p_min_p(w: &[f32], cand: &mut Vec<u32>, z: f64, top_p: f32, min_p: f32) {
+    if top_p >= 1.0 {
+        cand.retain(|&i| w[i as usize] >= min_p);
+        return;
+    }
+    // A token of weight below `cut` has less than half of 1 - top_p of the mass at or after it in
+    // sorted order (at most `len` tokens, none heavier), so the tokens before it already exceed
+    // top_p: it is outside the top-p set, whatever the rounding.
+    let cut = (0.5 * (1.0 - top_p as f64) * z / cand.len() as f64) as f32;
+    let floor = cut.max(min_p);
+    cand.retain(|&i| w[i as usize] >= floor);
+    let kept = top_p_prefix(w, cand, top_p as f64 * z);
+    cand.truncate(kept);
+    cand.sort_unstable();
+}
+
+/// Moves the top-p set to the front of `cand` and returns its size: the tokens, in descending order,
+/// whose mass before them is below `target`. A quickselect on mass, O(len) expected, instead of a
+/// sort: each round partitions the undecided range around its middle and keeps one side.
+fn top_p_prefix(w: &[f32], cand: &mut [u32], target: f64) -> usize {
+    let by = by_value_desc(w);
+    // cand[..lo] is kept (heavier than the rest, mass `before`); cand[hi..] is dropped.
+    let (mut lo, mut hi, mut before) = (0, cand.len(), 0.0f64);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        cand[lo..hi].select_nth_unstable_by(mid - lo, &by);
+        let heavier: f64 = cand[lo..mid].iter().map(|&i| w[i as usize] as f64).sum();
+        if before + heavier < target {
+            before += heavier + w[cand[mid] as usize] as f64;
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    // The heaviest token has nothing before it (0 < target), so `lo >= 1` unless `cand` was empty.
+    lo.max(1).min(cand.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_keeps_the_highest_with_ties_to_the_lower_id() {
+        let x = [1.0, 3.0, 2.0, 3.0, 2.0, f32::NEG_INFINITY];
+        let mut cand = Vec::new();
+        top_k(&x, &mut cand, 3);
+        assert_eq!(cand, [1, 2, 3]);
+        top_k(&x, &mut cand, 0);
+        assert_eq!(cand, [0, 1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn weights_are_relative_to_the_max_and_zero_for_minus_inf() {
+        let mut x = [1.0, 3.0, f32::NEG_INFINITY];
+        let z = weights(&mut x, &[0, 1, 2], 3.0, 2.0);
+        assert_eq!(x[1], 1.0);
+        assert!((x[0] - (-1f32).exp()).abs() < 1e-7);
+        assert_eq!(x[2], 0.0);
+        assert!((z - 1.0 - (-1f64).exp()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_prefix_reaching_the_mass() {
+        // Probabilities 0.4, 0.3, 0.2, 0.1 (ids shuffled).
+        let w = [0.2f32, 0.4, 0.1, 0.3];
+        let cases =
+            [(0.3, vec![1]), (0.4, vec![1]), (0.5, vec![1, 3]), (0.75, vec![0, 1, 3]), (0.95, vec![0, 1, 2, 3])];
+        for (top_p, want) in cases {
+            let mut cand = vec![0, 1, 2, 3];
+            top_p_min_p(&w, &mut cand, 1.0, top_p, 0.0);
+            assert_eq!(cand, want, "top_p {top_p}");
+        }
+    }
+
+    #[test]
+    fn top_p_prefix_matches_a_sorted_walk() {
+        let mut rng = crate::sample::Rng::new(3);
+        for case in 0..500 {
+            let len = 1 + (rng.next_u64() % 300) as usize;
+            // Coarse values so that ties are common.
+            let w: Vec<f32> = (0..len).map(|_| (rng.next_u64() % 8) as f32 / 8.0 + 0.125).collect();
+            let z: f64 = w.iter().map(|&v| v as f64).sum();
+            let target = (0.01 + 0.98 * rng.next_f64()) * z;
+            let mut sorted: Vec<u32> = (0..len as u32).collect();
+            sorted.sort_by(by_value_desc(&w));
+            let (mut before, mut want) = (0.0, 0);
+            while want < len && before < target {
+                before += w[sorted[want] as usize] as f64;
+                want += 1;
+            }
+            let mut cand: Vec<u32> = (0..len as u32).collect();
+            let kept = top_p_prefix(&w, &mut cand, target);
+            let mut got = cand[..kept].to_vec();
+            got.sort_unstable();
+            let mut want_ids = sorted[..want].to_vec();
+            want_ids.sort_unstable();
+            assert_eq!(got, want_ids, "case {case}");
+        }
+    }
+
+    #[test]
+    fn min_p_is_relative_to_the_best_weight_and_keeps_equality() {
+        let w = [1.0f32, 0.5, 0.25, 0.5];
+        let mut cand = vec![0, 1, 2, 3];
+        top_p_min_p(&w, &mut cand, 2.25, 1.0, 0.5);
+        assert_eq!(cand, [0, 1, 3]);
+    }
+}

@@ -1,0 +1,166 @@
+//! The exponential the sampler's softmaxes run on: `exp` for non-positive arguments (every softmax
+//! here subtracts its maximum first), written with plain float and integer operations so that loops
+//! over it vectorize on any target. A libm `expf` call per token was most of the cost of a sampling
+//! step at a 152k vocabulary.
+
+/// `1.5 * 2^23`: adding it rounds a small float to the nearest integer, kept in the low mantissa bits.
+const ROUND: f32 = 12_582_912.0;
+/// Below this `exp` is subnormal; the sampler treats it as zero.
+const FLOOR: f32 = -87.0;
+
+/// `exp(x)` for `x <= 0`, relative error below 3e-7; exactly 1 at 0 and 0 below -87 (and at `-inf`).
+#[inline(always)]
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
+    let xc = x.max(FLOOR);
+    // x = n ln2 + r with integer n and |r| <= ln2 / 2 (ln2 split in two for an exact n ln2).
+    let shifted = xc * std::f32::consts::LOG2_E + ROUND;
+    let n = shifted - ROUND;
+    let r = (xc - n * 0.693_359_4) + n * 2.121_944_4e-4;
+    // Cephes' minimax polynomial for exp(r) on that interval.
+    let mut p = 1.987_569_2e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5; // Cephes' 5.0000001201e-1, as an f32
+    p = p * r * r + r + 1.0;
+    // 2^n from the integer that `shifted` carries in its low bits (n in [-126, 0]).
+    let n_int = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let scale = f32::from_bits(((n_int + 127) as u32) << 23);
+    if x < FLOOR {
+        0.0
+    } else {
+        p * scale
+    }
+}
+
+/// `x = exp((x - max) / t)` for every element (`max` at least every element, `t > 0`).
+pub(crate) fn exp_in_place(xs: &mut [f32], max: f32, t: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { avx2::exp_in_place(xs, max, t) };
+    }
+    exp_in_place_body(xs, max, t)
+}
+
+/// `sum(exp(x - shift))` over `xs` (every `x <= shift`) without writing to `xs`, summed in f64.
+pub(crate) fn sum_exp(xs: &[f32], shift: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { avx2::sum_exp(xs, shift) };
+    }
+    sum_exp_body(xs, shift)
+}
+
+/// The sum of `xs` in eight f64 lanes (independent chains; the order is fixed, so the result is too).
+/// Plain loops, no iterator adapters, so that it inlines into the AVX2 copies below.
+#[inline(always)]
+pub(crate) fn sum(xs: &[f32]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let whole = xs.len() / 8 * 8;
+    for chunk in xs[..whole].chunks_exact(8) {
+        for j in 0..8 {
+            lanes[j] += chunk[j] as f64;
+        }
+    }
+    let mut total = 0.0;
+    for &v in &xs[whole..] {
+        total += v as f64;
+    }
+    for lane in lanes {
+        total += lane;
+    }
+    total
+}
+
+#[inline(always)]
+fn exp_in_place_body(xs: &mut [f32], max: f32, t: f32) {
+    for x in xs {
+        *x = exp_nonpositive((*x - max) / t);
+    }
+}
+
+/// Exponentials go through a stack block, the loop that vectorizes, and are then summed.
+#[inline(always)]
+fn sum_exp_body(xs: &[f32], shift: f32) -> f64 {
+    const BLOCK: usize = 256;
+    let mut block = [0f32; BLOCK];
+    let mut total = 0.0;
+    for src in xs.chunks(BLOCK) {
+        let dst = &mut block[..src.len()];
+        dst.copy_from_slice(src);
+        exp_in_place_body(dst, shift, 1.0);
+        total += sum(dst);
+    }
+    total
+}
+
+/// The same loops compiled for AVX2: wider vectors, identical results (Rust never fuses or
+/// reorders float operations, so every lane computes exactly what the portable code does).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    #[target_feature(enable = "avx2")]
+    pub(super) fn exp_in_place(xs: &mut [f32], max: f32, t: f32) {
+        super::exp_in_place_body(xs, max, t)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) fn sum_exp(xs: &[f32], shift: f32) -> f64 {
+        super::sum_exp_body(xs, shift)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_std_exp_over_the_whole_range() {
+        let mut worst = 0f64;
+        for i in 0..=2_000_000 {
+            let x = -87.0 * i as f32 / 2_000_000.0;
+            let want = (x as f64).exp();
+            worst = worst.max(((exp_nonpositive(x) as f64) - want).abs() / want);
+        }
+        assert!(worst < 3e-7, "worst relative error {worst}");
+    }
+
+    #[test]
+    fn edges_are_exact() {
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert_eq!(exp_nonpositive(-0.0), 1.0);
+        assert_eq!(exp_nonpositive(-87.5), 0.0);
+        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_nonpositive(-f32::MAX), 0.0);
+    }
+
+    #[test]
+    fn dispatched_loops_equal_the_portable_ones_bit_for_bit() {
+        let mut rng = crate::sample::Rng::new(5);
+        let xs: Vec<f32> = (0..10_007).map(|_| (rng.next_f64() * 120.0 - 100.0) as f32).collect();
+        let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let (mut a, mut b) = (xs.clone(), xs.clone());
+        exp_in_place(&mut a, max, 0.7);
+        exp_in_place_body(&mut b, max, 0.7);
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        assert_eq!(sum_exp(&xs, max).to_bits(), sum_exp_body(&xs, max).to_bits());
+    }
+
+    #[test]
+    fn exp_in_place_scales_by_the_temperature() {
+        let mut xs = [2.0f32, 1.0, f32::NEG_INFINITY];
+        exp_in_place(&mut xs, 2.0, 0.5);
+        assert_eq!(xs[0], 1.0);
+        assert!((xs[1] - (-2f32).exp()).abs() < 1e-7);
+        assert_eq!(xs[2], 0.0);
+    }
+
+    #[test]
+    fn sum_exp_matches_a_plain_sum() {
+        let xs: Vec<f32> = (0..1001).map(|i| -(i as f32) * 0.013).collect();
+        let want: f64 = xs.iter().map(|&x| ((x - 0.5) as f64).exp()).sum();
+        assert!((sum_exp(&xs, 0.5) - want).abs() / want < 1e-6);
+    }
+}

@@ -1,0 +1,191 @@
+//! `Sampler`: one request's config and random stream, and the pipeline that turns its logits into a
+//! token. The steps themselves live in `penalties`, `filters` and `logprobs`; this file only orders
+//! them, validates the logits and makes the one draw.
+//!
+//! Draw order (fixed, so a seed gives a fixed sequence): the surviving candidates are walked in
+//! ascending token id, accumulating their weights, and the first whose running sum exceeds
+//! `u * total` is chosen, `u` being exactly one `Rng::next_f64()` per sampled token. Greedy sampling
+//! (temperature 0 or top-k 1) takes the argmax, ties to the lowest id, and draws nothing.
+
+use super::config::SamplingConfig;
+use super::penalties::{self, History};
+use super::rng::Rng;
+use super::scratch::{with_scratch, Scratch};
+use super::{filters, logprobs};
+use crate::{Error, Result};
+
+/// One sampled token and its raw logprobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    /// The raw logprob (log_softmax of the unprocessed logits) of `token`.
+    pub logprob: f32,
+    /// The `n` highest raw logprobs, descending, ties by ascending id.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// A request's sampler: its validated config and its own seeded random stream.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    config: SamplingConfig,
+    rng: Rng,
+}
+
+impl Sampler {
+    /// Validates `config` and seeds the stream.
+    pub fn new(config: SamplingConfig, seed: u64) -> Result<Sampler> {
+        config.validate()?;
+        Ok(Sampler { config, rng: Rng::new(seed) })
+    }
+
+    pub fn config(&self) -> &SamplingConfig {
+        &self.config
+    }
+
+    /// Samples one token from `logits` (finite or `-inf`), never one of `banned`, and returns the
+    /// `n_logprobs` highest raw logprobs with it.
+    pub fn sample(
+        &mut self,
+        logits: &[f32],
+        history: &History<'_>,
+        banned: &[u32],
+        n_logprobs: usize,
+    ) -> Result<Sampled> {
+        check_logits(logits)?;
+        with_scratch(|s| {
+            let max = prepare(&self.config, logits, history, banned, s)?;
+            let token = if self.config.is_greedy() {
+                argmax(&s.logits, max)
+            } else {
+                let total = distribution(&self.config, s, max);
+                draw(&s.logits, &s.cand, total, self.rng.next_f64())
+            };
+            let lse = logprobs::log_normalizer(logits);
+            let top = logprobs::top(logits, lse, n_logprobs, &mut s.cand);
+            Ok(Sampled { token, logprob: logprobs::logprob(logits, lse, token), top })
+        })
+    }
+
+    /// The distribution the draw would use: zero except for the candidates (one-hot when greedy).
+    pub fn probabilities(&self, logits: &[f32], history: &History<'_>, banned: &[u32]) -> Result<Vec<f32>> {
+        check_logits(logits)?;
+        with_scratch(|s| {
+            let max = prepare(&self.config, logits, history, banned, s)?;
+            let mut probs = vec![0.0; logits.len()];
+            if self.config.is_greedy() {
+                probs[argmax(&s.logits, max) as usize] = 1.0;
+            } else {
+                let total = distribution(&self.config, s, max);
+                for &i in &s.cand {
+                    probs[i as usize] = (s.logits[i as usize] as f64 / total) as f32;
+                }
+            }
+            Ok(probs)
+        })
+    }
+}
+
+/// Rejects empty logits, NaN and `+inf` (`-inf` marks a masked token).
+fn check_logits(logits: &[f32]) -> Result<()> {
+    if logits.is_empty() {
+        return Err(Error::Shape("logits must not be empty".into()));
+    }
+    // A fold without early exit vectorizes; the position is searched only when something is bad.
+    let bad = |v: f32| v.is_nan() || v == f32::INFINITY;
+    if !logits.iter().fold(false, |any, &v| any | bad(v)) {
+        return Ok(());
+    }
+    let i = logits.iter().position(|&v| bad(v)).expect("a bad value was seen");
+    Err(Error::Value(format!("logits[{i}] is {}; logits must be finite or -inf", logits[i])))
+}
+
+/// Steps 1-3 into the scratch copy; returns the largest penalized logit, or fails if every token is
+/// `-inf` or banned.
+fn prepare(
+    config: &SamplingConfig,
+    logits: &[f32],
+    history: &History<'_>,
+    banned: &[u32],
+    s: &mut Scratch,
+) -> Result<f32> {
+    s.load(logits);
+    penalties::apply(&mut s.logits, history, banned, config, &mut s.marks)?;
+    let max = s.logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return Err(Error::Value(format!("no token can be sampled: all {} logits are -inf or banned", logits.len())));
+    }
+    Ok(max)
+}
+
+/// The first index holding `max` (ties go to the lowest id).
+fn argmax(x: &[f32], max: f32) -> u32 {
+    // Blocks of 64 are tested without early exit (a loop that vectorizes) before the scalar search.
+    let block = x.chunks(64).position(|c| c.iter().fold(false, |hit, &v| hit | (v == max)));
+    let start = 64 * block.expect("max is one of the values");
+    let offset = x[start..].iter().position(|&v| v == max).expect("the block holds max");
+    (start + offset) as u32
+}
+
+/// Steps 5-8 over penalized logits whose maximum is `max`: leaves the candidates in `s.cand`, their
+/// weights in `s.logits`, and returns the total weight.
+fn distribution(config: &SamplingConfig, s: &mut Scratch, max: f32) -> f64 {
+    filters::top_k(&s.logits, &mut s.cand, config.top_k as usize);
+    let z = filters::weights(&mut s.logits, &s.cand, max, config.temperature);
+    if config.top_p < 1.0 || config.min_p > 0.0 {
+        filters::top_p_min_p(&s.logits, &mut s.cand, z, config.top_p, config.min_p);
+        return filters::total(&s.logits, &s.cand);
+    }
+    z
+}
+
+/// Step 9: inverse CDF over `cand` in its (ascending id) order with one uniform `u` in [0, 1).
+fn draw(w: &[f32], cand: &[u32], total: f64, u: f64) -> u32 {
+    let target = u * total;
+    let mut running = 0.0;
+    for &i in cand {
+        running += w[i as usize] as f64;
+        if target < running {
+            return i;
+        }
+    }
+    // Only reached when rounding puts `target` at `total`: the last token with any weight.
+    *cand.iter().rev().find(|&&i| w[i as usize] > 0.0).expect("the best token has weight 1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_ties_go_to_the_lowest_id() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, f32::NEG_INFINITY], 3.0), 1);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, 0.0], 0.0), 1);
+        assert_eq!(argmax(&[-0.0, 0.0], 0.0), 0);
+        let mut long = vec![0.0; 1000];
+        long[700] = 1.0;
+        long[900] = 1.0;
+        assert_eq!(argmax(&long, 1.0), 700);
+    }
+
+    #[test]
+    fn draw_walks_candidates_in_order_and_skips_zero_weights() {
+        let w = [0.0f32, 1.0, 0.0, 3.0];
+        let cand = [0, 1, 2, 3];
+        assert_eq!(draw(&w, &cand, 4.0, 0.0), 1);
+        assert_eq!(draw(&w, &cand, 4.0, 0.2499), 1);
+        assert_eq!(draw(&w, &cand, 4.0, 0.25), 3);
+        assert_eq!(draw(&w, &cand, 4.0, 1.0), 3);
+    }
+
+    #[test]
+    fn bad_logits_are_rejected() {
+        let mut s = Sampler::new(SamplingConfig::default(), 0).unwrap();
+        let h = History::default();
+        assert!(matches!(s.sample(&[], &h, &[], 0), Err(Error::Shape(_))));
+        let err = s.sample(&[0.0, f32::NAN], &h, &[], 0).unwrap_err();
+        assert_eq!(err, Error::Value("logits[1] is NaN; logits must be finite or -inf".into()));
+        assert!(matches!(s.sample(&[f32::INFINITY], &h, &[], 0), Err(Error::Value(_))));
+        let err = s.sample(&[f32::NEG_INFINITY, 0.0], &h, &[1], 0).unwrap_err();
+        assert!(matches!(err, Error::Value(m) if m.starts_with("no token can be sampled")));
+    }
+}

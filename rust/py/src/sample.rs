@@ -1,0 +1,118 @@
+//! `Sampler`: one request's seeded sampler (penalties, temperature, top-k/p, min-p), for Python.
+//! The engine samples in Rust directly; this class exposes the same code to tests and tools.
+
+use numpy::PyArray1;
+use oxibonsai_core::sample::{History, Sampler as CoreSampler, SamplingConfig};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::arrays::f32_array;
+use crate::errors::to_py;
+use crate::gil::without_gil;
+
+/// A token sampler with its own random stream: the same seed, logits and history give the same token.
+#[pyclass(module = "oxibonsai")]
+pub struct Sampler {
+    inner: CoreSampler,
+}
+
+/// One `sample` result: the token, its raw logprob, and the top raw logprobs.
+type SampleResult = (u32, f32, Vec<(u32, f32)>);
+
+/// Token ids from a sequence of ints (`None`: none); errors name the argument and the position.
+fn token_ids(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Vec<u32>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(Vec::new()) };
+    let ids: Vec<i64> = obj.extract().map_err(|e| {
+        let ty = obj.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string());
+        PyTypeError::new_err(format!("{name} must be a sequence of int token ids, got {ty} ({e})"))
+    })?;
+    ids.iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            u32::try_from(id).map_err(|_| PyValueError::new_err(format!("{name}[{i}] = {id} is not a valid token id")))
+        })
+        .collect()
+}
+
+#[pymethods]
+impl Sampler {
+    #[new]
+    #[pyo3(signature = (temperature = 1.0, top_k = 0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0,
+                        presence_penalty = 0.0, frequency_penalty = 0.0, seed = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        temperature: f32,
+        top_k: u32,
+        top_p: f32,
+        min_p: f32,
+        repetition_penalty: f32,
+        presence_penalty: f32,
+        frequency_penalty: f32,
+        seed: u64,
+    ) -> PyResult<Sampler> {
+        let config = SamplingConfig {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repetition_penalty,
+            presence_penalty,
+            frequency_penalty,
+        };
+        Ok(Sampler { inner: CoreSampler::new(config, seed).map_err(to_py)? })
+    }
+
+    /// Samples one token: `(token, raw logprob, [(id, raw logprob)] * logprobs, descending)`.
+    #[pyo3(signature = (logits, prompt_ids, output_ids, banned = None, logprobs = 0))]
+    fn sample(
+        &mut self,
+        py: Python<'_>,
+        logits: &Bound<'_, PyAny>,
+        prompt_ids: &Bound<'_, PyAny>,
+        output_ids: &Bound<'_, PyAny>,
+        banned: Option<&Bound<'_, PyAny>>,
+        logprobs: i64,
+    ) -> PyResult<SampleResult> {
+        let logprobs = usize::try_from(logprobs)
+            .map_err(|_| PyValueError::new_err(format!("logprobs must be >= 0, got {logprobs}")))?;
+        let logits = f32_array(logits, "logits", &[1])?;
+        let logits = logits.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let prompt = token_ids(Some(prompt_ids), "prompt_ids")?;
+        let output = token_ids(Some(output_ids), "output_ids")?;
+        let banned = token_ids(banned, "banned")?;
+        let history = History::new(&prompt, &output);
+        let inner = &mut self.inner;
+        let sampled = without_gil(py, || inner.sample(logits, &history, &banned, logprobs)).map_err(to_py)?;
+        Ok((sampled.token, sampled.logprob, sampled.top))
+    }
+
+    /// The float32 distribution `sample` draws from (zero outside the candidates; one-hot if greedy).
+    #[pyo3(signature = (logits, prompt_ids, output_ids, banned = None))]
+    fn probabilities<'py>(
+        &self,
+        py: Python<'py>,
+        logits: &Bound<'py, PyAny>,
+        prompt_ids: &Bound<'py, PyAny>,
+        output_ids: &Bound<'py, PyAny>,
+        banned: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let logits = f32_array(logits, "logits", &[1])?;
+        let logits = logits.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let prompt = token_ids(Some(prompt_ids), "prompt_ids")?;
+        let output = token_ids(Some(output_ids), "output_ids")?;
+        let banned = token_ids(banned, "banned")?;
+        let history = History::new(&prompt, &output);
+        let inner = &self.inner;
+        let probs = without_gil(py, || inner.probabilities(logits, &history, &banned)).map_err(to_py)?;
+        Ok(PyArray1::from_vec(py, probs))
+    }
+
+    fn __repr__(&self) -> String {
+        let c = self.inner.config();
+        format!(
+            "Sampler(temperature={}, top_k={}, top_p={}, min_p={}, repetition_penalty={}, \
+             presence_penalty={}, frequency_penalty={})",
+            c.temperature, c.top_k, c.top_p, c.min_p, c.repetition_penalty, c.presence_penalty, c.frequency_penalty
+        )
+    }
+}
