@@ -17,7 +17,17 @@ def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str
 
 
 def test_generate_streams_text_and_reports_timing(tiny_model):
-    done = run("generate", "the model", "--model", str(tiny_model), "--max-tokens", "6", "--temperature", "0")
+    done = run(
+        "generate",
+        "the model",
+        "--model",
+        str(tiny_model),
+        "--max-tokens",
+        "6",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip()
     assert "time to first token" in done.stderr and "6 generated" in done.stderr

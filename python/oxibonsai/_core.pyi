@@ -61,14 +61,14 @@ class GGUFFile:
 class Model:
     """A Qwen3 model loaded from GGUF, its paged KV cache, and the sequences being generated."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         path: str | os.PathLike[str],
         *,
         max_model_len: int | None = None,
         kv_blocks: int | None = None,
         kernel: str = "auto",
-    ) -> None: ...
+    ) -> Model: ...
     @property
     def config(self) -> dict[str, Any]: ...
     @property

@@ -223,7 +223,10 @@ class Engine:
 
     def _finish(self, r: _Request, reason: str, *, flush: bool = False) -> None:
         if flush:
-            r.text += r.stops.flush()
+            # Generation ended for another reason: emit held-back bytes and text (decode's U+FFFD for
+            # an unfinished character included), unless they complete a stop string.
+            emitted, stopped = r.stops.feed(r.detok.finish())
+            r.text += emitted if stopped else emitted + r.stops.flush()
         r.finish_reason = reason
         r.metrics.finished_time = time.perf_counter()
         if r in self._running:
