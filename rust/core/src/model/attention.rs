@@ -5,7 +5,7 @@
 use crate::kv::{KvCache, BLOCK_TOKENS};
 use crate::pool::Pool;
 
-use super::ops::{axpy, dot};
+use super::ops::{axpy_lanes, dot_lanes};
 
 /// Where one batch token sits: its position and its sequence's block table.
 pub struct TokenSlot<'a> {
@@ -40,14 +40,48 @@ pub fn attend(
     });
 }
 
+/// One (token, head): the AVX2 build of [`attend_body`] where the CPU has it. Both builds run the same
+/// operations in the same order, so they give identical results.
 fn attend_one(layer: usize, kv_head: usize, q: &[f32], slot: &TokenSlot, scale: f32, cache: &KvCache, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { attend_avx2(layer, kv_head, q, slot, scale, cache, out) };
+    }
+    attend_body(layer, kv_head, q, slot, scale, cache, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn attend_avx2(
+    layer: usize,
+    kv_head: usize,
+    q: &[f32],
+    slot: &TokenSlot,
+    scale: f32,
+    cache: &KvCache,
+    out: &mut [f32],
+) {
+    attend_body(layer, kv_head, q, slot, scale, cache, out)
+}
+
+#[inline(always)]
+fn attend_body(
+    layer: usize,
+    kv_head: usize,
+    q: &[f32],
+    slot: &TokenSlot,
+    scale: f32,
+    cache: &KvCache,
+    out: &mut [f32],
+) {
     let d = q.len();
     let seen = slot.pos + 1;
     let mut scores = Vec::with_capacity(seen);
     for (b, &block) in slot.block_table[..seen.div_ceil(BLOCK_TOKENS)].iter().enumerate() {
         let keys = cache.keys(layer, block as usize, kv_head);
         let used = (seen - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
-        scores.extend(keys.chunks_exact(d).take(used).map(|k| dot(q, k) * scale));
+        scores.extend(keys.chunks_exact(d).take(used).map(|k| dot_lanes(q, k) * scale));
     }
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut total = 0.0f32;
@@ -60,7 +94,7 @@ fn attend_one(layer: usize, kv_head: usize, q: &[f32], slot: &TokenSlot, scale: 
         let values = cache.values(layer, block as usize, kv_head);
         let weights = &scores[b * BLOCK_TOKENS..(b * BLOCK_TOKENS + BLOCK_TOKENS).min(seen)];
         for (w, v) in weights.iter().zip(values.chunks_exact(d)) {
-            axpy(out, w / total, v);
+            axpy_lanes(out, w / total, v);
         }
     }
 }

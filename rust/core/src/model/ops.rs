@@ -1,8 +1,10 @@
 //! The element-wise pieces of the forward pass: vector dot and axpy (with an AVX2 build of the same
-//! code), RMSNorm, SwiGLU and rotate-half RoPE. Every routine accumulates in a fixed order (eight
+//! code), RMSNorm, SwiGLU and rotate-half RoPE. Every routine accumulates in a fixed order (32
 //! lanes, then a fixed reduction), so results do not depend on the instruction set or thread count.
+//! `dot_lanes` / `axpy_lanes` are `inline(always)` so that callers compiled for AVX2 (attention)
+//! get them vectorized in place, without a dispatch per call.
 
-const LANES: usize = 8;
+const LANES: usize = 32;
 
 /// `sum(a[i] * b[i])`.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -37,7 +39,7 @@ unsafe fn axpy_avx2(y: &mut [f32], alpha: f32, x: &[f32]) {
 }
 
 #[inline(always)]
-fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let mut acc = [0.0f32; LANES];
     let (a8, b8) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
@@ -51,16 +53,24 @@ fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[inline(always)]
-fn axpy_lanes(y: &mut [f32], alpha: f32, x: &[f32]) {
+pub(crate) fn axpy_lanes(y: &mut [f32], alpha: f32, x: &[f32]) {
     assert_eq!(y.len(), x.len());
     for (yi, xi) in y.iter_mut().zip(x) {
         *yi += alpha * xi;
     }
 }
 
+/// Pairwise, in a fixed order: lanes `i` and `i + half` first, halving until one is left.
 #[inline(always)]
-fn reduce(acc: [f32; LANES]) -> f32 {
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+fn reduce(mut acc: [f32; LANES]) -> f32 {
+    let mut half = LANES / 2;
+    while half > 0 {
+        for i in 0..half {
+            acc[i] += acc[i + half];
+        }
+        half /= 2;
+    }
+    acc[0]
 }
 
 /// `out = x / sqrt(mean(x^2) + eps) * weight`.
