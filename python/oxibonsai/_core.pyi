@@ -68,6 +68,7 @@ class Model:
         max_model_len: int | None = None,
         kv_blocks: int | None = None,
         kernel: str = "auto",
+        kv_cache_dtype: str = "auto",
     ) -> Model: ...
     @property
     def config(self) -> dict[str, Any]: ...

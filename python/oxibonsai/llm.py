@@ -48,6 +48,7 @@ class LLM:
     ``kv_cache_blocks``: 16-token KV blocks to reserve (default: 2 GiB worth, at least one full
     sequence). ``max_num_seqs``: sequences decoded together per step. ``kernel``: the Q1 matmul
     kernel family (``"auto"``; ``"reference"`` runs the exact f32 kernel, for checking).
+    ``kv_cache_dtype``: ``"auto"``/``"f32"`` (exact, fastest here) or ``"f16"`` (half the memory).
     """
 
     def __init__(
@@ -60,6 +61,7 @@ class LLM:
         kv_cache_blocks: int | None = None,
         max_num_seqs: int = 8,
         kernel: str = "auto",
+        kv_cache_dtype: str = "auto",
     ) -> None:
         path = Path(model) if model is not None else default_model_path()
         if not path.exists():
@@ -73,8 +75,11 @@ class LLM:
         self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
         context = int(self.metadata.get("qwen3.context_length", DEFAULT_MAX_MODEL_LEN))
         max_len = max_model_len if max_model_len is not None else min(context, DEFAULT_MAX_MODEL_LEN)
-        blocks = kv_cache_blocks or _default_kv_blocks(self.metadata, max_len, max_num_seqs)
-        self._model = _core.Model(path, max_model_len=max_len, kv_blocks=blocks, kernel=kernel)
+        elem_bytes = 2 if kv_cache_dtype in ("f16", "float16") else 4
+        blocks = kv_cache_blocks or _default_kv_blocks(self.metadata, max_len, max_num_seqs, elem_bytes)
+        self._model = _core.Model(
+            path, max_model_len=max_len, kv_blocks=blocks, kernel=kernel, kv_cache_dtype=kv_cache_dtype
+        )
         if self._model.vocab_size < self.tokenizer.vocab_size:
             raise _core.GGUFError(
                 f"the tokenizer has {self.tokenizer.vocab_size} tokens but token_embd.weight only "
@@ -210,7 +215,7 @@ class LLM:
         return out
 
 
-def _default_kv_blocks(meta: Mapping[str, Any], max_len: int, max_num_seqs: int) -> int:
+def _default_kv_blocks(meta: Mapping[str, Any], max_len: int, max_num_seqs: int, elem_bytes: int) -> int:
     """Blocks for ``max_num_seqs`` full sequences, capped by the byte budget, never below one sequence."""
     layers = int(meta.get("qwen3.block_count", 1))
     heads = int(meta.get("qwen3.attention.head_count", 1))
@@ -218,7 +223,7 @@ def _default_kv_blocks(meta: Mapping[str, Any], max_len: int, max_num_seqs: int)
     head_dim = int(
         meta.get("qwen3.attention.key_length", int(meta.get("qwen3.embedding_length", 0)) // heads)
     )
-    block_bytes = max(1, 2 * layers * kv_heads * head_dim * BLOCK_TOKENS * 4)
+    block_bytes = max(1, 2 * layers * kv_heads * head_dim * BLOCK_TOKENS * elem_bytes)
     per_seq = -(-max_len // BLOCK_TOKENS)
     return max(per_seq, min(per_seq * max_num_seqs, DEFAULT_KV_CACHE_BYTES // block_bytes))
 

@@ -7,7 +7,7 @@ use common::gguf_writer::{build, TensorSpec};
 use common::Rng;
 use oxibonsai_core::bytes::SharedBytes;
 use oxibonsai_core::gguf::{GgufFile, Value};
-use oxibonsai_core::model::{Logits, MatmulPlan, ModelRunner, Qwen3Model, StepItem};
+use oxibonsai_core::model::{KvDtype, Logits, MatmulPlan, ModelRunner, Qwen3Model, StepItem};
 use oxibonsai_core::pool::Pool;
 use oxibonsai_core::q1::{format::quantize, Isa, Kernel};
 use oxibonsai_core::Error;
@@ -75,7 +75,7 @@ fn step(runner: &mut ModelRunner, seq: u64, toks: &[u32], logits: Logits, pool: 
 #[test]
 fn prefill_decode_splits_and_thread_counts_give_identical_logits() {
     let mut rng = Rng::fresh("model_splits");
-    let mut runner = ModelRunner::new(tiny_model(&mut rng), 64, 256).unwrap();
+    let mut runner = ModelRunner::new(tiny_model(&mut rng), 64, 256, KvDtype::F16).unwrap();
     let toks = tokens(&mut rng, 40);
     let one = Pool::new(1);
     let seq = runner.add_sequence();
@@ -96,7 +96,7 @@ fn prefill_decode_splits_and_thread_counts_give_identical_logits() {
 #[test]
 fn a_failed_step_changes_nothing_and_blocks_come_back() {
     let mut rng = Rng::fresh("model_failures");
-    let mut runner = ModelRunner::new(tiny_model(&mut rng), 4, 256).unwrap();
+    let mut runner = ModelRunner::new(tiny_model(&mut rng), 4, 256, KvDtype::F32).unwrap();
     let pool = Pool::new(2);
     let a = runner.add_sequence();
     step(&mut runner, a, &tokens(&mut rng, 20), Logits::Last, &pool);
@@ -118,10 +118,10 @@ fn a_failed_step_changes_nothing_and_blocks_come_back() {
 #[test]
 fn the_context_limit_is_enforced() {
     let mut rng = Rng::fresh("model_context");
-    let mut runner = ModelRunner::new(tiny_model(&mut rng), 64, 32).unwrap();
+    let mut runner = ModelRunner::new(tiny_model(&mut rng), 64, 32, KvDtype::F16).unwrap();
     let pool = Pool::new(1);
     let seq = runner.add_sequence();
     let err = runner.step(&[StepItem { seq, tokens: &tokens(&mut rng, 33), logits: Logits::Last }], &pool);
     assert!(matches!(err, Err(Error::Value(ref m)) if m.contains("max_model_len=32")));
-    assert!(ModelRunner::new(tiny_model(&mut rng), 64, 1000).is_err());
+    assert!(ModelRunner::new(tiny_model(&mut rng), 64, 1000, KvDtype::F32).is_err());
 }

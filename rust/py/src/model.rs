@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use numpy::{IntoPyArray, PyArray2, PyArrayMethods};
 use oxibonsai_core::gguf::GgufFile;
-use oxibonsai_core::model::{Logits, MatmulPlan, ModelRunner, Qwen3Model, StepItem};
+use oxibonsai_core::model::{KvDtype, Logits, MatmulPlan, ModelRunner, Qwen3Model, StepItem};
 use oxibonsai_core::pool;
 use oxibonsai_core::q1::{Isa, Kernel};
 use pyo3::exceptions::PyValueError;
@@ -40,23 +40,26 @@ impl Model {
 #[pymethods]
 impl Model {
     /// Loads `path`. `max_model_len` defaults to the model's context length; `kv_blocks` to enough
-    /// 16-token blocks for one sequence of `max_model_len` tokens.
+    /// 16-token blocks for one sequence of `max_model_len` tokens; `kv_cache_dtype` is 'f32' ('auto')
+    /// or 'f16'.
     #[new]
-    #[pyo3(signature = (path, *, max_model_len=None, kv_blocks=None, kernel="auto"))]
+    #[pyo3(signature = (path, *, max_model_len=None, kv_blocks=None, kernel="auto", kv_cache_dtype="auto"))]
     fn new(
         py: Python<'_>,
         path: PathBuf,
         max_model_len: Option<usize>,
         kv_blocks: Option<usize>,
         kernel: &str,
+        kv_cache_dtype: &str,
     ) -> PyResult<Model> {
         let plan = MatmulPlan { kernel: Kernel::parse(kernel).map_err(to_py)?, isa: Isa::detect() };
+        let dtype = KvDtype::parse(kv_cache_dtype).map_err(to_py)?;
         let runner = without_gil(py, || {
             let file = GgufFile::open(&path)?;
             let model = Qwen3Model::from_gguf(&file, plan)?;
             let len = max_model_len.unwrap_or(model.config.context_length);
             let blocks = kv_blocks.unwrap_or_else(|| ModelRunner::blocks_for(len));
-            ModelRunner::new(model, blocks, len)
+            ModelRunner::new(model, blocks, len, dtype)
         })
         .map_err(to_py)?;
         Ok(Model { runner: Mutex::new(runner) })
@@ -79,6 +82,7 @@ impl Model {
         d.set_item("rope_base", c.rope_base)?;
         d.set_item("rms_eps", c.rms_eps)?;
         d.set_item("tied_output", runner.model().weights.output.is_none())?;
+        d.set_item("kv_cache_dtype", format!("{:?}", runner.kv_dtype()).to_lowercase())?;
         Ok(d)
     }
 
@@ -116,7 +120,7 @@ impl Model {
     /// Bytes of keys and values per KV block (all layers).
     #[getter]
     fn block_bytes(&self) -> usize {
-        self.lock().model().kv_layout().block_bytes()
+        self.lock().block_bytes()
     }
 
     /// Starts an empty sequence; returns its id.

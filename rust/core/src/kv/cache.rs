@@ -1,7 +1,10 @@
-//! `KvCache`: the bytes of the paged KV cache. Storage is `[layer][block][kv_head][slot][dim]`, so one
-//! head's 16 keys (or values) of a block are contiguous and attention walks them with unit stride.
+//! `KvCache`: the bytes of the paged KV cache. Storage is `[layer][block][kv_head]` then, for values,
+//! `[slot][dim]` and, for keys, transposed `[dim][slot]`: attention scores a whole block of 16 keys
+//! with 16-wide vector multiply-adds (no horizontal sums), and sums values row by row.
 //! The cache never decides which block a token goes to: callers pass block ids from a block table.
+//! The element type is a parameter ([`KvElem`]: f32 or f16).
 
+use super::elem::KvElem;
 use crate::error::{Error, Result};
 
 /// Tokens per physical block.
@@ -26,23 +29,23 @@ impl KvLayout {
         self.n_kv_heads * self.head_block()
     }
 
-    /// Bytes of keys and values one block holds over all layers.
-    pub fn block_bytes(&self) -> usize {
-        2 * self.n_layers * self.layer_block() * std::mem::size_of::<f32>()
+    /// Bytes of keys and values one block holds over all layers, with `elem_bytes` per value.
+    pub fn block_bytes(&self, elem_bytes: usize) -> usize {
+        2 * self.n_layers * self.layer_block() * elem_bytes
     }
 }
 
 /// Keys and values for `num_blocks` physical blocks of every layer.
-pub struct KvCache {
+pub struct KvCache<E: KvElem> {
     layout: KvLayout,
     num_blocks: usize,
-    keys: Vec<f32>,
-    values: Vec<f32>,
+    keys: Vec<E>,
+    values: Vec<E>,
 }
 
-impl KvCache {
+impl<E: KvElem> KvCache<E> {
     /// Reserves the cache zeroed (the OS commits pages only as blocks are first written).
-    pub fn new(layout: KvLayout, num_blocks: usize) -> Result<KvCache> {
+    pub fn new(layout: KvLayout, num_blocks: usize) -> Result<KvCache<E>> {
         let len = layout
             .layer_block()
             .checked_mul(layout.n_layers)
@@ -54,10 +57,10 @@ impl KvCache {
             buf.try_reserve_exact(len).map_err(|_| {
                 Error::Value(format!(
                     "cannot allocate a KV cache of {num_blocks} blocks ({} bytes)",
-                    num_blocks.saturating_mul(layout.block_bytes())
+                    num_blocks.saturating_mul(layout.block_bytes(std::mem::size_of::<E>()))
                 ))
             })?;
-            buf.resize(len, 0.0);
+            buf.resize(len, E::default());
         }
         Ok(KvCache { layout, num_blocks, keys, values })
     }
@@ -81,19 +84,23 @@ impl KvCache {
         assert!(slot < BLOCK_TOKENS && k.len() == self.layout.n_kv_heads * d && v.len() == k.len());
         for head in 0..self.layout.n_kv_heads {
             let at = self.head_offset(layer, block, head) + slot * d;
-            self.keys[at..at + d].copy_from_slice(&k[head * d..(head + 1) * d]);
-            self.values[at..at + d].copy_from_slice(&v[head * d..(head + 1) * d]);
+            let (k_head, v_head) = (&k[head * d..(head + 1) * d], &v[head * d..(head + 1) * d]);
+            E::store(v_head, &mut self.values[at..at + d]);
+            let key_block = at - slot * d;
+            for (i, &x) in k_head.iter().enumerate() {
+                self.keys[key_block + i * BLOCK_TOKENS + slot] = E::from_f32(x);
+            }
         }
     }
 
-    /// The keys of one head in one block: `BLOCK_TOKENS` rows of `head_dim`.
-    pub fn keys(&self, layer: usize, block: usize, head: usize) -> &[f32] {
+    /// The keys of one head in one block, transposed: `head_dim` rows of `BLOCK_TOKENS`.
+    pub fn keys(&self, layer: usize, block: usize, head: usize) -> &[E] {
         let at = self.head_offset(layer, block, head);
         &self.keys[at..at + self.layout.head_block()]
     }
 
     /// The values of one head in one block: `BLOCK_TOKENS` rows of `head_dim`.
-    pub fn values(&self, layer: usize, block: usize, head: usize) -> &[f32] {
+    pub fn values(&self, layer: usize, block: usize, head: usize) -> &[E] {
         let at = self.head_offset(layer, block, head);
         &self.values[at..at + self.layout.head_block()]
     }

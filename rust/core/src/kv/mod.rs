@@ -5,6 +5,8 @@
 
 pub mod blocks;
 pub mod cache;
+pub mod elem;
 
 pub use blocks::BlockPool;
 pub use cache::{KvCache, KvLayout, BLOCK_TOKENS};
+pub use elem::{KvElem, F16};

@@ -2,10 +2,8 @@
 //! head) pair is computed alone, reading keys and values through its sequence's block table, so a
 //! token's output is the same whether it ran in a prefill batch or alone in a decode step.
 
-use crate::kv::{KvCache, BLOCK_TOKENS};
+use crate::kv::{KvCache, KvElem, BLOCK_TOKENS};
 use crate::pool::Pool;
-
-use super::ops::{axpy_lanes, dot_lanes};
 
 /// Where one batch token sits: its position and its sequence's block table.
 pub struct TokenSlot<'a> {
@@ -22,12 +20,12 @@ pub struct AttentionShape {
 
 /// `out[t, h] = softmax(q[t, h] . K[0..=pos] / sqrt(d)) V[0..=pos]` for every token and query head;
 /// `q` and `out` are `(tokens, n_heads * head_dim)`.
-pub fn attend(
+pub fn attend<E: KvElem>(
     layer: usize,
     q: &[f32],
     slots: &[TokenSlot],
     shape: &AttentionShape,
-    cache: &KvCache,
+    cache: &KvCache<E>,
     out: &mut [f32],
     pool: &Pool,
 ) {
@@ -42,7 +40,15 @@ pub fn attend(
 
 /// One (token, head): the AVX2 build of [`attend_body`] where the CPU has it. Both builds run the same
 /// operations in the same order, so they give identical results.
-fn attend_one(layer: usize, kv_head: usize, q: &[f32], slot: &TokenSlot, scale: f32, cache: &KvCache, out: &mut [f32]) {
+fn attend_one<E: KvElem>(
+    layer: usize,
+    kv_head: usize,
+    q: &[f32],
+    slot: &TokenSlot,
+    scale: f32,
+    cache: &KvCache<E>,
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
@@ -53,26 +59,26 @@ fn attend_one(layer: usize, kv_head: usize, q: &[f32], slot: &TokenSlot, scale: 
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn attend_avx2(
+unsafe fn attend_avx2<E: KvElem>(
     layer: usize,
     kv_head: usize,
     q: &[f32],
     slot: &TokenSlot,
     scale: f32,
-    cache: &KvCache,
+    cache: &KvCache<E>,
     out: &mut [f32],
 ) {
     attend_body(layer, kv_head, q, slot, scale, cache, out)
 }
 
 #[inline(always)]
-fn attend_body(
+fn attend_body<E: KvElem>(
     layer: usize,
     kv_head: usize,
     q: &[f32],
     slot: &TokenSlot,
     scale: f32,
-    cache: &KvCache,
+    cache: &KvCache<E>,
     out: &mut [f32],
 ) {
     let d = q.len();
@@ -81,7 +87,7 @@ fn attend_body(
     for (b, &block) in slot.block_table[..seen.div_ceil(BLOCK_TOKENS)].iter().enumerate() {
         let keys = cache.keys(layer, block as usize, kv_head);
         let used = (seen - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
-        scores.extend(keys.chunks_exact(d).take(used).map(|k| dot_lanes(q, k) * scale));
+        scores.extend_from_slice(&score_block::<E>(q, keys, scale)[..used]);
     }
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut total = 0.0f32;
@@ -94,7 +100,20 @@ fn attend_body(
         let values = cache.values(layer, block as usize, kv_head);
         let weights = &scores[b * BLOCK_TOKENS..(b * BLOCK_TOKENS + BLOCK_TOKENS).min(seen)];
         for (w, v) in weights.iter().zip(values.chunks_exact(d)) {
-            axpy_lanes(out, w / total, v);
+            E::axpy(out, w / total, v);
         }
     }
+}
+
+/// `q . k_j * scale` for the 16 keys of one block (stored transposed, `[dim][slot]`): 16-wide
+/// multiply-adds over the head dimension, in dimension order.
+#[inline(always)]
+fn score_block<E: KvElem>(q: &[f32], keys: &[E], scale: f32) -> [f32; BLOCK_TOKENS] {
+    let mut acc = [0.0f32; BLOCK_TOKENS];
+    for (&qd, row) in q.iter().zip(keys.chunks_exact(BLOCK_TOKENS)) {
+        for j in 0..BLOCK_TOKENS {
+            acc[j] += qd * row[j].to_f32();
+        }
+    }
+    acc.map(|a| a * scale)
 }

@@ -4,7 +4,7 @@
 //! ([`super::runner`]); this file only computes.
 
 use crate::error::Result;
-use crate::kv::{KvCache, KvLayout, BLOCK_TOKENS};
+use crate::kv::{KvCache, KvElem, KvLayout, BLOCK_TOKENS};
 use crate::pool::Pool;
 
 use super::attention::{attend, AttentionShape, TokenSlot};
@@ -50,7 +50,7 @@ impl Qwen3Model {
 
     /// Runs the chunks, writing their keys and values into `cache`; returns the requested logits rows
     /// (`rows x vocab`) in chunk order.
-    pub fn forward(&self, chunks: &[SeqChunk], cache: &mut KvCache, pool: &Pool) -> Result<Vec<f32>> {
+    pub fn forward<E: KvElem>(&self, chunks: &[SeqChunk], cache: &mut KvCache<E>, pool: &Pool) -> Result<Vec<f32>> {
         let c = &self.config;
         let slots: Vec<TokenSlot> = chunks
             .iter()
@@ -69,13 +69,13 @@ impl Qwen3Model {
         self.logits(chunks, &x, pool)
     }
 
-    fn layer(
+    fn layer<E: KvElem>(
         &self,
         index: usize,
         w: &LayerWeights,
         batch: &Batch,
         x: &mut [f32],
-        cache: &mut KvCache,
+        cache: &mut KvCache<E>,
         pool: &Pool,
     ) -> Result<()> {
         let c = &self.config;

@@ -49,7 +49,7 @@ pub(crate) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
             acc[l] += x[l] * y[l];
         }
     }
-    reduce(acc) + tail
+    reduce_lanes(acc) + tail
 }
 
 #[inline(always)]
@@ -62,7 +62,7 @@ pub(crate) fn axpy_lanes(y: &mut [f32], alpha: f32, x: &[f32]) {
 
 /// Pairwise, in a fixed order: lanes `i` and `i + half` first, halving until one is left.
 #[inline(always)]
-fn reduce(mut acc: [f32; LANES]) -> f32 {
+pub(crate) fn reduce_lanes(mut acc: [f32; LANES]) -> f32 {
     let mut half = LANES / 2;
     while half > 0 {
         for i in 0..half {

@@ -6,13 +6,58 @@
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
-use crate::kv::{BlockPool, KvCache, BLOCK_TOKENS};
+use crate::kv::{BlockPool, KvCache, KvElem, BLOCK_TOKENS, F16};
 use crate::pool::Pool;
 
 use super::forward::{Logits, Qwen3Model, SeqChunk};
 
 /// Most tokens in one forward pass; longer prompts run in several (chunked prefill).
 pub const MAX_BATCH_TOKENS: usize = 256;
+
+/// The element type of the KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvDtype {
+    F32,
+    F16,
+}
+
+impl KvDtype {
+    pub fn parse(name: &str) -> Result<KvDtype> {
+        match name {
+            // f32 is the default: on the CPUs measured so far, widening f16 costs more than the
+            // bandwidth it saves (BENCHMARKS.md); f16 halves the memory.
+            "f32" | "float32" | "auto" => Ok(KvDtype::F32),
+            "f16" | "float16" => Ok(KvDtype::F16),
+            _ => Err(Error::Value(format!("kv_cache_dtype must be 'auto', 'f16' or 'f32', got {name:?}"))),
+        }
+    }
+
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+}
+
+/// The cache in its element type.
+enum KvStore {
+    F32(KvCache<f32>),
+    F16(KvCache<F16>),
+}
+
+impl KvStore {
+    fn forward(&mut self, model: &Qwen3Model, batch: &[SeqChunk], pool: &Pool) -> Result<Vec<f32>> {
+        match self {
+            KvStore::F32(cache) => model.forward(batch, cache, pool),
+            KvStore::F16(cache) => model.forward(batch, cache, pool),
+        }
+    }
+}
+
+fn new_store<E: KvElem>(model: &Qwen3Model, num_blocks: usize) -> Result<KvCache<E>> {
+    KvCache::new(model.kv_layout(), num_blocks)
+}
 
 /// One sequence: how many positions hold KV, and where.
 #[derive(Default)]
@@ -30,7 +75,8 @@ pub struct StepItem<'a> {
 
 pub struct ModelRunner {
     model: Qwen3Model,
-    cache: KvCache,
+    cache: KvStore,
+    dtype: KvDtype,
     blocks: BlockPool,
     max_model_len: usize,
     seqs: HashMap<u64, Sequence>,
@@ -38,7 +84,7 @@ pub struct ModelRunner {
 }
 
 impl ModelRunner {
-    pub fn new(model: Qwen3Model, num_blocks: usize, max_model_len: usize) -> Result<ModelRunner> {
+    pub fn new(model: Qwen3Model, num_blocks: usize, max_model_len: usize, dtype: KvDtype) -> Result<ModelRunner> {
         if max_model_len == 0 || max_model_len > model.config.context_length {
             return Err(Error::Value(format!(
                 "max_model_len must be in 1..={} (the model's context length), got {max_model_len}",
@@ -48,13 +94,25 @@ impl ModelRunner {
         if num_blocks == 0 {
             return Err(Error::Value("the KV cache needs at least one block".into()));
         }
-        let cache = KvCache::new(model.kv_layout(), num_blocks)?;
+        let cache = match dtype {
+            KvDtype::F32 => KvStore::F32(new_store(&model, num_blocks)?),
+            KvDtype::F16 => KvStore::F16(new_store(&model, num_blocks)?),
+        };
         let blocks = BlockPool::new(num_blocks);
-        Ok(ModelRunner { model, cache, blocks, max_model_len, seqs: HashMap::new(), next_id: 0 })
+        Ok(ModelRunner { model, cache, dtype, blocks, max_model_len, seqs: HashMap::new(), next_id: 0 })
     }
 
     pub fn model(&self) -> &Qwen3Model {
         &self.model
+    }
+
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
+    /// Bytes of keys and values one block holds over all layers.
+    pub fn block_bytes(&self) -> usize {
+        self.model.kv_layout().block_bytes(self.dtype.bytes())
     }
 
     pub fn max_model_len(&self) -> usize {
@@ -112,7 +170,7 @@ impl ModelRunner {
             let mut start = seq.len;
             for (i, piece) in pieces.iter().enumerate() {
                 if batch_tokens + piece.len() > MAX_BATCH_TOKENS && !batch.is_empty() {
-                    logits.extend(self.model.forward(&batch, &mut self.cache, pool)?);
+                    logits.extend(self.cache.forward(&self.model, &batch, pool)?);
                     batch.clear();
                     batch_tokens = 0;
                 }
@@ -126,7 +184,7 @@ impl ModelRunner {
             }
         }
         if !batch.is_empty() {
-            logits.extend(self.model.forward(&batch, &mut self.cache, pool)?);
+            logits.extend(self.cache.forward(&self.model, &batch, pool)?);
         }
         for item in items {
             self.seqs.get_mut(&item.seq).expect("checked").len += item.tokens.len();
