@@ -18,6 +18,16 @@ pub struct AttentionShape {
     pub head_dim: usize,
 }
 
+/// One (token, query head) to compute: where its keys and values live and how to scale scores.
+struct Head<'a, E: KvElem> {
+    layer: usize,
+    kv_head: usize,
+    q: &'a [f32],
+    slot: &'a TokenSlot<'a>,
+    scale: f32,
+    cache: &'a KvCache<E>,
+}
+
 /// `out[t, h] = softmax(q[t, h] . K[0..=pos] / sqrt(d)) V[0..=pos]` for every token and query head;
 /// `q` and `out` are `(tokens, n_heads * head_dim)`.
 pub fn attend<E: KvElem>(
@@ -33,54 +43,31 @@ pub fn attend<E: KvElem>(
     let scale = 1.0 / (d as f32).sqrt();
     pool.for_each_row_mut(out, d, 4, |row, out_head| {
         let (t, h) = (row / shape.n_heads, row % shape.n_heads);
-        let q_head = &q[row * d..(row + 1) * d];
-        attend_one(layer, h / shape.group, q_head, &slots[t], scale, cache, out_head);
+        let q = &q[row * d..(row + 1) * d];
+        attend_one(&Head { layer, kv_head: h / shape.group, q, slot: &slots[t], scale, cache }, out_head);
     });
 }
 
 /// One (token, head): the AVX2 build of [`attend_body`] where the CPU has it. Both builds run the same
 /// operations in the same order, so they give identical results.
-fn attend_one<E: KvElem>(
-    layer: usize,
-    kv_head: usize,
-    q: &[f32],
-    slot: &TokenSlot,
-    scale: f32,
-    cache: &KvCache<E>,
-    out: &mut [f32],
-) {
+fn attend_one<E: KvElem>(head: &Head<E>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { attend_avx2(layer, kv_head, q, slot, scale, cache, out) };
+        return unsafe { attend_avx2(head, out) };
     }
-    attend_body(layer, kv_head, q, slot, scale, cache, out)
+    attend_body(head, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn attend_avx2<E: KvElem>(
-    layer: usize,
-    kv_head: usize,
-    q: &[f32],
-    slot: &TokenSlot,
-    scale: f32,
-    cache: &KvCache<E>,
-    out: &mut [f32],
-) {
-    attend_body(layer, kv_head, q, slot, scale, cache, out)
+unsafe fn attend_avx2<E: KvElem>(head: &Head<E>, out: &mut [f32]) {
+    attend_body(head, out)
 }
 
 #[inline(always)]
-fn attend_body<E: KvElem>(
-    layer: usize,
-    kv_head: usize,
-    q: &[f32],
-    slot: &TokenSlot,
-    scale: f32,
-    cache: &KvCache<E>,
-    out: &mut [f32],
-) {
+fn attend_body<E: KvElem>(head: &Head<E>, out: &mut [f32]) {
+    let Head { layer, kv_head, q, slot, scale, cache } = *head;
     let d = q.len();
     let seen = slot.pos + 1;
     let mut scores = Vec::with_capacity(seen);
