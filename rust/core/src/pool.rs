@@ -202,8 +202,11 @@ fn run_tasks(sh: &Shared, f: &TaskFn, tasks: usize) {
 /// that may be descheduled).
 fn spin_until(done: impl Fn() -> bool) {
     let start = Instant::now();
+    let mut spins = 0u32;
     while !done() {
-        if start.elapsed() > SPIN {
+        spins = spins.wrapping_add(1);
+        // Reading the clock costs more than a spin: look at it every 64 spins only.
+        if spins.is_multiple_of(64) && start.elapsed() > SPIN {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
@@ -234,7 +237,10 @@ fn worker_loop(sh: &Shared) {
 /// Waits until the epoch moves past `seen`; false on shutdown.
 fn wait_for_epoch(sh: &Shared, seen: u64) -> bool {
     let start = Instant::now();
-    while start.elapsed() < SPIN {
+    let mut spins = 0u32;
+    // The clock is read every 64 spins: reading it costs more than a spin.
+    while !spins.is_multiple_of(64) || start.elapsed() < SPIN {
+        spins = spins.wrapping_add(1);
         if sh.shutdown.load(Ordering::Relaxed) {
             return false;
         }

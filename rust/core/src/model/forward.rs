@@ -9,7 +9,7 @@ use crate::pool::Pool;
 
 use super::attention::{attend, AttentionShape, TokenSlot};
 use super::config::Qwen3Config;
-use super::linear::{Linear, MatmulPlan};
+use super::linear::MatmulPlan;
 use super::ops::{rms_norm, rms_norm_in_place, swiglu_in_place, RopeTable};
 use super::weights::{LayerWeights, Qwen3Weights};
 
@@ -58,15 +58,15 @@ impl Qwen3Model {
             .collect();
         let positions: Vec<usize> = slots.iter().map(|s| s.pos).collect();
         let batch = Batch { n: slots.len(), rope: RopeTable::new(&positions, c.head_dim, c.rope_base), slots };
-        let mut x = vec![0.0f32; batch.n * c.hidden];
+        let mut s = Scratch::new(c, batch.n);
         let tokens = chunks.iter().flat_map(|ch| ch.tokens.iter());
-        for (row, &token) in x.chunks_exact_mut(c.hidden).zip(tokens) {
+        for (row, &token) in s.x.chunks_exact_mut(c.hidden).zip(tokens) {
             self.weights.token_embd.row(token as usize, row);
         }
         for (i, layer) in self.weights.layers.iter().enumerate() {
-            self.layer(i, layer, &batch, &mut x, cache, pool)?;
+            self.layer(i, layer, &batch, &mut s, cache, pool)?;
         }
-        self.logits(chunks, &x, pool)
+        self.logits(chunks, &s.x, pool)
     }
 
     fn layer<E: KvElem>(
@@ -74,48 +74,41 @@ impl Qwen3Model {
         index: usize,
         w: &LayerWeights,
         batch: &Batch,
-        x: &mut [f32],
+        s: &mut Scratch,
         cache: &mut KvCache<E>,
         pool: &Pool,
     ) -> Result<()> {
-        let c = &self.config;
-        let h = self.norm_rows(x, &w.attn_norm, pool);
-        let mut q = self.project(&w.wq, &h, batch.n, pool)?;
-        let mut k = self.project(&w.wk, &h, batch.n, pool)?;
-        let v = self.project(&w.wv, &h, batch.n, pool)?;
-        self.qk_norm_rope(&mut q, &w.q_norm, batch, pool);
-        self.qk_norm_rope(&mut k, &w.k_norm, batch, pool);
+        let (c, n, plan) = (&self.config, batch.n, self.plan);
+        self.norm_rows(&s.x, &w.attn_norm, &mut s.h, pool);
+        w.wq.forward(&s.h, n, &mut s.q, plan, pool)?;
+        w.wk.forward(&s.h, n, &mut s.k, plan, pool)?;
+        w.wv.forward(&s.h, n, &mut s.v, plan, pool)?;
+        self.qk_norm_rope(&mut s.q, &w.q_norm, batch, pool);
+        self.qk_norm_rope(&mut s.k, &w.k_norm, batch, pool);
+        let kv = c.kv_dim();
         for (t, slot) in batch.slots.iter().enumerate() {
             let block = slot.block_table[slot.pos / BLOCK_TOKENS] as usize;
-            let kv = c.kv_dim();
-            cache.write(index, block, slot.pos % BLOCK_TOKENS, &k[t * kv..][..kv], &v[t * kv..][..kv]);
+            cache.write(index, block, slot.pos % BLOCK_TOKENS, &s.k[t * kv..][..kv], &s.v[t * kv..][..kv]);
         }
-        let mut attn = vec![0.0f32; batch.n * c.q_dim()];
         let shape = AttentionShape { n_heads: c.n_heads, group: c.group(), head_dim: c.head_dim };
-        attend(index, &q, &batch.slots, &shape, cache, &mut attn, pool);
-        add(x, &self.project(&w.wo, &attn, batch.n, pool)?);
+        attend(index, &s.q, &batch.slots, &shape, cache, &mut s.attn, pool);
+        w.wo.forward(&s.attn, n, &mut s.out, plan, pool)?;
+        add(&mut s.x, &s.out);
 
-        let h = self.norm_rows(x, &w.ffn_norm, pool);
-        let mut gate = self.project(&w.w_gate, &h, batch.n, pool)?;
-        let up = self.project(&w.w_up, &h, batch.n, pool)?;
-        swiglu_in_place(&mut gate, &up);
-        add(x, &self.project(&w.w_down, &gate, batch.n, pool)?);
+        self.norm_rows(&s.x, &w.ffn_norm, &mut s.h, pool);
+        w.w_gate.forward(&s.h, n, &mut s.gate, plan, pool)?;
+        w.w_up.forward(&s.h, n, &mut s.up, plan, pool)?;
+        swiglu_in_place(&mut s.gate, &s.up);
+        w.w_down.forward(&s.gate, n, &mut s.out, plan, pool)?;
+        add(&mut s.x, &s.out);
         Ok(())
     }
 
-    fn project(&self, w: &Linear, x: &[f32], n: usize, pool: &Pool) -> Result<Vec<f32>> {
-        let mut out = vec![0.0f32; n * w.rows()];
-        w.forward(x, n, &mut out, self.plan, pool)?;
-        Ok(out)
-    }
-
-    fn norm_rows(&self, x: &[f32], weight: &[f32], pool: &Pool) -> Vec<f32> {
+    fn norm_rows(&self, x: &[f32], weight: &[f32], out: &mut [f32], pool: &Pool) {
         let hidden = weight.len();
-        let mut out = vec![0.0f32; x.len()];
-        pool.for_each_row_mut(&mut out, hidden, 16, |r, row| {
+        pool.for_each_row_mut(out, hidden, 16, |r, row| {
             rms_norm(&x[r * hidden..(r + 1) * hidden], weight, self.config.rms_eps, row);
         });
-        out
     }
 
     /// Per-head RMSNorm, then RoPE at each token's position.
@@ -145,7 +138,42 @@ impl Qwen3Model {
         pool.for_each_row_mut(&mut h, hidden, 16, |_, row| {
             rms_norm_in_place(row, &self.weights.output_norm, self.config.rms_eps)
         });
-        self.project(self.weights.lm_head(), &h, wanted.len(), pool)
+        let head = self.weights.lm_head();
+        let mut logits = vec![0.0f32; wanted.len() * head.rows()];
+        head.forward(&h, wanted.len(), &mut logits, self.plan, pool)?;
+        Ok(logits)
+    }
+}
+
+/// Activation buffers of one forward pass, allocated once and reused by every layer (fresh large
+/// allocations per layer cost page faults and zeroing).
+struct Scratch {
+    /// The residual stream.
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    out: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(c: &Qwen3Config, n: usize) -> Scratch {
+        let buf = |width: usize| vec![0.0f32; n * width];
+        Scratch {
+            x: buf(c.hidden),
+            h: buf(c.hidden),
+            q: buf(c.q_dim()),
+            k: buf(c.kv_dim()),
+            v: buf(c.kv_dim()),
+            attn: buf(c.q_dim()),
+            out: buf(c.hidden),
+            gate: buf(c.ffn),
+            up: buf(c.ffn),
+        }
     }
 }
 
