@@ -48,7 +48,7 @@ class LLM:
     ``kv_cache_blocks``: 16-token KV blocks to reserve (default: 2 GiB worth, at least one full
     sequence). ``max_num_seqs``: sequences decoded together per step. ``kernel``: the Q1 matmul
     kernel family (``"auto"``; ``"reference"`` runs the exact f32 kernel, for checking).
-    ``kv_cache_dtype``: ``"auto"``/``"f32"`` (exact, fastest here) or ``"f16"`` (half the memory).
+    ``kv_cache_dtype``: ``"auto"``/``"f16"`` (half the memory and bandwidth) or ``"f32"`` (exact).
     """
 
     def __init__(
@@ -75,7 +75,7 @@ class LLM:
         self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
         context = int(self.metadata.get("qwen3.context_length", DEFAULT_MAX_MODEL_LEN))
         max_len = max_model_len if max_model_len is not None else min(context, DEFAULT_MAX_MODEL_LEN)
-        elem_bytes = 2 if kv_cache_dtype in ("f16", "float16") else 4
+        elem_bytes = 4 if kv_cache_dtype in ("f32", "float32") else 2
         blocks = kv_cache_blocks or _default_kv_blocks(self.metadata, max_len, max_num_seqs, elem_bytes)
         self._model = _core.Model(
             path, max_model_len=max_len, kv_blocks=blocks, kernel=kernel, kv_cache_dtype=kv_cache_dtype

@@ -40,8 +40,8 @@ impl Model {
 #[pymethods]
 impl Model {
     /// Loads `path`. `max_model_len` defaults to the model's context length; `kv_blocks` to enough
-    /// 16-token blocks for one sequence of `max_model_len` tokens; `kv_cache_dtype` is 'f32' ('auto')
-    /// or 'f16'.
+    /// 16-token blocks for one sequence of `max_model_len` tokens; `kv_cache_dtype` is 'f16' ('auto')
+    /// or 'f32'.
     #[new]
     #[pyo3(signature = (path, *, max_model_len=None, kv_blocks=None, kernel="auto", kv_cache_dtype="auto"))]
     fn new(

@@ -2,7 +2,7 @@
 //! head) pair is computed alone, reading keys and values through its sequence's block table, so a
 //! token's output is the same whether it ran in a prefill batch or alone in a decode step.
 
-use crate::kv::{KvCache, KvElem, BLOCK_TOKENS};
+use crate::kv::{KvCache, KvElem, BLOCK_TOKENS, F16};
 use crate::pool::Pool;
 
 /// Where one batch token sits: its position and its sequence's block table.
@@ -19,7 +19,7 @@ pub struct AttentionShape {
 }
 
 /// One (token, query head) to compute: where its keys and values live and how to scale scores.
-struct Head<'a, E: KvElem> {
+pub struct Head<'a, E: KvElem> {
     layer: usize,
     kv_head: usize,
     q: &'a [f32],
@@ -30,7 +30,7 @@ struct Head<'a, E: KvElem> {
 
 /// `out[t, h] = softmax(q[t, h] . K[0..=pos] / sqrt(d)) V[0..=pos]` for every token and query head;
 /// `q` and `out` are `(tokens, n_heads * head_dim)`.
-pub fn attend<E: KvElem>(
+pub fn attend<E: AttendElem>(
     layer: usize,
     q: &[f32],
     slots: &[TokenSlot],
@@ -44,29 +44,66 @@ pub fn attend<E: KvElem>(
     pool.for_each_row_mut(out, d, 4, |row, out_head| {
         let (t, h) = (row / shape.n_heads, row % shape.n_heads);
         let q = &q[row * d..(row + 1) * d];
-        attend_one(&Head { layer, kv_head: h / shape.group, q, slot: &slots[t], scale, cache }, out_head);
+        E::attend_one(&Head { layer, kv_head: h / shape.group, q, slot: &slots[t], scale, cache }, out_head);
     });
 }
 
-/// One (token, head): the AVX2 build of [`attend_body`] where the CPU has it. Both builds run the same
-/// operations in the same order, so they give identical results.
-fn attend_one<E: KvElem>(head: &Head<E>, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { attend_avx2(head, out) };
-    }
-    attend_body(head, out)
+/// A KV element type attention can read, with the fastest build of the per-head loop this CPU has.
+pub trait AttendElem: KvElem {
+    fn attend_one(head: &Head<Self>, out: &mut [f32]);
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn attend_avx2<E: KvElem>(head: &Head<E>, out: &mut [f32]) {
-    attend_body(head, out)
+impl AttendElem for f32 {
+    /// The AVX2 build of the generic loop where the CPU has it (same operations, same order).
+    fn attend_one(head: &Head<f32>, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { x86::attend_avx2(head, out) };
+        }
+        attend_body::<f32, Generic>(head, out)
+    }
+}
+
+impl AttendElem for F16 {
+    /// F16C conversions and FMA where the CPU has them; the generic loop elsewhere.
+    fn attend_one(head: &Head<F16>, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if x86::has_f16c() {
+            // SAFETY: the CPU supports AVX2, FMA and F16C (checked just above).
+            return unsafe { x86::attend_f16c(head, out) };
+        }
+        attend_body::<F16, Generic>(head, out)
+    }
+}
+
+/// The two inner loops of one head, per build: scores of a block of keys, and `out += w * v`.
+trait HeadMath<E: KvElem> {
+    /// # Safety
+    /// The CPU must support the build's instruction set.
+    unsafe fn scores(q: &[f32], keys: &[E], scale: f32) -> [f32; BLOCK_TOKENS];
+    /// # Safety
+    /// As for `scores`.
+    unsafe fn axpy(out: &mut [f32], w: f32, v: &[E]);
+}
+
+/// Plain Rust, vectorized by the compiler for whatever target the caller is built for.
+struct Generic;
+
+impl<E: KvElem> HeadMath<E> for Generic {
+    #[inline(always)]
+    unsafe fn scores(q: &[f32], keys: &[E], scale: f32) -> [f32; BLOCK_TOKENS] {
+        score_block(q, keys, scale)
+    }
+
+    #[inline(always)]
+    unsafe fn axpy(out: &mut [f32], w: f32, v: &[E]) {
+        E::axpy(out, w, v)
+    }
 }
 
 #[inline(always)]
-fn attend_body<E: KvElem>(head: &Head<E>, out: &mut [f32]) {
+fn attend_body<E: KvElem, M: HeadMath<E>>(head: &Head<E>, out: &mut [f32]) {
     let Head { layer, kv_head, q, slot, scale, cache } = *head;
     let d = q.len();
     let seen = slot.pos + 1;
@@ -74,7 +111,8 @@ fn attend_body<E: KvElem>(head: &Head<E>, out: &mut [f32]) {
     for (b, &block) in slot.block_table[..seen.div_ceil(BLOCK_TOKENS)].iter().enumerate() {
         let keys = cache.keys(layer, block as usize, kv_head);
         let used = (seen - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
-        scores.extend_from_slice(&score_block::<E>(q, keys, scale)[..used]);
+        // SAFETY: `M` is only chosen after checking the CPU supports its build.
+        scores.extend_from_slice(&unsafe { M::scores(q, keys, scale) }[..used]);
     }
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut total = 0.0f32;
@@ -87,7 +125,8 @@ fn attend_body<E: KvElem>(head: &Head<E>, out: &mut [f32]) {
         let values = cache.values(layer, block as usize, kv_head);
         let weights = &scores[b * BLOCK_TOKENS..(b * BLOCK_TOKENS + BLOCK_TOKENS).min(seen)];
         for (w, v) in weights.iter().zip(values.chunks_exact(d)) {
-            E::axpy(out, w / total, v);
+            // SAFETY: as above.
+            unsafe { M::axpy(out, w / total, v) };
         }
     }
 }
@@ -103,4 +142,119 @@ fn score_block<E: KvElem>(q: &[f32], keys: &[E], scale: f32) -> [f32; BLOCK_TOKE
         }
     }
     acc.map(|a| a * scale)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! x86 builds of the per-head loop: the generic loop compiled for AVX2, and an F16C + FMA
+    //! version for f16 KV that widens 8 halves per instruction.
+
+    use std::arch::x86_64::*;
+
+    use super::{attend_body, Generic, Head, HeadMath, BLOCK_TOKENS};
+    use crate::kv::elem::widen;
+    use crate::kv::F16;
+
+    pub fn has_f16c() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn attend_avx2(head: &Head<f32>, out: &mut [f32]) {
+        attend_body::<f32, Generic>(head, out)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn attend_f16c(head: &Head<F16>, out: &mut [f32]) {
+        attend_body::<F16, F16c>(head, out)
+    }
+
+    struct F16c;
+
+    impl HeadMath<F16> for F16c {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn scores(q: &[f32], keys: &[F16], scale: f32) -> [f32; BLOCK_TOKENS] {
+            assert!(keys.len() >= q.len() * BLOCK_TOKENS);
+            let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for (d, &qd) in q.iter().enumerate() {
+                // SAFETY: row `d` of 16 halves is inside `keys` (asserted above); loads are unaligned.
+                let row = keys.as_ptr().add(d * BLOCK_TOKENS) as *const __m128i;
+                let qv = _mm256_set1_ps(qd);
+                lo = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(row)), lo);
+                hi = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(row.add(1))), hi);
+            }
+            let mut out = [0.0f32; BLOCK_TOKENS];
+            let s = _mm256_set1_ps(scale);
+            // SAFETY: `out` holds 16 floats.
+            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(lo, s));
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), _mm256_mul_ps(hi, s));
+            out
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn axpy(out: &mut [f32], w: f32, v: &[F16]) {
+            assert_eq!(v.len(), out.len());
+            let wv = _mm256_set1_ps(w);
+            let whole = out.len() / 8 * 8;
+            for i in (0..whole).step_by(8) {
+                // SAFETY: `i + 8 <= whole <= len` for both slices (asserted above).
+                let o = out.as_mut_ptr().add(i);
+                let x = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i) as *const __m128i));
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(wv, x, _mm256_loadu_ps(o)));
+            }
+            for (o, x) in out[whole..].iter_mut().zip(&v[whole..]) {
+                *o = w.mul_add(widen(*x), *o);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::KvLayout;
+
+    /// A random one-head cache of `n` tokens and a query, deterministic per `seed`.
+    fn fixture<E: KvElem>(n: usize, seed: u32) -> (KvCache<E>, Vec<f32>) {
+        let layout = KvLayout { n_layers: 1, n_kv_heads: 1, head_dim: 132 };
+        let mut cache = KvCache::new(layout, n.div_ceil(BLOCK_TOKENS)).unwrap();
+        let value = |i: usize| (i as f32 * 0.618 + seed as f32).sin() * 3.0;
+        for t in 0..n {
+            let k: Vec<f32> = (0..132).map(|d| value(t * 1000 + d)).collect();
+            let v: Vec<f32> = (0..132).map(|d| value(t * 7000 + d + 3)).collect();
+            cache.write(0, t / BLOCK_TOKENS, t % BLOCK_TOKENS, &k, &v);
+        }
+        (cache, (0..132).map(|d| value(d + 99) * 0.1).collect())
+    }
+
+    fn run<E: KvElem, M: HeadMath<E>>(cache: &KvCache<E>, q: &[f32], pos: usize) -> Vec<f32> {
+        let table: Vec<u32> = (0..cache.num_blocks() as u32).collect();
+        let slot = TokenSlot { pos, block_table: &table };
+        let mut out = vec![0.0; q.len()];
+        attend_body::<E, M>(&Head { layer: 0, kv_head: 0, q, slot: &slot, scale: 0.1, cache }, &mut out);
+        out
+    }
+
+    #[test]
+    fn f16_builds_agree_with_the_f32_cache() {
+        let (exact, q) = fixture::<f32>(45, 1);
+        let (half, _) = fixture::<F16>(45, 1);
+        for pos in [0, 15, 16, 44] {
+            let want = run::<f32, Generic>(&exact, &q, pos);
+            let generic = run::<F16, Generic>(&half, &q, pos);
+            assert!(want.iter().zip(&generic).all(|(a, b)| (a - b).abs() < 1e-2), "pos {pos}");
+            #[cfg(target_arch = "x86_64")]
+            if x86::has_f16c() {
+                let table: Vec<u32> = (0..half.num_blocks() as u32).collect();
+                let slot = TokenSlot { pos, block_table: &table };
+                let mut fast = vec![0.0; q.len()];
+                let head = Head { layer: 0, kv_head: 0, q: &q, slot: &slot, scale: 0.1, cache: &half };
+                // SAFETY: the CPU supports AVX2, FMA and F16C (checked just above).
+                unsafe { x86::attend_f16c(&head, &mut fast) };
+                assert!(fast.iter().zip(&generic).all(|(a, b)| (a - b).abs() < 1e-4), "pos {pos}");
+            }
+        }
+    }
 }

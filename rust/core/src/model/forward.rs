@@ -4,10 +4,10 @@
 //! ([`super::runner`]); this file only computes.
 
 use crate::error::Result;
-use crate::kv::{KvCache, KvElem, KvLayout, BLOCK_TOKENS};
+use crate::kv::{KvCache, KvLayout, BLOCK_TOKENS};
 use crate::pool::Pool;
 
-use super::attention::{attend, AttentionShape, TokenSlot};
+use super::attention::{attend, AttendElem, AttentionShape, TokenSlot};
 use super::config::Qwen3Config;
 use super::linear::MatmulPlan;
 use super::ops::{rms_norm, rms_norm_in_place, swiglu_in_place, RopeTable};
@@ -50,7 +50,7 @@ impl Qwen3Model {
 
     /// Runs the chunks, writing their keys and values into `cache`; returns the requested logits rows
     /// (`rows x vocab`) in chunk order.
-    pub fn forward<E: KvElem>(&self, chunks: &[SeqChunk], cache: &mut KvCache<E>, pool: &Pool) -> Result<Vec<f32>> {
+    pub fn forward<E: AttendElem>(&self, chunks: &[SeqChunk], cache: &mut KvCache<E>, pool: &Pool) -> Result<Vec<f32>> {
         let c = &self.config;
         let slots: Vec<TokenSlot> = chunks
             .iter()
@@ -69,7 +69,7 @@ impl Qwen3Model {
         self.logits(chunks, &s.x, pool)
     }
 
-    fn layer<E: KvElem>(
+    fn layer<E: AttendElem>(
         &self,
         index: usize,
         w: &LayerWeights,

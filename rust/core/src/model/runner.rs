@@ -24,10 +24,9 @@ pub enum KvDtype {
 impl KvDtype {
     pub fn parse(name: &str) -> Result<KvDtype> {
         match name {
-            // f32 is the default: on the CPUs measured so far, widening f16 costs more than the
-            // bandwidth it saves (BENCHMARKS.md); f16 halves the memory.
-            "f32" | "float32" | "auto" => Ok(KvDtype::F32),
-            "f16" | "float16" => Ok(KvDtype::F16),
+            // f16 is the default, as in llama.cpp: half the memory and KV bandwidth; f32 is exact.
+            "f32" | "float32" => Ok(KvDtype::F32),
+            "f16" | "float16" | "auto" => Ok(KvDtype::F16),
             _ => Err(Error::Value(format!("kv_cache_dtype must be 'auto', 'f16' or 'f32', got {name:?}"))),
         }
     }
