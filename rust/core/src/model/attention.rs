@@ -4,6 +4,7 @@
 
 use crate::kv::{KvCache, KvElem, BLOCK_TOKENS, F16};
 use crate::pool::Pool;
+use crate::sample::math::exp_nonpositive;
 
 /// Where one batch token sits: its position and its sequence's block table.
 pub struct TokenSlot<'a> {
@@ -115,10 +116,13 @@ fn attend_body<E: KvElem, M: HeadMath<E>>(head: &Head<E>, out: &mut [f32]) {
         scores.extend_from_slice(&unsafe { M::scores(q, keys, scale) }[..used]);
     }
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut total = 0.0f32;
+    // The sampler's polynomial exp (relative error < 3e-7) vectorizes where libm's does not.
     for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        total += *s;
+        *s = exp_nonpositive(*s - max);
+    }
+    let mut total = 0.0f32;
+    for s in &scores {
+        total += s;
     }
     out.fill(0.0);
     for (b, &block) in slot.block_table[..seen.div_ceil(BLOCK_TOKENS)].iter().enumerate() {

@@ -12,7 +12,7 @@
 mod config;
 mod filters;
 mod logprobs;
-mod math;
+pub(crate) mod math;
 mod penalties;
 mod rank;
 mod rng;
