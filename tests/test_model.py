@@ -9,6 +9,7 @@ reference's top-2 gap exceeds 0.5."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -140,3 +141,17 @@ def test_kv_blocks_are_all_free_after_generation(tiny_model, rng):
     stream.close()
     assert llm._model.num_free_blocks == total
     assert llm._model.num_sequences == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads resident memory from Linux /proc")
+def test_a_large_kv_cache_costs_no_memory_until_used(tiny_model, rng):
+    def resident() -> int:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    before = resident()
+    llm = ob.LLM(tiny_model, kv_cache_blocks=20_000)
+    reserved = 20_000 * llm._model.block_bytes
+    assert reserved > 500 * 2**20
+    assert resident() - before < reserved // 10
+    out = llm.generate([random_ids(rng, llm.config["vocab"], 30)], ob.SamplingParams(max_tokens=4))[0]
+    assert len(out.outputs[0].token_ids) == 4

@@ -44,24 +44,22 @@ pub struct KvCache<E: KvElem> {
 }
 
 impl<E: KvElem> KvCache<E> {
-    /// Reserves the cache zeroed (the OS commits pages only as blocks are first written).
+    /// Reserves the cache zeroed. The memory comes from `alloc_zeroed` (fresh pages from the OS), so it
+    /// is only committed as blocks are first written: a large cache costs nothing until it is used.
     pub fn new(layout: KvLayout, num_blocks: usize) -> Result<KvCache<E>> {
         let len = layout
             .layer_block()
             .checked_mul(layout.n_layers)
             .and_then(|v| v.checked_mul(num_blocks))
             .ok_or_else(|| Error::Value(format!("a KV cache of {num_blocks} blocks does not fit in memory")))?;
-        let mut keys = Vec::new();
-        let mut values = Vec::new();
-        for buf in [&mut keys, &mut values] {
-            buf.try_reserve_exact(len).map_err(|_| {
-                Error::Value(format!(
-                    "cannot allocate a KV cache of {num_blocks} blocks ({} bytes)",
-                    num_blocks.saturating_mul(layout.block_bytes(std::mem::size_of::<E>()))
-                ))
-            })?;
-            buf.resize(len, E::default());
-        }
+        let fail = || {
+            Error::Value(format!(
+                "cannot allocate a KV cache of {num_blocks} blocks ({} bytes)",
+                num_blocks.saturating_mul(layout.block_bytes(std::mem::size_of::<E>()))
+            ))
+        };
+        let keys = zeroed_vec(len).ok_or_else(fail)?;
+        let values = zeroed_vec(len).ok_or_else(fail)?;
         Ok(KvCache { layout, num_blocks, keys, values })
     }
 
@@ -104,4 +102,21 @@ impl<E: KvElem> KvCache<E> {
         let at = self.head_offset(layer, block, head);
         &self.values[at..at + self.layout.head_block()]
     }
+}
+
+/// `len` zero elements from `alloc_zeroed` (lazily committed pages for large sizes), or `None` when the
+/// allocation fails.
+fn zeroed_vec<E: KvElem>(len: usize) -> Option<Vec<E>> {
+    let layout = std::alloc::Layout::array::<E>(len).ok()?;
+    if layout.size() == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<E>();
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `[E; len]`, and every
+    // element is initialized: `KvElem` types are plain numbers whose all-zero bytes are the value 0.
+    Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }

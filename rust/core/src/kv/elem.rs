@@ -6,7 +6,10 @@
 use crate::model::ops::axpy_lanes;
 
 /// An element type of the KV cache.
-pub trait KvElem: Copy + Default + Send + Sync + 'static {
+///
+/// # Safety
+/// All-zero bytes must be a valid value of the type (the cache is allocated with `alloc_zeroed`).
+pub unsafe trait KvElem: Copy + Default + Send + Sync + 'static {
     /// Name for messages and stats ("f32", "f16").
     const NAME: &'static str;
     fn from_f32(x: f32) -> Self;
@@ -15,7 +18,8 @@ pub trait KvElem: Copy + Default + Send + Sync + 'static {
     fn axpy(out: &mut [f32], w: f32, v: &[Self]);
 }
 
-impl KvElem for f32 {
+// SAFETY: all-zero bytes are 0.0.
+unsafe impl KvElem for f32 {
     const NAME: &'static str = "f32";
 
     fn from_f32(x: f32) -> f32 {
@@ -44,7 +48,8 @@ pub struct F16(pub u16);
 
 const CHUNK: usize = 32;
 
-impl KvElem for F16 {
+// SAFETY: all-zero bytes are F16(0), +0.0.
+unsafe impl KvElem for F16 {
     const NAME: &'static str = "f16";
 
     fn from_f32(x: f32) -> F16 {
