@@ -153,5 +153,7 @@ def test_a_large_kv_cache_costs_no_memory_until_used(tiny_model, rng):
     reserved = 20_000 * llm._model.block_bytes
     assert reserved > 500 * 2**20
     assert resident() - before < reserved // 10
-    out = llm.generate([random_ids(rng, llm.config["vocab"], 30)], ob.SamplingParams(max_tokens=4))[0]
+    out = llm.generate(
+        [random_ids(rng, llm.config["vocab"], 30)], ob.SamplingParams(max_tokens=4, ignore_eos=True)
+    )[0]
     assert len(out.outputs[0].token_ids) == 4
