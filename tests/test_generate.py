@@ -67,7 +67,7 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(llm, rng):
 
 def test_unseeded_requests_follow_the_llm_seed(tiny_model, rng):
     prompt = words(rng)
-    params = ob.SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
+    params = ob.SamplingParams(max_tokens=24, temperature=1.0, ignore_eos=True)
     runs = [tokens(ob.LLM(tiny_model, seed=s).generate(prompt, params)[0]) for s in (3, 3, 4)]
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
@@ -78,11 +78,14 @@ def test_max_tokens_min_tokens_and_stop_token_ids(llm, rng):
     greedy = tokens(llm.generate(prompt, GREEDY)[0])
     stop_at = greedy[3]
     first = greedy.index(stop_at)
-    out = llm.generate(prompt, ob.SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=[stop_at]))[0]
+    params = ob.SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=[stop_at], ignore_eos=True)
+    out = llm.generate(prompt, params)[0]
     c = out.outputs[0]
     assert c.finish_reason == "stop" and c.stop_reason == stop_at and c.token_ids == greedy[: first + 1]
     assert c.text == llm.tokenizer.decode(greedy[:first])
-    banned = ob.SamplingParams(max_tokens=10, min_tokens=8, temperature=0.0, stop_token_ids=[stop_at])
+    banned = ob.SamplingParams(
+        max_tokens=10, min_tokens=8, temperature=0.0, stop_token_ids=[stop_at], ignore_eos=True
+    )
     assert stop_at not in tokens(llm.generate(prompt, banned)[0])[:8]
 
 
