@@ -54,6 +54,9 @@ def reference(
         return probs, _gap(x, x[order[0]])
     margin = math.inf
     y = (x - x[order[0]]) / float(f32(p.temperature))
+    # Values that differ only below the shift's resolution are ties from here on (as in the sampler,
+    # which works on shifted values): re-sort by the shifted value, ties by id.
+    order = order[np.lexsort((order, -y[order]))]
     if 0 < p.top_k < order.size:
         margin = min(margin, _gap(y, y[order[p.top_k - 1]]), _gap(y, y[order[p.top_k]]))
         order = order[: p.top_k]
