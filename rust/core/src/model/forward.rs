@@ -98,7 +98,8 @@ impl Qwen3Model {
         self.norm_rows(&s.x, &w.ffn_norm, &mut s.h, pool);
         w.w_gate.forward(&s.h, n, &mut s.gate, plan, pool)?;
         w.w_up.forward(&s.h, n, &mut s.up, plan, pool)?;
-        swiglu_in_place(&mut s.gate, &s.up);
+        let (ffn, up) = (c.ffn, &s.up);
+        pool.for_each_row_mut(&mut s.gate, ffn, 8, |r, row| swiglu_in_place(row, &up[r * ffn..(r + 1) * ffn]));
         w.w_down.forward(&s.gate, n, &mut s.out, plan, pool)?;
         add(&mut s.x, &s.out);
         Ok(())

@@ -4,6 +4,8 @@
 //! `dot_lanes` / `axpy_lanes` are `inline(always)` so that callers compiled for AVX2 (attention)
 //! get them vectorized in place, without a dispatch per call.
 
+use crate::sample::math::exp_nonpositive;
+
 const LANES: usize = 32;
 
 /// `sum(a[i] * b[i])`.
@@ -91,10 +93,32 @@ pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
     }
 }
 
-/// SwiGLU: `gate[i] = silu(gate[i]) * up[i]`.
+/// SwiGLU: `gate[i] = silu(gate[i]) * up[i]`, with the AVX2 build of the same loop where available.
 pub fn swiglu_in_place(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { swiglu_avx2(gate, up) };
+    }
+    swiglu_body(gate, up)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
+    swiglu_body(gate, up)
+}
+
+/// `silu(x) = x / (1 + e^-x)`, written with `e = exp(-|x|) <= 1` so the polynomial exp applies and
+/// nothing overflows: `x / (1 + e)` for `x >= 0`, `x e / (1 + e)` below. Branch-free, so it vectorizes.
+#[inline(always)]
+fn swiglu_body(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len());
     for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        let x = *g;
+        let e = exp_nonpositive(-x.abs());
+        let numerator = if x >= 0.0 { x } else { x * e };
+        *g = numerator / (1.0 + e) * u;
     }
 }
 
@@ -145,6 +169,18 @@ mod tests {
         let plain: f64 = a.iter().zip(&b).map(|(x, y)| (*x as f64) * (*y as f64)).sum();
         assert!((dot(&a, &b) as f64 - plain).abs() < 1e-5);
         assert_eq!(dot(&a, &b).to_bits(), dot_lanes(&a, &b).to_bits());
+    }
+
+    #[test]
+    fn swiglu_matches_the_plain_formula() {
+        let gate: Vec<f32> = (-400..400).map(|i| i as f32 * 0.05).chain([-100.0, 100.0, 0.0, -0.0]).collect();
+        let up: Vec<f32> = gate.iter().map(|x| 1.0 + x.sin()).collect();
+        let mut got = gate.clone();
+        swiglu_in_place(&mut got, &up);
+        for ((g, x), u) in got.iter().zip(&gate).zip(&up) {
+            let want = (*x as f64) / (1.0 + (-(*x as f64)).exp()) * (*u as f64);
+            assert!((*g as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()), "silu({x}) = {g}, want {want}");
+        }
     }
 
     #[test]
