@@ -1,7 +1,7 @@
 # One command surface: CI and the README call these targets.
 PYTHON ?= python3
 
-.PHONY: install build lint test test-rust test-python bench fmt
+.PHONY: install build lint test test-rust test-python bench bench-model fmt
 
 install:
 	$(PYTHON) -m pip install -e '.[test]'
@@ -31,3 +31,7 @@ test-python:
 
 bench:
 	$(PYTHON) -m pytest benches --benchmark-only
+
+# End to end on a random Bonsai-1.7B-shaped GGUF, against llama.cpp when llama-cpp-python is installed.
+bench-model:
+	$(PYTHON) benches/bench_model.py --threads 1 2 --prompt-len 512 --decode 128 --keep
