@@ -1,8 +1,7 @@
-//! The element-wise pieces of the forward pass: vector dot and axpy (with an AVX2 build of the same
-//! code), RMSNorm, SwiGLU and rotate-half RoPE. Every routine accumulates in a fixed order (32
-//! lanes, then a fixed reduction), so results do not depend on the instruction set or thread count.
-//! `dot_lanes` / `axpy_lanes` are `inline(always)` so that callers compiled for AVX2 (attention)
-//! get them vectorized in place, without a dispatch per call.
+//! The element-wise pieces of the forward pass: a vector dot (with an AVX2 build of the same code),
+//! RMSNorm, SwiGLU and rotate-half RoPE. Sums accumulate in a fixed order (32 lanes, then a fixed
+//! reduction), so results do not depend on the instruction set or thread count. `axpy_lanes` is
+//! `inline(always)` so that the KV element types' axpy vectorizes inside AVX2-built attention.
 
 use crate::sample::math::exp_nonpositive;
 
@@ -18,30 +17,14 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     dot_lanes(a, b)
 }
 
-/// `y[i] += alpha * x[i]`.
-pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { axpy_avx2(y, alpha, x) };
-    }
-    axpy_lanes(y, alpha, x)
-}
-
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     dot_lanes(a, b)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn axpy_avx2(y: &mut [f32], alpha: f32, x: &[f32]) {
-    axpy_lanes(y, alpha, x)
-}
-
 #[inline(always)]
-pub(crate) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let mut acc = [0.0f32; LANES];
     let (a8, b8) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
@@ -64,7 +47,7 @@ pub(crate) fn axpy_lanes(y: &mut [f32], alpha: f32, x: &[f32]) {
 
 /// Pairwise, in a fixed order: lanes `i` and `i + half` first, halving until one is left.
 #[inline(always)]
-pub(crate) fn reduce_lanes(mut acc: [f32; LANES]) -> f32 {
+fn reduce_lanes(mut acc: [f32; LANES]) -> f32 {
     let mut half = LANES / 2;
     while half > 0 {
         for i in 0..half {
@@ -75,10 +58,14 @@ pub(crate) fn reduce_lanes(mut acc: [f32; LANES]) -> f32 {
     acc[0]
 }
 
+/// `1 / sqrt(mean(x^2) + eps)`.
+fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    1.0 / (dot(x, x) / x.len() as f32 + eps).sqrt()
+}
+
 /// `out = x / sqrt(mean(x^2) + eps) * weight`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let mean_square = dot(x, x) / x.len() as f32;
-    let inv = 1.0 / (mean_square + eps).sqrt();
+    let inv = inv_rms(x, eps);
     for ((o, xi), w) in out.iter_mut().zip(x).zip(weight) {
         *o = xi * inv * w;
     }
@@ -86,8 +73,7 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 
 /// RMSNorm in place.
 pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
-    let mean_square = dot(x, x) / x.len() as f32;
-    let inv = 1.0 / (mean_square + eps).sqrt();
+    let inv = inv_rms(x, eps);
     for (xi, w) in x.iter_mut().zip(weight) {
         *xi = *xi * inv * w;
     }
