@@ -67,6 +67,8 @@ class Model:
         *,
         max_model_len: int | None = None,
         kv_blocks: int | None = None,
+        kv_cache_bytes: int | None = None,
+        max_num_seqs: int = 1,
         kernel: str = "auto",
         kv_cache_dtype: str = "auto",
     ) -> Model: ...

@@ -21,14 +21,6 @@ from oxibonsai.tokenizer import Tokenizer
 PromptType = str | Sequence[int] | Mapping[str, Any]
 Message = Mapping[str, Any]
 
-DEFAULT_MAX_MODEL_LEN = 4096
-"""``max_model_len`` when none is given: the model's context length, capped here (KV memory)."""
-
-BLOCK_TOKENS = 16
-
-DEFAULT_KV_CACHE_BYTES = 2 << 30
-"""Default KV cache budget; it always holds at least one sequence of ``max_model_len`` tokens."""
-
 
 def default_model_path() -> Path:
     """The embedded default model shipped inside the package."""
@@ -45,9 +37,10 @@ class LLM:
     ``model``: path to a ``.gguf`` (``None``: the embedded default model). ``num_threads`` sets the
     process-wide kernel thread count. ``max_model_len`` bounds prompt plus output (default: the
     model's context, at most 4096). ``seed`` seeds requests whose ``SamplingParams.seed`` is None.
-    ``kv_cache_blocks``: 16-token KV blocks to reserve (default: 2 GiB worth, at least one full
-    sequence). ``max_num_seqs``: sequences decoded together per step. ``kernel``: the Q1 matmul
-    kernel family (``"auto"``; ``"reference"`` runs the exact f32 kernel, for checking).
+    ``kv_cache_blocks``: 16-token KV blocks to reserve; by default as many as ``max_num_seqs`` full
+    sequences need within ``kv_cache_bytes`` (default 2 GiB), never fewer than one sequence needs.
+    ``max_num_seqs``: sequences decoded together per step. ``kernel``: the Q1 matmul kernel family
+    (``"auto"``; ``"reference"`` runs the exact f32 kernel, for checking).
     ``kv_cache_dtype``: ``"auto"``/``"f16"`` (half the memory and bandwidth) or ``"f32"`` (exact).
     """
 
@@ -59,6 +52,7 @@ class LLM:
         max_model_len: int | None = None,
         seed: int = 0,
         kv_cache_blocks: int | None = None,
+        kv_cache_bytes: int | None = None,
         max_num_seqs: int = 8,
         kernel: str = "auto",
         kv_cache_dtype: str = "auto",
@@ -73,12 +67,14 @@ class LLM:
         self.model_path = path
         self.metadata: dict[str, Any] = _core.GGUFFile(path).metadata
         self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
-        context = int(self.metadata.get("qwen3.context_length", DEFAULT_MAX_MODEL_LEN))
-        max_len = max_model_len if max_model_len is not None else min(context, DEFAULT_MAX_MODEL_LEN)
-        elem_bytes = 4 if kv_cache_dtype in ("f32", "float32") else 2
-        blocks = kv_cache_blocks or _default_kv_blocks(self.metadata, max_len, max_num_seqs, elem_bytes)
         self._model = _core.Model(
-            path, max_model_len=max_len, kv_blocks=blocks, kernel=kernel, kv_cache_dtype=kv_cache_dtype
+            path,
+            max_model_len=max_model_len,
+            kv_blocks=kv_cache_blocks,
+            kv_cache_bytes=kv_cache_bytes,
+            max_num_seqs=max_num_seqs,
+            kernel=kernel,
+            kv_cache_dtype=kv_cache_dtype,
         )
         if self._model.vocab_size < self.tokenizer.vocab_size:
             raise _core.GGUFError(
@@ -213,19 +209,6 @@ class LLM:
         if len(out) != n:
             raise ValueError(f"got {len(out)} SamplingParams for {n} prompts")
         return out
-
-
-def _default_kv_blocks(meta: Mapping[str, Any], max_len: int, max_num_seqs: int, elem_bytes: int) -> int:
-    """Blocks for ``max_num_seqs`` full sequences, capped by the byte budget, never below one sequence."""
-    layers = int(meta.get("qwen3.block_count", 1))
-    heads = int(meta.get("qwen3.attention.head_count", 1))
-    kv_heads = int(meta.get("qwen3.attention.head_count_kv", heads))
-    head_dim = int(
-        meta.get("qwen3.attention.key_length", int(meta.get("qwen3.embedding_length", 0)) // heads)
-    )
-    block_bytes = max(1, 2 * layers * kv_heads * head_dim * BLOCK_TOKENS * elem_bytes)
-    per_seq = -(-max_len // BLOCK_TOKENS)
-    return max(per_seq, min(per_seq * max_num_seqs, DEFAULT_KV_CACHE_BYTES // block_bytes))
 
 
 def _token_list(ids: Any) -> list[int]:

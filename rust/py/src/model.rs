@@ -6,7 +6,9 @@ use std::sync::Mutex;
 
 use numpy::{IntoPyArray, PyArray2, PyArrayMethods};
 use oxibonsai_core::gguf::GgufFile;
-use oxibonsai_core::model::{KvDtype, Logits, MatmulPlan, ModelRunner, Qwen3Model, StepItem};
+use oxibonsai_core::model::{
+    KvDtype, Logits, MatmulPlan, ModelRunner, Qwen3Model, StepItem, DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN,
+};
 use oxibonsai_core::pool;
 use oxibonsai_core::q1::{Isa, Kernel};
 use pyo3::exceptions::PyValueError;
@@ -39,16 +41,23 @@ impl Model {
 
 #[pymethods]
 impl Model {
-    /// Loads `path`. `max_model_len` defaults to the model's context length; `kv_blocks` to enough
-    /// 16-token blocks for one sequence of `max_model_len` tokens; `kv_cache_dtype` is 'f16' ('auto')
-    /// or 'f32'.
+    /// Loads `path`. `max_model_len` defaults to the model's context length, at most 4096. The KV
+    /// cache holds `kv_blocks` 16-token blocks; by default enough for `max_num_seqs` full sequences
+    /// within `kv_cache_bytes` (2 GiB), never fewer than one sequence needs. `kv_cache_dtype` is
+    /// 'f16' ('auto') or 'f32'.
     #[new]
-    #[pyo3(signature = (path, *, max_model_len=None, kv_blocks=None, kernel="auto", kv_cache_dtype="auto"))]
+    #[pyo3(signature = (
+        path, *, max_model_len=None, kv_blocks=None, kv_cache_bytes=None, max_num_seqs=1, kernel="auto",
+        kv_cache_dtype="auto"
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         path: PathBuf,
         max_model_len: Option<usize>,
         kv_blocks: Option<usize>,
+        kv_cache_bytes: Option<usize>,
+        max_num_seqs: usize,
         kernel: &str,
         kv_cache_dtype: &str,
     ) -> PyResult<Model> {
@@ -57,8 +66,11 @@ impl Model {
         let runner = without_gil(py, || {
             let file = GgufFile::open(&path)?;
             let model = Qwen3Model::from_gguf(&file, plan)?;
-            let len = max_model_len.unwrap_or(model.config.context_length);
-            let blocks = kv_blocks.unwrap_or_else(|| ModelRunner::blocks_for(len));
+            let len = max_model_len.unwrap_or(model.config.context_length.min(DEFAULT_MAX_MODEL_LEN));
+            let block_bytes = model.kv_layout().block_bytes(dtype.bytes());
+            let budget = kv_cache_bytes.unwrap_or(DEFAULT_KV_CACHE_BYTES);
+            let blocks =
+                kv_blocks.unwrap_or_else(|| ModelRunner::default_blocks(len, block_bytes, max_num_seqs, budget));
             ModelRunner::new(model, blocks, len, dtype)
         })
         .map_err(to_py)?;

@@ -14,7 +14,7 @@ pub mod weights;
 pub use config::Qwen3Config;
 pub use forward::{Logits, Qwen3Model, SeqChunk};
 pub use linear::{Linear, MatmulPlan};
-pub use runner::{KvDtype, ModelRunner, StepItem};
+pub use runner::{KvDtype, ModelRunner, StepItem, DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN};
 pub use weights::Qwen3Weights;
 
 use crate::error::Result;

@@ -14,6 +14,12 @@ use super::forward::{Logits, Qwen3Model, SeqChunk};
 /// Most tokens in one forward pass; longer prompts run in several (chunked prefill).
 pub const MAX_BATCH_TOKENS: usize = 256;
 
+/// The context used when none is asked for: the model's own, capped so the KV cache stays modest.
+pub const DEFAULT_MAX_MODEL_LEN: usize = 4096;
+
+/// The KV cache budget used when neither a block count nor a byte budget is given.
+pub const DEFAULT_KV_CACHE_BYTES: usize = 2 << 30;
+
 /// The element type of the KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvDtype {
@@ -154,6 +160,14 @@ impl ModelRunner {
     /// Blocks a sequence of `tokens` tokens occupies.
     pub fn blocks_for(tokens: usize) -> usize {
         tokens.div_ceil(BLOCK_TOKENS)
+    }
+
+    /// Blocks for `max_num_seqs` sequences of `max_model_len` tokens, capped by `budget_bytes`, but
+    /// never fewer than one full sequence needs.
+    pub fn default_blocks(max_model_len: usize, block_bytes: usize, max_num_seqs: usize, budget_bytes: usize) -> usize {
+        let per_seq = Self::blocks_for(max_model_len);
+        let affordable = budget_bytes / block_bytes.max(1);
+        per_seq.max(per_seq.saturating_mul(max_num_seqs).min(affordable))
     }
 
     /// Appends each item's tokens to its sequence and returns the requested logits rows in item order.
