@@ -37,6 +37,7 @@ class _Request:
     detok: IncrementalDetokenizer
     stops: StopStringMatcher
     metrics: RequestMetrics
+    streamed: bool = False
     seq: int | None = None
     prefilled: bool = False
     output_ids: list[int] = field(default_factory=list)
@@ -80,9 +81,16 @@ class Engine:
         self._arrivals = 0
 
     def add_request(
-        self, request_id: str, prompt: str | None, prompt_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        stream: bool = False,
     ) -> None:
-        """Queues a request after checking it can ever run (length against the context and the cache)."""
+        """Queues a request after checking it can ever run (length against the context and the cache).
+        A streamed request reports its output after every step; others only when they finish."""
         limit = self._model.max_model_len
         if not prompt_ids:
             raise ValueError("the prompt is empty: at least one token is needed")
@@ -114,6 +122,7 @@ class Engine:
             stops=StopStringMatcher(params.stop or [], params.include_stop_str_in_output),
             metrics=RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(prompt_ids)),
             logprobs=[] if params.logprobs is not None else None,
+            streamed=stream,
         )
         self._waiting.append(request)
 
@@ -138,7 +147,8 @@ class Engine:
             self._finish(r, "abort")
 
     def step(self) -> list[RequestOutput]:
-        """One batched forward pass over every running request; returns their updated outputs."""
+        """One batched forward pass over every running request; returns the outputs of requests that
+        finished and of streamed ones (a snapshot copies the output so far, so others are not copied)."""
         self._admit()
         running = list(self._running)
         if not running:
@@ -155,7 +165,8 @@ class Engine:
         for r, row in zip(running, logits, strict=True):
             r.prefilled = True
             self._advance(r, row)
-            outputs.append(r.snapshot())
+            if r.streamed or r.finish_reason is not None:
+                outputs.append(r.snapshot())
         return outputs
 
     def _blocks_for(self, tokens: int) -> int:

@@ -136,7 +136,7 @@ class LLM:
     ) -> Iterator[RequestOutput]:
         """Yields the request's cumulative output after every generated token; the last one is finished.
         Closing the iterator early aborts the request and frees its KV blocks."""
-        request_id = self._add(self._prompt_list(prompt)[0], sampling_params or SamplingParams())
+        request_id = self._add(self._prompt_list(prompt)[0], sampling_params or SamplingParams(), stream=True)
         try:
             while self._engine.has_unfinished():
                 for out in self._engine.step():
@@ -171,10 +171,10 @@ class LLM:
         assert isinstance(text, str)
         return {"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)}
 
-    def _add(self, prompt: PromptType, params: SamplingParams) -> str:
+    def _add(self, prompt: PromptType, params: SamplingParams, *, stream: bool = False) -> str:
         text, ids = self._tokenize(prompt)
         request_id = str(next(self._ids))
-        self._engine.add_request(request_id, text, ids, params)
+        self._engine.add_request(request_id, text, ids, params, stream=stream)
         return request_id
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
