@@ -17,6 +17,21 @@ from oxibonsai.llm import LLM, default_model_path
 from oxibonsai.outputs import RequestOutput
 from oxibonsai.sampling_params import SamplingParams
 
+_SAMPLING_FIELDS = (
+    "max_tokens",
+    "min_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "stop",
+    "ignore_eos",
+)
+
 
 def _sampling_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
@@ -41,20 +56,8 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=args.max_tokens,
-        min_tokens=args.min_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty,
-        seed=args.seed,
-        stop=args.stop,
-        ignore_eos=args.ignore_eos,
-    )
+    """Every sampling flag is named after its ``SamplingParams`` field."""
+    return SamplingParams(**{name: getattr(args, name) for name in _SAMPLING_FIELDS})
 
 
 def _load(args: argparse.Namespace) -> LLM:
@@ -109,10 +112,7 @@ def _chat(args: argparse.Namespace) -> int:
             break
         history.append({"role": "user", "content": line})
         extra = {"enable_thinking": False} if args.no_think else {}
-        text = llm.tokenizer.apply_chat_template(history, add_generation_prompt=True, **extra)
-        assert isinstance(text, str)
-        prompt = {"prompt": text, "prompt_token_ids": llm.tokenizer.encode(text, add_special_tokens=False)}
-        out = _print_stream(llm.stream(prompt, params))
+        out = _print_stream(llm.stream(llm.chat_prompt(history, **extra), params))
         _timing_line(out)
         history.append({"role": "assistant", "content": out.outputs[0].text if out else ""})
     return 0

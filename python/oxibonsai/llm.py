@@ -125,8 +125,9 @@ class LLM:
     ) -> list[RequestOutput]:
         """Applies the model's chat template to one conversation (or a list) and generates."""
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else messages
+        kwargs = dict(chat_template_kwargs or {})
         prompts = [
-            self._render_chat(conv, add_generation_prompt, chat_template_kwargs)  # type: ignore[arg-type]
+            self.chat_prompt(conv, add_generation_prompt=add_generation_prompt, **kwargs)  # type: ignore[arg-type]
             for conv in conversations
         ]
         return self.generate(prompts, sampling_params)
@@ -160,16 +161,18 @@ class LLM:
         finally:
             self._model.free_sequence(seq)
 
-    # -- helpers ----------------------------------------------------------------------------------
-
-    def _render_chat(
-        self, messages: Sequence[Message], add_generation_prompt: bool, kwargs: Mapping[str, Any] | None
+    def chat_prompt(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, **template_kwargs: Any
     ) -> dict[str, Any]:
+        """A conversation rendered with the model's chat template, as a prompt dict for ``generate`` /
+        ``stream``: the text and its token ids (special tokens in the text map to their ids)."""
         text = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=add_generation_prompt, **dict(kwargs or {})
+            list(messages), add_generation_prompt=add_generation_prompt, **template_kwargs
         )
         assert isinstance(text, str)
         return {"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)}
+
+    # -- helpers ----------------------------------------------------------------------------------
 
     def _add(self, prompt: PromptType, params: SamplingParams, *, stream: bool = False) -> str:
         text, ids = self._tokenize(prompt)
