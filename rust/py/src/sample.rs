@@ -34,6 +34,38 @@ fn token_ids(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Vec<u32>> {
         .collect()
 }
 
+/// The owned inputs of one sampling call, extracted (and checked) before the GIL is released.
+struct Inputs<'py> {
+    logits: numpy::PyReadonlyArrayDyn<'py, f32>,
+    prompt: Vec<u32>,
+    output: Vec<u32>,
+    banned: Vec<u32>,
+}
+
+impl<'py> Inputs<'py> {
+    fn extract(
+        logits: &Bound<'py, PyAny>,
+        prompt_ids: &Bound<'py, PyAny>,
+        output_ids: &Bound<'py, PyAny>,
+        banned: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Inputs<'py>> {
+        Ok(Inputs {
+            logits: f32_array(logits, "logits", &[1])?,
+            prompt: token_ids(Some(prompt_ids), "prompt_ids")?,
+            output: token_ids(Some(output_ids), "output_ids")?,
+            banned: token_ids(banned, "banned")?,
+        })
+    }
+
+    fn logits(&self) -> PyResult<&[f32]> {
+        self.logits.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    fn history(&self) -> History<'_> {
+        History::new(&self.prompt, &self.output)
+    }
+}
+
 #[pymethods]
 impl Sampler {
     #[new]
@@ -75,14 +107,10 @@ impl Sampler {
     ) -> PyResult<SampleResult> {
         let logprobs = usize::try_from(logprobs)
             .map_err(|_| PyValueError::new_err(format!("logprobs must be >= 0, got {logprobs}")))?;
-        let logits = f32_array(logits, "logits", &[1])?;
-        let logits = logits.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let prompt = token_ids(Some(prompt_ids), "prompt_ids")?;
-        let output = token_ids(Some(output_ids), "output_ids")?;
-        let banned = token_ids(banned, "banned")?;
-        let history = History::new(&prompt, &output);
+        let args = Inputs::extract(logits, prompt_ids, output_ids, banned)?;
+        let (logits, history) = (args.logits()?, args.history());
         let inner = &mut self.inner;
-        let sampled = without_gil(py, || inner.sample(logits, &history, &banned, logprobs)).map_err(to_py)?;
+        let sampled = without_gil(py, || inner.sample(logits, &history, &args.banned, logprobs)).map_err(to_py)?;
         Ok((sampled.token, sampled.logprob, sampled.top))
     }
 
@@ -96,14 +124,10 @@ impl Sampler {
         output_ids: &Bound<'py, PyAny>,
         banned: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<f32>>> {
-        let logits = f32_array(logits, "logits", &[1])?;
-        let logits = logits.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let prompt = token_ids(Some(prompt_ids), "prompt_ids")?;
-        let output = token_ids(Some(output_ids), "output_ids")?;
-        let banned = token_ids(banned, "banned")?;
-        let history = History::new(&prompt, &output);
+        let args = Inputs::extract(logits, prompt_ids, output_ids, banned)?;
+        let (logits, history) = (args.logits()?, args.history());
         let inner = &self.inner;
-        let probs = without_gil(py, || inner.probabilities(logits, &history, &banned)).map_err(to_py)?;
+        let probs = without_gil(py, || inner.probabilities(logits, &history, &args.banned)).map_err(to_py)?;
         Ok(PyArray1::from_vec(py, probs))
     }
 
