@@ -12,14 +12,14 @@ build:
 lint:
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo fmt --all -- --check
-	ruff check python tests benches
-	ruff format --check python tests benches
+	ruff check python tests benches scripts
+	ruff format --check python tests benches scripts
 	$(PYTHON) -m mypy.stubtest oxibonsai._core
 
 fmt:
 	cargo fmt --all
-	ruff format python tests benches
-	ruff check --fix python tests benches
+	ruff format python tests benches scripts
+	ruff check --fix python tests benches scripts
 
 test: test-rust test-python
 
