@@ -207,7 +207,8 @@ impl PrefixCache {
 
     /// Caches the full blocks of a chain from the first block on: `blocks[i]` holds
     /// `tokens[16 i..16 (i + 1)]`. Blocks already cached with the same contents replace the caller's
-    /// (updated in `blocks`). Returns how many blocks of the chain are now cached.
+    /// (updated in `blocks`). Returns how many blocks of the chain are now cached. All or nothing:
+    /// every block is checked (the cached block of its position, or held by the caller alone) first.
     pub fn insert_chain(&mut self, tokens: &[u32], blocks: &mut [u32], salt: Option<&Arc<str>>) -> Result<usize> {
         if tokens.len() < blocks.len() * BLOCK_TOKENS {
             return Err(Error::Shape(format!(
@@ -216,6 +217,16 @@ impl PrefixCache {
                 blocks.len() * BLOCK_TOKENS,
                 tokens.len()
             )));
+        }
+        let cached = self.lookup(tokens, salt.map(|s| &**s), blocks.len()).block_ids;
+        let mut seen = std::collections::HashSet::new();
+        for (i, &b) in blocks.iter().enumerate() {
+            if cached.get(i) != Some(&b) {
+                self.check_sole_holder(b)?;
+                if !seen.insert(b) {
+                    return Err(Error::Value(format!("block {b} appears twice in one chain")));
+                }
+            }
         }
         let mut parent = None;
         for (i, (slot, chunk)) in blocks.iter_mut().zip(tokens.chunks_exact(BLOCK_TOKENS)).enumerate() {
