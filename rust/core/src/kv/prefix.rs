@@ -199,6 +199,8 @@ impl PrefixCache {
             self.check_sole_holder(block)?;
             self.take(key, cached);
             self.pool.release(block)?;
+        } else if self.users(block) == 0 {
+            return Err(Error::Value(format!("block {block} is not held")));
         } else {
             self.trie.touch(key, self.tick);
         }
@@ -221,7 +223,11 @@ impl PrefixCache {
         let cached = self.lookup(tokens, salt.map(|s| &**s), blocks.len()).block_ids;
         let mut seen = std::collections::HashSet::new();
         for (i, &b) in blocks.iter().enumerate() {
-            if cached.get(i) != Some(&b) {
+            if cached.get(i) == Some(&b) {
+                if self.users(b) == 0 {
+                    return Err(Error::Value(format!("block {b} is not held")));
+                }
+            } else {
                 self.check_sole_holder(b)?;
                 if !seen.insert(b) {
                     return Err(Error::Value(format!("block {b} appears twice in one chain")));
