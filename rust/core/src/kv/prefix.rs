@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::blocks::BlockPool;
 use super::cache::BLOCK_TOKENS;
-use super::hash::BlockKey;
+use super::hash::{BlockKey, SaltTag};
 use super::trie::{BlockTrie, Lookup, Node};
 use crate::error::{Error, Result};
 
@@ -123,8 +123,9 @@ impl PrefixCache {
     /// Changes nothing.
     pub fn lookup(&self, tokens: &[u32], salt: Option<&str>, max_blocks: usize) -> PrefixMatch {
         let mut m = PrefixMatch::default();
+        let tag = SaltTag::of(salt);
         for chunk in tokens.chunks_exact(BLOCK_TOKENS).take(max_blocks) {
-            let Lookup::Hit(key) = self.trie.lookup(m.last_key, chunk, salt) else { break };
+            let Lookup::Hit(key) = self.trie.lookup(m.last_key, chunk, salt, tag) else { break };
             let node = self.trie.node(key).expect("a hit is cached");
             m.block_ids.push(node.block);
             m.idle_blocks += usize::from(node.idle);
@@ -173,7 +174,8 @@ impl PrefixCache {
             return Err(Error::Shape(format!("a cached block holds {BLOCK_TOKENS} tokens, got {}", tokens.len())));
         }
         self.tick += 1;
-        let key = match self.trie.lookup(parent, tokens, salt.map(|s| &**s)) {
+        let salt_text = salt.map(|s| &**s);
+        let key = match self.trie.lookup(parent, tokens, salt_text, SaltTag::of(salt_text)) {
             Lookup::Hit(key) => key,
             Lookup::Collision => return Ok(Inserted::Rejected),
             Lookup::Miss(_) if parent.is_some_and(|p| self.trie.node(p).is_none()) => return Ok(Inserted::Rejected),
@@ -221,7 +223,7 @@ impl PrefixCache {
             )));
         }
         let cached = self.lookup(tokens, salt.map(|s| &**s), blocks.len()).block_ids;
-        let mut seen = std::collections::HashSet::new();
+        let mut own = Vec::with_capacity(blocks.len() - cached.len());
         for (i, &b) in blocks.iter().enumerate() {
             if cached.get(i) == Some(&b) {
                 if self.users(b) == 0 {
@@ -229,10 +231,12 @@ impl PrefixCache {
                 }
             } else {
                 self.check_sole_holder(b)?;
-                if !seen.insert(b) {
-                    return Err(Error::Value(format!("block {b} appears twice in one chain")));
-                }
+                own.push(b);
             }
+        }
+        own.sort_unstable();
+        if let Some(w) = own.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::Value(format!("block {} appears twice in one chain", w[0])));
         }
         let mut parent = None;
         for (i, (slot, chunk)) in blocks.iter_mut().zip(tokens.chunks_exact(BLOCK_TOKENS)).enumerate() {

@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::cache::BLOCK_TOKENS;
-use super::hash::{block_key, BlockKey};
+use super::hash::{block_key, random_seed, BlockKey, KeyMap, SaltTag};
 
 /// One cached block.
 pub struct Node {
@@ -48,14 +48,21 @@ pub enum Lookup {
 
 /// Cached blocks by key, by physical block, and in eviction order.
 pub struct BlockTrie {
-    nodes: HashMap<BlockKey, Node>,
+    seed: u64,
+    nodes: KeyMap<Node>,
     by_block: Vec<Option<BlockKey>>,
     lru: BTreeSet<(u64, u32)>,
 }
 
 impl BlockTrie {
     pub fn new(num_blocks: usize) -> BlockTrie {
-        BlockTrie { nodes: HashMap::new(), by_block: vec![None; num_blocks], lru: BTreeSet::new() }
+        BlockTrie {
+            seed: random_seed(),
+            // Room for every block up front: the map never rehashes as the cache fills (~140 bytes a block).
+            nodes: KeyMap::with_capacity_and_hasher(num_blocks, Default::default()),
+            by_block: vec![None; num_blocks],
+            lru: BTreeSet::new(),
+        }
     }
 
     /// Cached blocks.
@@ -80,9 +87,9 @@ impl BlockTrie {
         self.nodes.get(&key)
     }
 
-    /// Finds the block holding `tokens` after `parent` for `salt`.
-    pub fn lookup(&self, parent: Option<BlockKey>, tokens: &[u32], salt: Option<&str>) -> Lookup {
-        let key = block_key(parent, tokens, salt);
+    /// Finds the block holding `tokens` after `parent` for `salt` (whose tag is `tag`).
+    pub fn lookup(&self, parent: Option<BlockKey>, tokens: &[u32], salt: Option<&str>, tag: SaltTag) -> Lookup {
+        let key = block_key(self.seed, parent, tokens, tag);
         match self.nodes.get(&key) {
             None => Lookup::Miss(key),
             Some(n) if n.parent == parent && n.tokens[..] == *tokens && n.salt.as_deref() == salt => Lookup::Hit(key),
