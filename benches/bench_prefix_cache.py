@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from prefix_model import BLOCK, PyPrefixCache  # noqa: E402
+from prefix_model import BLOCK, PyPrefixCache
 
-from oxibonsai._core import PrefixCache  # noqa: E402
+from oxibonsai._core import PrefixCache
 
 SIZES = (64, 512, 4096)
 IMPLS = ("rust", "rust-numpy", "python")
