@@ -141,8 +141,8 @@ impl BlockTrie {
 
     /// Removes the least recently used idle leaf and returns its block; its parent may become one.
     pub fn pop_lru(&mut self) -> Option<u32> {
-        let (_, block) = self.lru.pop_first()?;
-        let key = self.by_block[block as usize].take().expect("an LRU entry is cached");
+        let entry = *self.lru.first()?;
+        let key = self.by_block[entry.1 as usize].take().expect("an LRU entry is cached");
         let node = self.nodes.remove(&key).expect("cached");
         if let Some(p) = node.parent {
             let parent = self.nodes.get_mut(&p).expect("a cached node's parent is cached");
@@ -151,7 +151,10 @@ impl BlockTrie {
                 self.lru.insert(parent.lru_entry());
             }
         }
-        Some(block)
+        // Removed after the parent went in: evicting a chain never empties the set, which would free
+        // its root node only to allocate a new one for the parent.
+        self.lru.remove(&entry);
+        Some(entry.1)
     }
 
     /// Checks the trie's own bookkeeping (children counts, the block index, the LRU set); for tests.
