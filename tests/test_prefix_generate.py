@@ -121,3 +121,24 @@ def test_reset_drops_the_cache_and_streams_share_it(tiny_model, rng):
     stats = llm.cache_stats()
     assert stats["cached_blocks"] == 0 and stats["free_blocks"] == stats["capacity_blocks"]
     assert llm.generate(ids, GREEDY)[0].num_cached_tokens == 0
+
+
+def test_admission_counts_only_the_uncached_blocks(tiny_model, uncached, rng):
+    # 7 blocks; each request's worst case is 5 (64 + 8 prompt tokens, 8 new). Without the cache only
+    # one fits at a time; with its 4 prefix blocks cached, the second costs its one private block.
+    llm = ob.LLM(tiny_model, max_model_len=256, kv_cache_blocks=7, max_num_seqs=2)
+    prefix = random_ids(rng, 300, 64)
+    llm.generate(prefix + random_ids(rng, 300, 3), GREEDY)
+    prompts = [prefix + random_ids(rng, 300, 8) for _ in range(2)]
+    params = ob.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        llm._engine.add_request(f"r{i}", None, p, params)
+    llm._engine.step()
+    assert len(llm._engine._running) == 2
+    outs = {}
+    while llm._engine.has_unfinished():
+        outs.update({o.request_id: o for o in llm._engine.step()})
+    assert [outs[f"r{i}"].outputs[0].token_ids for i in range(2)] == token_lists(
+        uncached.generate(prompts, params)
+    )
+    assert llm.cache_stats()["free_blocks"] + llm.cache_stats()["idle_blocks"] == 7
