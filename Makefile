@@ -1,7 +1,7 @@
 # One command surface: CI and the README call these targets.
 PYTHON ?= python3
 
-.PHONY: install build lint test test-rust test-python bench bench-model fmt
+.PHONY: install build lint test test-rust test-python bench bench-model bench-prefix fmt
 
 install:
 	$(PYTHON) -m pip install -e '.[test]'
@@ -35,3 +35,8 @@ bench:
 # End to end on a random Bonsai-1.7B-shaped GGUF, against llama.cpp when llama-cpp-python is installed.
 bench-model:
 	$(PYTHON) benches/bench_model.py --threads 1 2 --prompt-len 512 --decode 128 --keep
+
+# The prefix cache: Rust trie vs the pure-Python model, then TTFT and workloads on the Bonsai-1.7B shapes.
+bench-prefix:
+	$(PYTHON) -m pytest benches/bench_prefix_cache.py --benchmark-only --benchmark-group-by=group
+	$(PYTHON) benches/bench_prefix_ttft.py --threads 2

@@ -1,7 +1,11 @@
 """The step loop: requests wait, are admitted when their KV blocks fit, and every ``step()`` runs one
 batched forward pass (prefills and decodes together) through the native model, samples one token per
 request with that request's own seeded sampler, detokenizes incrementally and applies stop tokens and
-stop strings. It never loops over layers or tokens in Python; one step is one native call."""
+stop strings. It never loops over layers or tokens in Python; one step is one native call.
+
+With prefix caching on, a request starts on the cached blocks of its prompt's longest cached prefix
+(separated per ``cache_salt``) and its first step sends only the uncached rest. Admission counts a
+request's worst-case new blocks plus the cached blocks it takes out of the evictable pool."""
 
 from __future__ import annotations
 
@@ -38,7 +42,9 @@ class _Request:
     stops: StopStringMatcher
     metrics: RequestMetrics
     streamed: bool = False
+    cache_salt: str | None = None
     seq: int | None = None
+    num_cached_tokens: int = 0
     prefilled: bool = False
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -64,6 +70,7 @@ class _Request:
             outputs=[completion],
             finished=self.finish_reason is not None,
             metrics=self.metrics,
+            num_cached_tokens=self.num_cached_tokens,
         )
 
 
@@ -77,7 +84,6 @@ class Engine:
         self._max_num_seqs = max_num_seqs
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
-        self._reserved_blocks = 0
         self._arrivals = 0
 
     def add_request(
@@ -88,9 +94,11 @@ class Engine:
         params: SamplingParams,
         *,
         stream: bool = False,
+        cache_salt: str | None = None,
     ) -> None:
         """Queues a request after checking it can ever run (length against the context and the cache).
-        A streamed request reports its output after every step; others only when they finish."""
+        A streamed request reports its output after every step; others only when they finish.
+        Requests share cached prompt blocks only with requests of the same ``cache_salt``."""
         limit = self._model.max_model_len
         if not prompt_ids:
             raise ValueError("the prompt is empty: at least one token is needed")
@@ -123,6 +131,7 @@ class Engine:
             metrics=RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(prompt_ids)),
             logprobs=[] if params.logprobs is not None else None,
             streamed=stream,
+            cache_salt=cache_salt,
         )
         self._waiting.append(request)
 
@@ -158,7 +167,7 @@ class Engine:
         for r in running:
             if r.metrics.first_scheduled_time is None:
                 r.metrics.first_scheduled_time = now
-            tokens = r.output_ids[-1:] if r.prefilled else r.prompt_ids
+            tokens = r.output_ids[-1:] if r.prefilled else r.prompt_ids[r.num_cached_tokens :]
             items.append((r.seq, tokens, "last"))
         logits = self._model.step(items)
         outputs = []
@@ -175,16 +184,24 @@ class Engine:
     def _reservation(self, r: _Request) -> int:
         return self._blocks_for(len(r.prompt_ids) + r.max_new)
 
+    def _blocks_to_come(self, r: _Request) -> int:
+        """Blocks a running request may still allocate: its worst case less the blocks it holds."""
+        in_cache = len(r.prompt_ids) + len(r.output_ids) - 1 if r.prefilled else r.num_cached_tokens
+        return self._reservation(r) - self._blocks_for(in_cache)
+
     def _admit(self) -> None:
-        """Starts waiting requests, in arrival order, while their worst-case KV blocks fit."""
+        """Starts waiting requests, in arrival order, while their worst-case KV blocks fit: the blocks
+        running requests may still allocate, plus the newcomer's uncached blocks and the idle cached
+        blocks it takes, must fit in the free and evictable blocks."""
         while self._waiting and len(self._running) < self._max_num_seqs:
             r = self._waiting[0]
-            need = self._reservation(r)
-            if self._reserved_blocks + need > self._model.num_blocks:
+            cached, idle = self._model.cached_prefix(r.prompt_ids, r.cache_salt)
+            need = self._reservation(r) - cached // self._model.block_tokens + idle
+            promised = sum(self._blocks_to_come(q) for q in self._running)
+            if promised + need > self._model.num_available_blocks:
                 break
             self._waiting.popleft()
-            self._reserved_blocks += need
-            r.seq = self._model.add_sequence()
+            r.seq, r.num_cached_tokens = self._model.add_sequence_cached(r.prompt_ids, r.cache_salt)
             self._running.append(r)
 
     def _banned(self, r: _Request) -> list[int]:
@@ -242,6 +259,5 @@ class Engine:
         r.metrics.finished_time = time.perf_counter()
         if r in self._running:
             self._running.remove(r)
-            self._reserved_blocks -= self._reservation(r)
             if r.seq is not None:
                 self._model.free_sequence(r.seq)

@@ -42,6 +42,8 @@ class LLM:
     ``max_num_seqs``: sequences decoded together per step. ``kernel``: the Q1 matmul kernel family
     (``"auto"``; ``"reference"`` runs the exact f32 kernel, for checking).
     ``kv_cache_dtype``: ``"auto"``/``"f16"`` (half the memory and bandwidth) or ``"f32"`` (exact).
+    ``enable_prefix_caching``: reuse the KV of prompt prefixes computed before (full 16-token blocks,
+    kept until evicted, least recently used first); a prompt dict's ``"cache_salt"`` keeps tenants apart.
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class LLM:
         max_num_seqs: int = 8,
         kernel: str = "auto",
         kv_cache_dtype: str = "auto",
+        enable_prefix_caching: bool = True,
     ) -> None:
         path = Path(model) if model is not None else default_model_path()
         if not path.exists():
@@ -75,6 +78,7 @@ class LLM:
             max_num_seqs=max_num_seqs,
             kernel=kernel,
             kv_cache_dtype=kv_cache_dtype,
+            enable_prefix_caching=enable_prefix_caching,
         )
         if self._model.vocab_size < self.tokenizer.vocab_size:
             raise _core.GGUFError(
@@ -92,6 +96,22 @@ class LLM:
     def max_model_len(self) -> int:
         return self._model.max_model_len
 
+    # -- prefix cache -----------------------------------------------------------------------------
+
+    def cache_stats(self) -> dict[str, Any]:
+        """Prefix-cache statistics: ``queries`` (prompts looked up), ``hits`` (those with a cached
+        block), ``queried_tokens``, ``hit_tokens``, ``hit_rate``, ``inserted_blocks``, ``evictions``,
+        ``cached_blocks``, ``idle_blocks`` (cached, unused, evictable), ``free_blocks``,
+        ``capacity_blocks``, ``bytes_in_use``, ``capacity_bytes``, ``computed_tokens`` (tokens the
+        model has run, prefill and decode) and ``enabled``."""
+        stats: dict[str, Any] = dict(self._model.cache_stats())
+        stats["enabled"] = self._model.prefix_caching
+        return stats
+
+    def reset_prefix_cache(self) -> int:
+        """Drops every cached block no running request uses; returns how many were dropped."""
+        return self._model.reset_prefix_cache()
+
     # -- generation -------------------------------------------------------------------------------
 
     def generate(
@@ -100,7 +120,8 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Generates for one prompt or a list (strings, token id lists, or ``{"prompt": ...}`` /
-        ``{"prompt_token_ids": [...]}`` dicts); returns one finished ``RequestOutput`` per prompt."""
+        ``{"prompt_token_ids": [...]}`` dicts, optionally with ``"cache_salt": str``); returns one
+        finished ``RequestOutput`` per prompt."""
         batch = self._prompt_list(prompts)
         params = self._params_list(sampling_params, len(batch))
         finished: dict[str, RequestOutput] = {}
@@ -176,8 +197,9 @@ class LLM:
 
     def _add(self, prompt: PromptType, params: SamplingParams, *, stream: bool = False) -> str:
         text, ids = self._tokenize(prompt)
+        salt = _cache_salt(prompt)
         request_id = str(next(self._ids))
-        self._engine.add_request(request_id, text, ids, params, stream=stream)
+        self._engine.add_request(request_id, text, ids, params, stream=stream, cache_salt=salt)
         return request_id
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
@@ -212,6 +234,13 @@ class LLM:
         if len(out) != n:
             raise ValueError(f"got {len(out)} SamplingParams for {n} prompts")
         return out
+
+
+def _cache_salt(prompt: PromptType) -> str | None:
+    salt = prompt.get("cache_salt") if isinstance(prompt, Mapping) else None
+    if salt is not None and not isinstance(salt, str):
+        raise TypeError(f"cache_salt must be a string, got {type(salt).__name__}")
+    return salt
 
 
 def _token_list(ids: Any) -> list[int]:

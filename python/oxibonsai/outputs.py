@@ -83,3 +83,5 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     prompt_logprobs: None = field(default=None)
+    num_cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache (not computed for this request)."""

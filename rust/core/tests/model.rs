@@ -125,3 +125,59 @@ fn the_context_limit_is_enforced() {
     assert!(matches!(err, Err(Error::Value(ref m)) if m.contains("max_model_len=32")));
     assert!(ModelRunner::new(tiny_model(&mut rng), 64, 1000, KvDtype::F32).is_err());
 }
+
+/// Prefills `prompt` in a sequence started on its cached prefix; returns the last logits row and the
+/// number of cached tokens, and frees the sequence.
+fn cached_run(runner: &mut ModelRunner, prompt: &[u32], salt: Option<&str>, pool: &Pool) -> (Vec<f32>, usize) {
+    let (seq, cached) = runner.add_sequence_cached(prompt, salt);
+    let logits = step(runner, seq, &prompt[cached..], Logits::Last, pool);
+    runner.free_sequence(seq).unwrap();
+    (logits, cached)
+}
+
+#[test]
+fn a_cached_prefix_gives_the_same_logits_as_computing_it() {
+    let mut rng = Rng::fresh("model_prefix");
+    let mut runner = ModelRunner::new(tiny_model(&mut rng), 64, 256, KvDtype::F16).unwrap();
+    let pool = Pool::new(2);
+    let shared = tokens(&mut rng, 40);
+    let mut long = shared.clone();
+    long.extend(tokens(&mut rng, 9));
+    let uncached = |runner: &mut ModelRunner, p: &[u32]| {
+        let seq = runner.add_sequence();
+        let l = step(runner, seq, p, Logits::Last, &pool);
+        runner.free_sequence(seq).unwrap();
+        l
+    };
+    let want_shared = uncached(&mut runner, &shared);
+    let want_long = uncached(&mut runner, &long);
+    assert_eq!(runner.cache_stats().cached_blocks, 0, "plain sequences are not cached");
+    assert_eq!(cached_run(&mut runner, &shared, None, &pool), (want_shared.clone(), 0));
+    let before = runner.computed_tokens();
+    assert_eq!(cached_run(&mut runner, &long, None, &pool), (want_long, 32));
+    assert_eq!(runner.computed_tokens() - before, 17);
+    // The whole prompt is cached now: its last token is still computed, in a private block.
+    assert_eq!(cached_run(&mut runner, &long[..48], None, &pool).1, 32);
+    assert_eq!(cached_run(&mut runner, &shared, None, &pool), (want_shared, 32));
+    assert_eq!(cached_run(&mut runner, &shared, Some("other tenant"), &pool).1, 0);
+    let stats = runner.cache_stats();
+    assert_eq!((stats.queries, stats.hits, stats.free_blocks + stats.cached_blocks), (5, 3, 64));
+}
+
+#[test]
+fn a_tiny_pool_evicts_instead_of_running_out() {
+    let mut rng = Rng::fresh("model_prefix_evict");
+    let mut runner = ModelRunner::new(tiny_model(&mut rng), 4, 256, KvDtype::F32).unwrap();
+    let pool = Pool::new(1);
+    for _ in 0..6 {
+        let prompt = tokens(&mut rng, 60);
+        cached_run(&mut runner, &prompt, None, &pool);
+        assert_eq!(runner.num_available_blocks(), 4);
+    }
+    assert!(runner.cache_stats().evictions >= 10);
+    runner.set_prefix_caching(false);
+    assert_eq!((runner.num_free_blocks(), runner.cache_stats().cached_blocks), (4, 0));
+    let prompt = tokens(&mut rng, 20);
+    assert_eq!(cached_run(&mut runner, &prompt, None, &pool).1, 0);
+    assert_eq!(runner.cache_stats().cached_blocks, 0);
+}

@@ -6,6 +6,7 @@ mod errors;
 mod gguf;
 mod gil;
 mod model;
+mod prefix;
 mod q1;
 mod runtime;
 mod sample;
@@ -19,6 +20,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<q1::Q1Matrix>()?;
     m.add_class::<model::Model>()?;
     m.add_class::<sample::Sampler>()?;
+    m.add_class::<prefix::PrefixCache>()?;
     m.add_function(wrap_pyfunction!(q1::quantize_activations, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::get_num_threads, m)?)?;

@@ -17,6 +17,7 @@ use pyo3::types::PyDict;
 
 use crate::errors::to_py;
 use crate::gil::without_gil;
+use crate::prefix::{stats_dict, token_ids};
 
 /// A Qwen3 model loaded from GGUF, its paged KV cache, and the sequences being generated.
 #[pyclass(frozen, module = "oxibonsai._core")]
@@ -44,11 +45,12 @@ impl Model {
     /// Loads `path`. `max_model_len` defaults to the model's context length, at most 4096. The KV
     /// cache holds `kv_blocks` 16-token blocks; by default enough for `max_num_seqs` full sequences
     /// within `kv_cache_bytes` (2 GiB), never fewer than one sequence needs. `kv_cache_dtype` is
-    /// 'f16' ('auto') or 'f32'.
+    /// 'f16' ('auto') or 'f32'. `enable_prefix_caching`: sequences started with `add_sequence_cached`
+    /// reuse cached full blocks of their prompt, and cache the blocks they fill.
     #[new]
     #[pyo3(signature = (
         path, *, max_model_len=None, kv_blocks=None, kv_cache_bytes=None, max_num_seqs=1, kernel="auto",
-        kv_cache_dtype="auto"
+        kv_cache_dtype="auto", enable_prefix_caching=true
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -60,6 +62,7 @@ impl Model {
         max_num_seqs: usize,
         kernel: &str,
         kv_cache_dtype: &str,
+        enable_prefix_caching: bool,
     ) -> PyResult<Model> {
         let plan = MatmulPlan { kernel: Kernel::parse(kernel).map_err(to_py)?, isa: Isa::detect() };
         let dtype = KvDtype::parse(kv_cache_dtype).map_err(to_py)?;
@@ -71,7 +74,9 @@ impl Model {
             let budget = kv_cache_bytes.unwrap_or(DEFAULT_KV_CACHE_BYTES);
             let blocks =
                 kv_blocks.unwrap_or_else(|| ModelRunner::default_blocks(len, block_bytes, max_num_seqs, budget));
-            ModelRunner::new(model, blocks, len, dtype)
+            let mut runner = ModelRunner::new(model, blocks, len, dtype)?;
+            runner.set_prefix_caching(enable_prefix_caching);
+            Ok(runner)
         })
         .map_err(to_py)?;
         Ok(Model { runner: Mutex::new(runner) })
@@ -135,9 +140,50 @@ impl Model {
         self.lock().block_bytes()
     }
 
-    /// Starts an empty sequence; returns its id.
+    /// Free blocks plus cached blocks no sequence uses (evicted when a step needs them).
+    #[getter]
+    fn num_available_blocks(&self) -> usize {
+        self.lock().num_available_blocks()
+    }
+
+    #[getter]
+    fn prefix_caching(&self) -> bool {
+        self.lock().prefix_caching()
+    }
+
+    /// Starts an empty sequence; returns its id. Its blocks are not cached.
     fn add_sequence(&self) -> u64 {
         self.lock().add_sequence()
+    }
+
+    /// `(cached tokens, idle blocks)`: the cached prefix `add_sequence_cached` would start this prompt
+    /// on, and how many of its blocks no sequence holds yet. Changes nothing.
+    #[pyo3(signature = (prompt, salt=None))]
+    fn cached_prefix(&self, prompt: &Bound<'_, PyAny>, salt: Option<&str>) -> PyResult<(usize, usize)> {
+        let prompt = token_ids(prompt)?;
+        let m = self.lock().cached_prefix(&prompt, salt);
+        Ok((m.cached_tokens, m.idle_blocks))
+    }
+
+    /// Starts a sequence on the longest cached prefix of `prompt` (at most all but its last token);
+    /// returns `(sequence id, cached tokens)`. Step `prompt[cached:]` next.
+    #[pyo3(signature = (prompt, salt=None))]
+    fn add_sequence_cached(&self, prompt: &Bound<'_, PyAny>, salt: Option<&str>) -> PyResult<(u64, usize)> {
+        let prompt = token_ids(prompt)?;
+        Ok(self.lock().add_sequence_cached(&prompt, salt))
+    }
+
+    /// Prefix-cache statistics, plus `computed_tokens` (tokens run through the model so far).
+    fn cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let runner = self.lock();
+        let d = stats_dict(py, &runner.cache_stats())?;
+        d.set_item("computed_tokens", runner.computed_tokens())?;
+        Ok(d)
+    }
+
+    /// Drops every cached block no sequence uses; returns how many.
+    fn reset_prefix_cache(&self) -> usize {
+        self.lock().reset_prefix_cache()
     }
 
     /// Ends a sequence and frees its KV blocks.

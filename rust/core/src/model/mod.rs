@@ -9,6 +9,7 @@ pub mod forward;
 pub mod linear;
 pub mod ops;
 pub mod runner;
+pub mod sequence;
 pub mod weights;
 
 pub use config::Qwen3Config;

@@ -2,14 +2,18 @@
 //! (each sequence's block table grows as tokens arrive), checks every request before the forward
 //! pass (token ids, context length, free blocks), and splits large batches so activations stay bounded.
 //! A failed step changes nothing: lengths only advance after the forward pass succeeds.
+//! Blocks come from the prefix cache ([`PrefixCache`]): with prefix caching on, a sequence started
+//! from a prompt begins on the longest cached chain of its full blocks, and every block a sequence
+//! fills is cached as it fills; without it, the cache is just the block pool.
 
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
-use crate::kv::{BlockPool, KvCache, KvElem, BLOCK_TOKENS, F16};
+use crate::kv::{CacheStats, KvCache, KvElem, PrefixCache, PrefixMatch, BLOCK_TOKENS, F16};
 use crate::pool::Pool;
 
 use super::forward::{Logits, Qwen3Model, SeqChunk};
+use super::sequence::Sequence;
 
 /// Most tokens in one forward pass; longer prompts run in several (chunked prefill).
 pub const MAX_BATCH_TOKENS: usize = 256;
@@ -64,13 +68,6 @@ fn new_store<E: KvElem>(model: &Qwen3Model, num_blocks: usize) -> Result<KvCache
     KvCache::new(model.kv_layout(), num_blocks)
 }
 
-/// One sequence: how many positions hold KV, and where.
-#[derive(Default)]
-struct Sequence {
-    len: usize,
-    block_table: Vec<u32>,
-}
-
 /// One entry of a step: append `tokens` to sequence `seq` and return the requested logits.
 pub struct StepItem<'a> {
     pub seq: u64,
@@ -80,12 +77,14 @@ pub struct StepItem<'a> {
 
 pub struct ModelRunner {
     model: Qwen3Model,
-    cache: KvStore,
+    kv: KvStore,
     dtype: KvDtype,
-    blocks: BlockPool,
+    blocks: PrefixCache,
+    prefix_caching: bool,
     max_model_len: usize,
     seqs: HashMap<u64, Sequence>,
     next_id: u64,
+    computed_tokens: u64,
 }
 
 impl ModelRunner {
@@ -99,12 +98,22 @@ impl ModelRunner {
         if num_blocks == 0 {
             return Err(Error::Value("the KV cache needs at least one block".into()));
         }
-        let cache = match dtype {
+        let kv = match dtype {
             KvDtype::F32 => KvStore::F32(new_store(&model, num_blocks)?),
             KvDtype::F16 => KvStore::F16(new_store(&model, num_blocks)?),
         };
-        let blocks = BlockPool::new(num_blocks);
-        Ok(ModelRunner { model, cache, dtype, blocks, max_model_len, seqs: HashMap::new(), next_id: 0 })
+        let blocks = PrefixCache::new(num_blocks, model.kv_layout().block_bytes(dtype.bytes()));
+        Ok(ModelRunner {
+            model,
+            kv,
+            dtype,
+            blocks,
+            prefix_caching: true,
+            max_model_len,
+            seqs: HashMap::new(),
+            next_id: 0,
+            computed_tokens: 0,
+        })
     }
 
     pub fn model(&self) -> &Qwen3Model {
@@ -136,14 +145,78 @@ impl ModelRunner {
         self.seqs.len()
     }
 
-    /// Starts an empty sequence and returns its id.
+    /// Blocks a step can still get: free ones plus cached ones no sequence uses (evicted on demand).
+    pub fn num_available_blocks(&self) -> usize {
+        self.blocks.num_available()
+    }
+
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix_caching
+    }
+
+    /// Turns prefix caching on or off for sequences started from now on. Turning it off drops every
+    /// cached block no sequence uses.
+    pub fn set_prefix_caching(&mut self, on: bool) {
+        self.prefix_caching = on;
+        if !on {
+            self.blocks.reset();
+        }
+    }
+
+    /// Drops every cached block no sequence uses; returns how many.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        self.blocks.reset()
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        self.blocks.stats()
+    }
+
+    /// Tokens run through the forward pass since the runner was made (prefill and decode).
+    pub fn computed_tokens(&self) -> u64 {
+        self.computed_tokens
+    }
+
+    /// Starts an empty sequence and returns its id. Its blocks are not cached.
     pub fn add_sequence(&mut self) -> u64 {
+        self.insert_sequence(Sequence::default())
+    }
+
+    /// The cached prefix [`add_sequence_cached`](Self::add_sequence_cached) would start `prompt` on
+    /// (empty with caching off). Changes nothing.
+    pub fn cached_prefix(&self, prompt: &[u32], salt: Option<&str>) -> PrefixMatch {
+        if !self.prefix_caching {
+            return PrefixMatch::default();
+        }
+        self.blocks.lookup(prompt, salt, Self::max_cached_blocks(prompt.len()))
+    }
+
+    /// Starts a sequence for `prompt` on the longest cached prefix of its full blocks (with cache salt
+    /// `salt`) and returns its id and the number of prompt tokens already in the KV cache; the caller
+    /// steps the rest, `prompt[cached..]`. At least the last prompt token is always left to compute,
+    /// so the caller gets its logits, and it never lands in a shared block: a prompt of exactly `k`
+    /// full blocks reuses at most `k - 1` of them and recomputes the last block (no copy-on-write).
+    /// With prefix caching off this is `add_sequence` and 0.
+    pub fn add_sequence_cached(&mut self, prompt: &[u32], salt: Option<&str>) -> (u64, usize) {
+        if !self.prefix_caching {
+            return (self.add_sequence(), 0);
+        }
+        let m = self.blocks.acquire(prompt, salt, Self::max_cached_blocks(prompt.len()));
+        let cached = m.cached_tokens;
+        (self.insert_sequence(Sequence::from_prefix(prompt, salt, m)), cached)
+    }
+
+    fn max_cached_blocks(prompt_len: usize) -> usize {
+        prompt_len.saturating_sub(1) / BLOCK_TOKENS
+    }
+
+    fn insert_sequence(&mut self, seq: Sequence) -> u64 {
         self.next_id += 1;
-        self.seqs.insert(self.next_id, Sequence::default());
+        self.seqs.insert(self.next_id, seq);
         self.next_id
     }
 
-    /// Ends a sequence and frees its blocks.
+    /// Ends a sequence and gives back its blocks (cached ones stay cached, idle, until evicted).
     pub fn free_sequence(&mut self, seq: u64) -> Result<()> {
         let s = self.seqs.remove(&seq).ok_or_else(|| unknown(seq))?;
         for id in s.block_table {
@@ -183,7 +256,7 @@ impl ModelRunner {
             let mut start = seq.len;
             for (i, piece) in pieces.iter().enumerate() {
                 if batch_tokens + piece.len() > MAX_BATCH_TOKENS && !batch.is_empty() {
-                    logits.extend(self.cache.forward(&self.model, &batch, pool)?);
+                    logits.extend(self.kv.forward(&self.model, &batch, pool)?);
                     batch.clear();
                     batch_tokens = 0;
                 }
@@ -197,10 +270,13 @@ impl ModelRunner {
             }
         }
         if !batch.is_empty() {
-            logits.extend(self.cache.forward(&self.model, &batch, pool)?);
+            logits.extend(self.kv.forward(&self.model, &batch, pool)?);
         }
         for item in items {
-            self.seqs.get_mut(&item.seq).expect("checked").len += item.tokens.len();
+            let seq = self.seqs.get_mut(&item.seq).expect("checked");
+            let chain = if self.prefix_caching { Some(&mut self.blocks) } else { None };
+            seq.append(item.tokens, chain)?;
+            self.computed_tokens += item.tokens.len() as u64;
         }
         Ok(logits)
     }
@@ -239,16 +315,17 @@ impl ModelRunner {
                 Self::blocks_for(seq.len + it.tokens.len()).saturating_sub(seq.block_table.len())
             })
             .sum();
-        if needed > self.blocks.num_free() {
+        if needed > self.blocks.num_available() {
             return Err(Error::Value(format!(
-                "the KV cache is full: this step needs {needed} more blocks, {} of {} are free",
-                self.blocks.num_free(),
+                "the KV cache is full: this step needs {needed} more blocks, {} of {} are free or evictable",
+                self.blocks.num_available(),
                 self.blocks.capacity()
             )));
         }
         for it in items {
             let seq = self.seqs.get_mut(&it.seq).expect("checked");
             while seq.block_table.len() < Self::blocks_for(seq.len + it.tokens.len()) {
+                // Sequences hold whole cached chains, so every idle cached block can be evicted in turn.
                 seq.block_table.push(self.blocks.allocate().expect("counted above"));
             }
         }

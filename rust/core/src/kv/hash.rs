@@ -1,0 +1,95 @@
+//! `BlockKey`: the 128-bit identity of a full KV block in the prefix trie, xxh3-128 of its parent's
+//! key, the cache salt and its token ids, seeded per cache with a random seed (so nobody can aim
+//! prompts at one bucket of the trie's map). The key only finds a candidate; the trie confirms every
+//! hit by comparing the stored parent, tokens and salt, so a collision can never serve another
+//! prompt's KV. Keys are already uniform, so the trie's map hashes them by folding, not by SipHash.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+
+use xxhash_rust::xxh3::{xxh3_128, xxh3_128_with_seed};
+
+use super::cache::BLOCK_TOKENS;
+
+/// The key of one full block: a hash of everything the block's KV depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockKey(pub u128);
+
+/// The cache salt as it enters keys: 0 for none, an odd hash of the text otherwise (so `None` and
+/// `Some("")` differ). Computed once per lookup, not once per block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SaltTag(u128);
+
+impl SaltTag {
+    pub fn of(salt: Option<&str>) -> SaltTag {
+        SaltTag(salt.map_or(0, |s| xxh3_128(s.as_bytes()) | 1))
+    }
+}
+
+/// A random seed for one cache's keys.
+pub fn random_seed() -> u64 {
+    RandomState::new().hash_one(0u8)
+}
+
+/// The key of the block holding `tokens` (at most one block's worth) after the chain ending in
+/// `parent` (`None`: the first block). One hash over a stack buffer: parent, salt, count, tokens.
+pub fn block_key(seed: u64, parent: Option<BlockKey>, tokens: &[u32], salt: SaltTag) -> BlockKey {
+    assert!(tokens.len() <= BLOCK_TOKENS, "a block holds at most {BLOCK_TOKENS} tokens");
+    let mut buf = [0u8; 34 + 4 * BLOCK_TOKENS];
+    buf[0] = u8::from(parent.is_some());
+    buf[1..17].copy_from_slice(&parent.map_or(0, |p| p.0).to_le_bytes());
+    buf[17..33].copy_from_slice(&salt.0.to_le_bytes());
+    buf[33] = tokens.len() as u8;
+    for (dst, t) in buf[34..].chunks_exact_mut(4).zip(tokens) {
+        dst.copy_from_slice(&t.to_le_bytes());
+    }
+    BlockKey(xxh3_128_with_seed(&buf[..34 + 4 * tokens.len()], seed))
+}
+
+/// Hashes a [`BlockKey`] for a map by folding its halves (the key is already a strong hash).
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(word);
+        }
+    }
+
+    fn write_u128(&mut self, v: u128) {
+        self.0 = (v as u64) ^ ((v >> 64) as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by block keys.
+pub type KeyMap<V> = HashMap<BlockKey, V, BuildHasherDefault<KeyHasher>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_input_changes_the_key() {
+        let t: Vec<u32> = (0..16).collect();
+        let none = SaltTag::of(None);
+        let base = block_key(7, None, &t, none);
+        assert_eq!(base, block_key(7, None, &t, none));
+        assert_ne!(base, block_key(8, None, &t, none));
+        let mut t2 = t.clone();
+        t2[15] = 99;
+        assert_ne!(base, block_key(7, None, &t2, none));
+        assert_ne!(base, block_key(7, None, &t[..15], none));
+        assert_ne!(base, block_key(7, Some(base), &t, none));
+        assert_ne!(base, block_key(7, Some(BlockKey(0)), &t, none));
+        assert_ne!(base, block_key(7, None, &t, SaltTag::of(Some(""))));
+        assert_ne!(block_key(7, None, &t, SaltTag::of(Some("a"))), block_key(7, None, &t, SaltTag::of(Some("b"))));
+    }
+}

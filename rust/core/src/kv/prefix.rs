@@ -1,0 +1,334 @@
+//! `PrefixCache`: the block pool and the block trie together, the one owner of physical KV blocks.
+//!
+//! Rules: a block is *free* (on the free list), *held* (used by one or more sequences) or *cached and
+//! idle* (in the trie, used by none). The trie holds one reference on every cached block, so a cached
+//! block's users are its reference count minus one. Only idle cached blocks are evicted, leaves before
+//! parents, least recently used first; [`PrefixCache::allocate`] evicts when the free list is empty, so
+//! allocation fails only when no block is free or evictable. Callers see [`PrefixMatch`] and block ids,
+//! never trie nodes or reference counts. Sequences must hold whole chains (every cached block from the
+//! first one on), as the model runner's block tables do; then every idle block is evictable in turn.
+
+use std::sync::Arc;
+
+use super::blocks::BlockPool;
+use super::cache::BLOCK_TOKENS;
+use super::hash::{BlockKey, SaltTag};
+use super::trie::{BlockTrie, Lookup, Node};
+use crate::error::{Error, Result};
+
+/// The longest cached prefix of a prompt.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// Tokens covered by the cached blocks (a multiple of `BLOCK_TOKENS`).
+    pub cached_tokens: usize,
+    /// The cached physical blocks, in order.
+    pub block_ids: Vec<u32>,
+    /// How many of them no sequence uses yet (acquiring takes them out of the evictable pool).
+    pub idle_blocks: usize,
+    /// The key of the last cached block: the parent of the next block to insert.
+    pub last_key: Option<BlockKey>,
+}
+
+/// The outcome of inserting one full block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inserted {
+    /// The block is cached under `key`; the caller now holds `block` for this position (its own block,
+    /// or the one already cached with the same contents, its own having been released).
+    Cached { key: BlockKey, block: u32 },
+    /// Not cached (a hash collision, or the parent is no longer cached); the caller keeps its block and
+    /// should stop inserting this chain.
+    Rejected,
+}
+
+/// Counters and gauges of the cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Prompts looked up by `acquire`.
+    pub queries: u64,
+    /// Those with at least one cached block.
+    pub hits: u64,
+    pub queried_tokens: u64,
+    pub hit_tokens: u64,
+    /// Blocks added to the trie.
+    pub inserted_blocks: u64,
+    pub evictions: u64,
+    pub cached_blocks: usize,
+    /// Cached blocks no sequence uses.
+    pub idle_blocks: usize,
+    pub free_blocks: usize,
+    pub capacity_blocks: usize,
+    /// Bytes of the blocks that hold data (held or cached).
+    pub bytes_in_use: usize,
+    pub capacity_bytes: usize,
+}
+
+/// The pool of physical blocks with the trie of cached ones.
+pub struct PrefixCache {
+    pool: BlockPool,
+    trie: BlockTrie,
+    block_bytes: usize,
+    idle: usize,
+    tick: u64,
+    stats: CacheStats,
+}
+
+impl PrefixCache {
+    /// `num_blocks` blocks of `block_bytes` bytes each (the size only feeds the statistics).
+    pub fn new(num_blocks: usize, block_bytes: usize) -> PrefixCache {
+        PrefixCache {
+            pool: BlockPool::new(num_blocks),
+            trie: BlockTrie::new(num_blocks),
+            block_bytes,
+            idle: 0,
+            tick: 0,
+            stats: CacheStats::default(),
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.pool.capacity()
+    }
+
+    pub fn num_free(&self) -> usize {
+        self.pool.num_free()
+    }
+
+    pub fn num_cached(&self) -> usize {
+        self.trie.len()
+    }
+
+    /// Cached blocks no sequence uses.
+    pub fn num_idle(&self) -> usize {
+        self.idle
+    }
+
+    /// Blocks an allocation can get: free ones plus idle cached ones.
+    pub fn num_available(&self) -> usize {
+        self.pool.num_free() + self.idle
+    }
+
+    /// Sequences (or other holders) using `block`, not counting the trie.
+    pub fn users(&self, block: u32) -> u32 {
+        if block as usize >= self.capacity() {
+            return 0;
+        }
+        self.pool.ref_count(block) - u32::from(self.is_cached(block))
+    }
+
+    pub fn is_cached(&self, block: u32) -> bool {
+        self.trie.key_of(block).is_some()
+    }
+
+    /// The longest cached chain of full blocks at the start of `tokens`, at most `max_blocks` blocks.
+    /// Changes nothing.
+    pub fn lookup(&self, tokens: &[u32], salt: Option<&str>, max_blocks: usize) -> PrefixMatch {
+        let mut m = PrefixMatch::default();
+        let tag = SaltTag::of(salt);
+        for chunk in tokens.chunks_exact(BLOCK_TOKENS).take(max_blocks) {
+            let Lookup::Hit(key) = self.trie.lookup(m.last_key, chunk, salt, tag) else { break };
+            let node = self.trie.node(key).expect("a hit is cached");
+            m.block_ids.push(node.block);
+            m.idle_blocks += usize::from(node.idle);
+            m.cached_tokens += BLOCK_TOKENS;
+            m.last_key = Some(key);
+        }
+        m
+    }
+
+    /// Like [`lookup`](Self::lookup), and takes one reference on each matched block for the caller
+    /// (who gives them back with [`release`](Self::release)). Counts the query in the statistics.
+    pub fn acquire(&mut self, tokens: &[u32], salt: Option<&str>, max_blocks: usize) -> PrefixMatch {
+        self.tick += 1;
+        let m = self.lookup(tokens, salt, max_blocks);
+        for &block in &m.block_ids {
+            self.take(self.trie.key_of(block).expect("matched blocks are cached"), block);
+        }
+        self.stats.queries += 1;
+        self.stats.hits += u64::from(m.cached_tokens > 0);
+        self.stats.queried_tokens += tokens.len() as u64;
+        self.stats.hit_tokens += m.cached_tokens as u64;
+        m
+    }
+
+    /// A block for the caller alone (one reference), evicting the least recently used idle leaf when
+    /// no block is free; `None` when nothing is free or evictable.
+    pub fn allocate(&mut self) -> Option<u32> {
+        if self.pool.num_free() == 0 {
+            self.evict_one()?;
+        }
+        self.pool.allocate()
+    }
+
+    /// Caches the full block `block`, holding `tokens`, after the chain ending in `parent`. The caller
+    /// must hold `block` alone (or pass the block already cached there). If the same contents are
+    /// already cached in another block, the caller's reference moves to that block (its own block is
+    /// released), so equal prefixes end up sharing one copy.
+    pub fn insert(
+        &mut self,
+        parent: Option<BlockKey>,
+        tokens: &[u32],
+        salt: Option<&Arc<str>>,
+        block: u32,
+    ) -> Result<Inserted> {
+        if tokens.len() != BLOCK_TOKENS {
+            return Err(Error::Shape(format!("a cached block holds {BLOCK_TOKENS} tokens, got {}", tokens.len())));
+        }
+        self.tick += 1;
+        let salt_text = salt.map(|s| &**s);
+        let key = match self.trie.lookup(parent, tokens, salt_text, SaltTag::of(salt_text)) {
+            Lookup::Hit(key) => key,
+            Lookup::Collision => return Ok(Inserted::Rejected),
+            Lookup::Miss(_) if parent.is_some_and(|p| self.trie.node(p).is_none()) => return Ok(Inserted::Rejected),
+            Lookup::Miss(key) => {
+                self.check_sole_holder(block)?;
+                self.pool.retain(block)?;
+                let node = Node {
+                    parent,
+                    tokens: tokens.try_into().expect("length checked"),
+                    salt: salt.cloned(),
+                    block,
+                    children: 0,
+                    last_used: self.tick,
+                    idle: false,
+                };
+                self.trie.add(key, node);
+                self.stats.inserted_blocks += 1;
+                return Ok(Inserted::Cached { key, block });
+            }
+        };
+        let cached = self.trie.node(key).expect("a hit is cached").block;
+        if cached != block {
+            self.check_sole_holder(block)?;
+            self.take(key, cached);
+            self.pool.release(block)?;
+        } else if self.users(block) == 0 {
+            return Err(Error::Value(format!("block {block} is not held")));
+        } else {
+            self.trie.touch(key, self.tick);
+        }
+        Ok(Inserted::Cached { key, block: cached })
+    }
+
+    /// Caches the full blocks of a chain from the first block on: `blocks[i]` holds
+    /// `tokens[16 i..16 (i + 1)]`. Blocks already cached with the same contents replace the caller's
+    /// (updated in `blocks`). Returns how many blocks of the chain are now cached. All or nothing:
+    /// every block is checked (the cached block of its position, or held by the caller alone) first.
+    pub fn insert_chain(&mut self, tokens: &[u32], blocks: &mut [u32], salt: Option<&Arc<str>>) -> Result<usize> {
+        if tokens.len() < blocks.len() * BLOCK_TOKENS {
+            return Err(Error::Shape(format!(
+                "{} blocks need {} tokens, got {}",
+                blocks.len(),
+                blocks.len() * BLOCK_TOKENS,
+                tokens.len()
+            )));
+        }
+        let cached = self.lookup(tokens, salt.map(|s| &**s), blocks.len()).block_ids;
+        let mut own = Vec::with_capacity(blocks.len() - cached.len());
+        for (i, &b) in blocks.iter().enumerate() {
+            if cached.get(i) == Some(&b) {
+                if self.users(b) == 0 {
+                    return Err(Error::Value(format!("block {b} is not held")));
+                }
+            } else {
+                self.check_sole_holder(b)?;
+                own.push(b);
+            }
+        }
+        own.sort_unstable();
+        if let Some(w) = own.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::Value(format!("block {} appears twice in one chain", w[0])));
+        }
+        let mut parent = None;
+        for (i, (slot, chunk)) in blocks.iter_mut().zip(tokens.chunks_exact(BLOCK_TOKENS)).enumerate() {
+            match self.insert(parent, chunk, salt, *slot)? {
+                Inserted::Cached { key, block } => (parent, *slot) = (Some(key), block),
+                Inserted::Rejected => return Ok(i),
+            }
+        }
+        Ok(blocks.len())
+    }
+
+    /// Gives back one reference on `block`. A cached block with no user left becomes idle (evictable
+    /// once it is a leaf); any other block with no reference left is free again.
+    pub fn release(&mut self, block: u32) -> Result<()> {
+        if self.users(block) == 0 {
+            return Err(Error::Value(format!("block {block} is not held")));
+        }
+        self.tick += 1;
+        self.pool.release(block)?;
+        if let Some(key) = self.trie.key_of(block) {
+            if self.pool.ref_count(block) == 1 {
+                self.idle += 1;
+                self.trie.mark_idle(key, self.tick);
+            }
+        }
+        Ok(())
+    }
+
+    /// Evicts up to `n` idle blocks (least recently used leaves first); returns them in order.
+    pub fn evict(&mut self, n: usize) -> Vec<u32> {
+        std::iter::from_fn(|| self.evict_one()).take(n).collect()
+    }
+
+    /// Drops every idle cached block; blocks in use stay cached. Returns how many were dropped.
+    pub fn reset(&mut self) -> usize {
+        self.evict(usize::MAX).len()
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let used = self.capacity() - self.num_free();
+        CacheStats {
+            cached_blocks: self.trie.len(),
+            idle_blocks: self.idle,
+            free_blocks: self.num_free(),
+            capacity_blocks: self.capacity(),
+            bytes_in_use: used * self.block_bytes,
+            capacity_bytes: self.capacity() * self.block_bytes,
+            ..self.stats
+        }
+    }
+
+    /// Checks every invariant of the pool and the trie; for tests.
+    pub fn check(&self) -> Result<()> {
+        self.trie.check().map_err(Error::Value)?;
+        let free = (0..self.capacity() as u32).filter(|&b| self.pool.ref_count(b) == 0).count();
+        if free != self.num_free() {
+            return Err(Error::Value(format!("{free} blocks have no reference but {} are free", self.num_free())));
+        }
+        let idle = (0..self.capacity() as u32).filter(|&b| self.is_cached(b) && self.users(b) == 0).count();
+        if idle != self.idle {
+            return Err(Error::Value(format!("{idle} cached blocks are unused but {} are counted idle", self.idle)));
+        }
+        Ok(())
+    }
+
+    fn evict_one(&mut self) -> Option<u32> {
+        let block = self.trie.pop_lru()?;
+        self.pool.release(block).expect("the trie held the block");
+        self.idle -= 1;
+        self.stats.evictions += 1;
+        Some(block)
+    }
+
+    /// Takes one reference on the cached block of `key` for a caller.
+    fn take(&mut self, key: BlockKey, block: u32) {
+        if self.trie.node(key).expect("cached").idle {
+            self.idle -= 1;
+            self.trie.mark_busy(key, self.tick);
+        } else {
+            self.trie.touch(key, self.tick);
+        }
+        self.pool.retain(block).expect("a cached block is allocated");
+    }
+
+    fn check_sole_holder(&self, block: u32) -> Result<()> {
+        if block as usize >= self.capacity() || self.is_cached(block) || self.users(block) != 1 {
+            return Err(Error::Value(format!("block {block} must be held by its caller alone and not cached")));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "prefix_tests.rs"]
+mod tests;

@@ -1,0 +1,68 @@
+//! `Sequence`: one sequence of the model runner: how many positions hold KV and where (its block
+//! table), and, when it takes part in prefix caching, the token ids behind that KV and how far its
+//! chain of full blocks is cached. It never allocates blocks; the runner does, through the cache.
+
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::kv::{BlockKey, Inserted, PrefixCache, PrefixMatch, BLOCK_TOKENS};
+
+/// A sequence's KV: position `p` lives in `block_table[p / 16]`, slot `p % 16`.
+#[derive(Default)]
+pub struct Sequence {
+    pub len: usize,
+    pub block_table: Vec<u32>,
+    pub chain: Option<CachedChain>,
+}
+
+/// What prefix caching needs to know about a sequence.
+pub struct CachedChain {
+    salt: Option<Arc<str>>,
+    /// The token ids of positions `0..len`.
+    tokens: Vec<u32>,
+    /// The key of the last cached block of the chain, and how many blocks are cached.
+    last_key: Option<BlockKey>,
+    cached_blocks: usize,
+    /// A block was refused (a hash collision): nothing after it is cached.
+    stopped: bool,
+}
+
+impl Sequence {
+    /// A sequence that starts on a cached prefix `m` of `prompt` (its blocks already acquired).
+    pub fn from_prefix(prompt: &[u32], salt: Option<&str>, m: PrefixMatch) -> Sequence {
+        let chain = CachedChain {
+            salt: salt.map(Arc::from),
+            tokens: prompt[..m.cached_tokens].to_vec(),
+            last_key: m.last_key,
+            cached_blocks: m.block_ids.len(),
+            stopped: false,
+        };
+        Sequence { len: m.cached_tokens, block_table: m.block_ids, chain: Some(chain) }
+    }
+
+    /// Records that `tokens` now hold KV at the end of the sequence and, given the cache, caches every
+    /// block they filled. A block whose contents are already cached is swapped for the cached copy.
+    pub fn append(&mut self, tokens: &[u32], cache: Option<&mut PrefixCache>) -> Result<()> {
+        self.len += tokens.len();
+        let Some(chain) = self.chain.as_mut() else { return Ok(()) };
+        chain.tokens.extend_from_slice(tokens);
+        let Some(cache) = cache else {
+            // Caching was turned off while the sequence ran: it caches nothing more.
+            chain.stopped = true;
+            return Ok(());
+        };
+        while !chain.stopped && chain.cached_blocks < self.len / BLOCK_TOKENS {
+            let i = chain.cached_blocks;
+            let block_tokens = &chain.tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS];
+            match cache.insert(chain.last_key, block_tokens, chain.salt.as_ref(), self.block_table[i])? {
+                Inserted::Cached { key, block } => {
+                    self.block_table[i] = block;
+                    chain.last_key = Some(key);
+                    chain.cached_blocks += 1;
+                }
+                Inserted::Rejected => chain.stopped = true,
+            }
+        }
+        Ok(())
+    }
+}
