@@ -36,7 +36,6 @@ import export
 import tokenizer as tok
 from model import Config, Qwen3
 
-EVAL_WINDOWS = 32  # windows of the CI check (the first ones of the held-out stream)
 MODEL_NAME = "oxibonsai-default-q1"
 
 
@@ -63,10 +62,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--resume", action="store_true")
     p.add_argument(
+        "--stop-at", type=int, help="save and stop after this step (the schedule still spans --steps)"
+    )
+    p.add_argument(
         "--bf16", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast matmuls"
     )
     p.add_argument("--export", type=Path, help="write the trained 1-bit model to this .gguf")
     p.add_argument("--heldout", type=Path, help="write the held-out text of the CI check here")
+    p.add_argument("--eval-windows", type=int, help="score only the first N held-out windows (default: all)")
     return p.parse_args()
 
 
@@ -165,7 +168,7 @@ def evaluation(model: Qwen3, data: Path, hf: HfTokenizer, args: argparse.Namespa
     held = np.load(data / "heldout.npy").astype(np.int64)
     train = np.load(data / "train.npy").astype(np.int64)
     token_bytes = tok.token_bytes(hf)
-    ci = evaluate.windows(held, args.context, EVAL_WINDOWS)
+    ci = evaluate.windows(held, args.context, args.eval_windows)
     full = evaluate.windows(held, args.context)
     return {
         "bpb_ci": evaluate.model_bits_per_byte(model, ci, token_bytes),
@@ -173,12 +176,14 @@ def evaluation(model: Qwen3, data: Path, hf: HfTokenizer, args: argparse.Namespa
         "unigram_bpb_ci": evaluate.unigram_bits_per_byte(train, args.vocab_size, ci, token_bytes),
         "unigram_bpb_heldout": evaluate.unigram_bits_per_byte(train, args.vocab_size, full, token_bytes),
         "heldout_tokens": len(held),
+        "eval_windows": len(ci),
     }
 
 
 def write_heldout_text(path: Path, data: Path, hf: HfTokenizer, args: argparse.Namespace) -> None:
     """The held-out documents that the CI check's windows cover, each after an <|endoftext|> marker."""
-    needed = EVAL_WINDOWS * args.context + 1
+    count = len(evaluate.windows(np.load(data / "heldout.npy"), args.context, args.eval_windows))
+    needed = count * args.context + 1
     texts, total = [], 0
     for text in json.loads((data / "heldout_docs.json").read_text()):
         texts.append(text)
@@ -201,7 +206,8 @@ def train(model: Qwen3, args: argparse.Namespace, log: Log) -> None:
         step, elapsed = state["step"], state["elapsed"]
         log.write(event="resume", step=step, elapsed_s=round(elapsed, 1))
     hf = HfTokenizer.from_file(str(args.data / "tokenizer.json"))
-    while step < args.steps:
+    last = min(args.steps, args.stop_at or args.steps)
+    while step < last:
         t0 = time.perf_counter()
         for group in opt.param_groups:
             group["lr"] = learning_rate(step, args)
@@ -218,7 +224,7 @@ def train(model: Qwen3, args: argparse.Namespace, log: Log) -> None:
         if step % args.eval_every == 0 or step == args.steps:
             ev = evaluation(model, args.data, hf, args)
             log.write(event="eval", step=step, **{k: round(v, 4) for k, v in ev.items()})
-        if step % args.save_every == 0 or step == args.steps:
+        if step % args.save_every == 0 or step == last:
             save_checkpoint(ckpt, model, opt, step, elapsed)
     log.write(event="done", steps=step, run_time_s=round(elapsed), run_time_min=round(elapsed / 60, 1))
 
@@ -238,7 +244,7 @@ def export_model(model: Qwen3, args: argparse.Namespace) -> None:
         "oxibonsai.training.tokens": args.steps * args.batch * args.context,
         "oxibonsai.training.corpus_bytes": stats["train_bytes"],
         "oxibonsai.eval.window_tokens": args.context,
-        "oxibonsai.eval.windows": EVAL_WINDOWS,
+        "oxibonsai.eval.windows": int(ev["eval_windows"]),
         "oxibonsai.eval.bits_per_byte": ev["bpb_ci"],
         "oxibonsai.eval.unigram_bits_per_byte": ev["unigram_bpb_ci"],
     }
