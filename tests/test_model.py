@@ -160,3 +160,18 @@ def test_a_large_kv_cache_costs_no_memory_until_used(tiny_model, rng):
         [random_ids(rng, llm.config["vocab"], 30)], ob.SamplingParams(max_tokens=4, ignore_eos=True)
     )[0]
     assert len(out.outputs[0].token_ids) == 4
+
+
+def test_default_kv_budget_is_a_quarter_of_available_memory_capped_by_context_needs(tiny_model):
+    from oxibonsai.llm import KV_MEMORY_FRACTION, available_memory_bytes, default_kv_cache_bytes
+
+    available = available_memory_bytes()
+    assert available is not None and available > 0
+    budget = default_kv_cache_bytes()
+    assert 0 < budget <= KV_MEMORY_FRACTION * available * 1.1  # memory moves a little between reads
+    llm = ob.LLM(tiny_model, max_num_seqs=3)
+    m = llm._model
+    per_seq = -(-m.max_model_len // m.block_tokens)
+    assert m.num_blocks == max(per_seq, min(3 * per_seq, budget // m.block_bytes))
+    small = ob.LLM(tiny_model, max_num_seqs=3, kv_cache_bytes=m.block_bytes * (per_seq + 1))._model
+    assert small.num_blocks == per_seq + 1

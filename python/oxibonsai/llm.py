@@ -22,6 +22,34 @@ PromptType = str | Sequence[int] | Mapping[str, Any]
 Message = Mapping[str, Any]
 
 
+KV_MEMORY_FRACTION = 0.25  # of the memory available when the LLM is built
+FALLBACK_KV_CACHE_BYTES = 2 << 30  # where available memory cannot be read
+
+
+def available_memory_bytes() -> int | None:
+    """Memory available to new allocations: Linux's MemAvailable, else free pages by sysconf."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_kv_cache_bytes() -> int:
+    """The KV budget when neither ``kv_cache_blocks`` nor ``kv_cache_bytes`` is given: a quarter of
+    the available memory (2 GiB where that cannot be read)."""
+    available = available_memory_bytes()
+    if available is None:
+        return FALLBACK_KV_CACHE_BYTES
+    return max(1, int(available * KV_MEMORY_FRACTION))
+
+
 def default_model_path() -> Path:
     """The embedded default model shipped inside the package."""
     models = Path(__file__).parent / "models"
@@ -38,7 +66,8 @@ class LLM:
     process-wide kernel thread count. ``max_model_len`` bounds prompt plus output (default: the
     model's context, at most 4096). ``seed`` seeds requests whose ``SamplingParams.seed`` is None.
     ``kv_cache_blocks``: 16-token KV blocks to reserve; by default as many as ``max_num_seqs`` full
-    sequences need within ``kv_cache_bytes`` (default 2 GiB), never fewer than one sequence needs.
+    sequences need within ``kv_cache_bytes`` (default: a quarter of the available memory, see
+    ``default_kv_cache_bytes``), never fewer than one sequence needs; blocks are committed lazily.
     ``max_num_seqs``: sequences decoded together per step. ``kernel``: the Q1 matmul kernel family
     (``"auto"``; ``"reference"`` runs the exact f32 kernel, for checking).
     ``kv_cache_dtype``: ``"auto"``/``"f16"`` (half the memory and bandwidth) or ``"f32"`` (exact).
@@ -74,7 +103,7 @@ class LLM:
             path,
             max_model_len=max_model_len,
             kv_blocks=kv_cache_blocks,
-            kv_cache_bytes=kv_cache_bytes,
+            kv_cache_bytes=kv_cache_bytes if kv_cache_bytes is not None else default_kv_cache_bytes(),
             max_num_seqs=max_num_seqs,
             kernel=kernel,
             kv_cache_dtype=kv_cache_dtype,
