@@ -5,11 +5,12 @@
         --heldout tests/data/default_model_heldout.txt
     python scripts/train_default_model.py --data /tmp/ob-train/data --out /tmp/ob-train/fp --full-precision
 
-Needs torch (CPU is enough), tokenizers, numpy, gguf, and Debian's python3.11-doc for the corpus
-(see ``default_model/corpus.py``). Seeded; saves a checkpoint every ``--save-every`` steps and
-``--resume`` continues from the last one with the same batches and schedule. The log (``log.jsonl``
-in ``--out``) records loss, throughput, held-out bits per byte and the run time; the full-precision
-run is the same model and schedule without quantization, for comparison.
+Needs oxibonsai itself (``pip install -e .``), torch (CPU is enough), gguf, and Debian's
+python3.11-doc for the corpus (see ``default_model/corpus.py``). Seeded; saves a checkpoint every
+``--save-every`` steps, and ``--resume`` continues from the last one with the same batches and
+schedule (``--stop-at`` ends a leg early). The log (``log.jsonl`` in ``--out``) records loss,
+throughput, held-out bits per byte and the run time; the full-precision run is the same model and
+schedule without quantization, for comparison.
 """
 
 from __future__ import annotations

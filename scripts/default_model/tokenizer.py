@@ -1,7 +1,9 @@
 """The default model's tokenizer: a byte-level BPE trained with HF ``tokenizers`` on the training
 documents only, split the way Qwen2/Qwen3 split text (the ``qwen2`` pre-tokenizer pattern), with
-Qwen's ChatML special tokens. ``gguf_metadata`` writes it the way llama.cpp's converter writes a Qwen3
-vocabulary, so the default model goes through the same loading path as a real Bonsai file."""
+Qwen's ChatML special tokens. The split pattern and the byte alphabet come from the package itself,
+so the training environment needs oxibonsai installed. ``gguf_metadata`` writes the vocabulary the
+way llama.cpp's converter writes a Qwen3 one, so the default model goes through the same loading path
+as a real Bonsai file."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ from typing import Any
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HfTokenizer
 
-# The split pattern llama.cpp names "qwen2" (Qwen2/Qwen3's tokenizer.json pre-tokenizer).
-QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+from oxibonsai._byte_level import token_text_to_bytes
+from oxibonsai._gguf_vocab import PRE_TOKENIZERS
+
+# The split pattern llama.cpp names "qwen2" (Qwen2/Qwen3's tokenizer.json pre-tokenizer), as the
+# engine's loader knows it.
+QWEN2_SPLIT = PRE_TOKENIZERS["qwen2"].pattern
 ENDOFTEXT = "<|endoftext|>"
 CONTROL = (ENDOFTEXT, "<|im_start|>", "<|im_end|>")
 USER_DEFINED = ("<think>", "</think>")
@@ -57,29 +60,12 @@ def train(texts: Iterable[str], vocab_size: int) -> HfTokenizer:
 
 
 def token_bytes(hf: HfTokenizer) -> list[bytes]:
-    """The UTF-8 bytes each token stands for (empty for special tokens): bits-per-byte counts these."""
-    byte_of = {ch: b for b, ch in _byte_level_alphabet().items()}
-    vocab = hf.get_vocab()
-    out = [b""] * len(vocab)
-    for token, i in vocab.items():
-        if token not in CONTROL and token not in USER_DEFINED:
-            out[i] = bytes(byte_of[ch] for ch in token)
-        elif token in USER_DEFINED:
-            out[i] = token.encode()
+    """The UTF-8 bytes each token stands for (empty for control tokens): bits-per-byte counts these."""
+    out = [b""] * hf.get_vocab_size()
+    for token, i in hf.get_vocab().items():
+        if token not in CONTROL:
+            out[i] = token.encode() if token in USER_DEFINED else token_text_to_bytes(token)
     return out
-
-
-def _byte_level_alphabet() -> dict[int, str]:
-    """GPT-2's byte -> printable character map used by byte-level BPE."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
 
 
 def gguf_metadata(hf: HfTokenizer) -> dict[str, Any]:
