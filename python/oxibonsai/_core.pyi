@@ -12,6 +12,7 @@ __all__ = [
     "GGUFFile",
     "Model",
     "OxiBonsaiError",
+    "QueueFull",
     "PrefixCache",
     "Q1Matrix",
     "Sampler",
@@ -30,6 +31,9 @@ class OxiBonsaiError(Exception):
 
 class GGUFError(OxiBonsaiError):
     """A GGUF file is malformed, truncated, or not a model oxibonsai can run."""
+
+class QueueFull(OxiBonsaiError):
+    """The engine's waiting queue is full (max_waiting requests wait): retry later (HTTP 429)."""
 
 class _TensorInfo(TypedDict):
     name: str

@@ -19,6 +19,8 @@ pub enum Error {
     NotFound(String),
     /// Any other operating-system failure while reading a file (maps to `OSError`).
     Io(String),
+    /// The waiting queue already holds as many requests as it may (maps to `oxibonsai.QueueFull`).
+    QueueFull(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -31,7 +33,8 @@ impl fmt::Display for Error {
             | Error::Unsupported(msg)
             | Error::Gguf(msg)
             | Error::NotFound(msg)
-            | Error::Io(msg) => f.write_str(msg),
+            | Error::Io(msg)
+            | Error::QueueFull(msg) => f.write_str(msg),
         }
     }
 }

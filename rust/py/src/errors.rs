@@ -15,6 +15,13 @@ create_exception!(
     "A GGUF file is malformed, truncated, or not a model oxibonsai can run."
 );
 
+create_exception!(
+    oxibonsai,
+    QueueFull,
+    OxiBonsaiError,
+    "The engine's waiting queue is full (max_waiting requests wait): retry later (HTTP 429)."
+);
+
 /// Maps a core error to its Python exception.
 pub fn to_py(err: Error) -> PyErr {
     match err {
@@ -22,6 +29,7 @@ pub fn to_py(err: Error) -> PyErr {
         Error::Gguf(msg) => GGUFError::new_err(msg),
         Error::NotFound(msg) => PyFileNotFoundError::new_err(msg),
         Error::Io(msg) => PyOSError::new_err(msg),
+        Error::QueueFull(msg) => QueueFull::new_err(msg),
     }
 }
 
@@ -30,5 +38,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("OxiBonsaiError", py.get_type::<OxiBonsaiError>())?;
     m.add("GGUFError", py.get_type::<GGUFError>())?;
+    m.add("QueueFull", py.get_type::<QueueFull>())?;
     Ok(())
 }
