@@ -134,7 +134,7 @@ def test_admission_counts_only_the_uncached_blocks(tiny_model, uncached, rng):
     for i, p in enumerate(prompts):
         llm._engine.add_request(f"r{i}", None, p, params)
     llm._engine.step()
-    assert len(llm._engine._running) == 2
+    assert llm._engine.num_running == 2
     outs = {}
     while llm._engine.has_unfinished():
         outs.update({o.request_id: o for o in llm._engine.step()})

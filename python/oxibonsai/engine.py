@@ -1,16 +1,18 @@
-"""The step loop: requests wait, are admitted when their KV blocks fit, and every ``step()`` runs one
-batched forward pass (prefills and decodes together) through the native model, samples one token per
-request with that request's own seeded sampler, detokenizes incrementally and applies stop tokens and
-stop strings. It never loops over layers or tokens in Python; one step is one native call.
+"""The step loop over the native continuous-batching scheduler: ``schedule()`` picks this step's work
+(decodes first, then prefill chunks, then admissions, preempting when KV blocks run out), one
+``execute()`` runs it as a single batched forward pass with the GIL released, each request that
+completed its known tokens samples one token with its own seeded sampler, ``update()`` records them,
+and the engine detokenizes incrementally, applies stop tokens, stop strings and length limits, and
+finishes requests (freeing their blocks). Python never loops over layers or tokens.
 
-With prefix caching on, a request starts on the cached blocks of its prompt's longest cached prefix
-(separated per ``cache_salt``) and its first step sends only the uncached rest. Admission counts a
-request's worst-case new blocks plus the cached blocks it takes out of the evictable pool."""
+Requests are validated before they enter the queue (length against the context and the cache,
+token ids, sampling parameters); a full waiting queue raises ``QueueFull``. With prefix caching on, a
+request starts on the cached blocks of its longest cached prefix (per ``cache_salt``) and computes only
+the rest; a preempted request keeps its output and is recomputed, mostly from the cache, when readmitted."""
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 from oxibonsai import _core
@@ -33,6 +35,7 @@ def request_seed(engine_seed: int, index: int) -> int:
 @dataclass
 class _Request:
     request_id: str
+    handle: int
     prompt: str | None
     prompt_ids: list[int]
     params: SamplingParams
@@ -42,10 +45,7 @@ class _Request:
     stops: StopStringMatcher
     metrics: RequestMetrics
     streamed: bool = False
-    cache_salt: str | None = None
-    seq: int | None = None
     num_cached_tokens: int = 0
-    prefilled: bool = False
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[dict[int, Logprob]] | None = None
@@ -74,16 +74,60 @@ class _Request:
         )
 
 
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The engine arguments of the scheduler (shared by ``LLM`` and ``AsyncLLM``). ``None`` for
+    ``max_num_batched_tokens`` picks a default: 256 tokens per step (at least ``max_num_seqs``), or
+    the whole context when chunked prefill is off."""
+
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int | None = None
+    max_waiting: int | None = None
+    enable_chunked_prefill: bool = True
+    priority_aging_steps: int = 256
+    scheduling_policy: str = "priority"
+
+    def batched_tokens(self, max_model_len: int) -> int:
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        if not self.enable_chunked_prefill:
+            return max(max_model_len, self.max_num_seqs)
+        return max(DEFAULT_BATCHED_TOKENS, self.max_num_seqs)
+
+
+DEFAULT_BATCHED_TOKENS = 256
+
+
 class Engine:
     """Runs requests to completion over one native ``Model``; not thread-safe (``AsyncLLM`` wraps it)."""
 
-    def __init__(self, model: _core.Model, tokenizer: Tokenizer, *, seed: int, max_num_seqs: int) -> None:
+    def __init__(
+        self, model: _core.Model, tokenizer: Tokenizer, *, seed: int, config: SchedulerConfig | None = None
+    ) -> None:
+        config = config or SchedulerConfig()
+        budget = config.batched_tokens(model.max_model_len)
+        if not config.enable_chunked_prefill and budget < model.max_model_len:
+            raise ValueError(
+                f"without chunked prefill max_num_batched_tokens ({budget}) must be >= max_model_len "
+                f"({model.max_model_len}), or long prompts could never run"
+            )
+        if config.max_waiting is not None and config.max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0 or None, got {config.max_waiting}")
         self._model = model
         self._tokenizer = tokenizer
         self._seed = seed
-        self._max_num_seqs = max_num_seqs
-        self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []
+        self.config = config
+        self._sched = _core.Scheduler(
+            model,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=budget,
+            max_waiting=config.max_waiting,
+            priority_aging_steps=config.priority_aging_steps,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            policy=config.scheduling_policy,  # type: ignore[arg-type]
+        )
+        self._requests: dict[int, _Request] = {}
+        self._handles: dict[str, int] = {}
         self._arrivals = 0
 
     def add_request(
@@ -95,10 +139,37 @@ class Engine:
         *,
         stream: bool = False,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> None:
         """Queues a request after checking it can ever run (length against the context and the cache).
         A streamed request reports its output after every step; others only when they finish.
-        Requests share cached prompt blocks only with requests of the same ``cache_salt``."""
+        Requests share cached prompt blocks only with requests of the same ``cache_salt``; a lower
+        ``priority`` runs first. Raises ``QueueFull`` when ``max_waiting`` requests already wait."""
+        if request_id in self._handles:
+            raise ValueError(f"request id {request_id!r} is already in the engine")
+        max_new = self.check_prompt(prompt_ids, params)
+        handle = self._arrivals
+        request = _Request(
+            request_id=request_id,
+            handle=handle,
+            prompt=prompt,
+            prompt_ids=list(prompt_ids),
+            params=params,
+            sampler=params.sampler(request_seed(self._seed, handle + 1)),
+            max_new=max_new,
+            detok=IncrementalDetokenizer(self._tokenizer, prompt_ids, params.skip_special_tokens),
+            stops=StopStringMatcher(params.stop or [], params.include_stop_str_in_output),
+            metrics=RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(prompt_ids)),
+            logprobs=[] if params.logprobs is not None else None,
+            streamed=stream,
+        )
+        self._sched.add(handle, request.prompt_ids, priority=priority, cache_salt=cache_salt)
+        self._arrivals += 1
+        self._requests[handle] = request
+        self._handles[request_id] = handle
+
+    def check_prompt(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        """Validates a prompt; returns how many tokens the request may generate."""
         limit = self._model.max_model_len
         if not prompt_ids:
             raise ValueError("the prompt is empty: at least one token is needed")
@@ -118,62 +189,58 @@ class Engine:
                 f"the request needs {self._blocks_for(len(prompt_ids) + max_new)} KV blocks but the cache "
                 f"has {self._model.num_blocks}; raise kv_cache_blocks or lower max_tokens"
             )
-        self._arrivals += 1
-        request = _Request(
-            request_id=request_id,
-            prompt=prompt,
-            prompt_ids=list(prompt_ids),
-            params=params,
-            sampler=params.sampler(request_seed(self._seed, self._arrivals)),
-            max_new=max_new,
-            detok=IncrementalDetokenizer(self._tokenizer, prompt_ids, params.skip_special_tokens),
-            stops=StopStringMatcher(params.stop or [], params.include_stop_str_in_output),
-            metrics=RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(prompt_ids)),
-            logprobs=[] if params.logprobs is not None else None,
-            streamed=stream,
-            cache_salt=cache_salt,
-        )
-        self._waiting.append(request)
+        return max_new
 
     def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return self._sched.num_waiting
+
+    @property
+    def num_running(self) -> int:
+        return self._sched.num_running
+
+    def scheduler_stats(self) -> dict[str, int]:
+        """The scheduler's counters: steps, admitted, preemptions, finished, aborted, tokens."""
+        return dict(self._sched.stats())
 
     def abort(self, request_id: str) -> bool:
         """Drops a waiting or running request and frees its KV blocks; False if it is unknown."""
-        for r in list(self._waiting):
-            if r.request_id == request_id:
-                self._waiting.remove(r)
-                return True
-        for r in list(self._running):
-            if r.request_id == request_id:
-                self._finish(r, "abort")
-                return True
-        return False
+        handle = self._handles.get(request_id)
+        if handle is None:
+            return False
+        self._finish(self._requests[handle], "abort")
+        return True
 
     def abort_all(self) -> None:
-        self._waiting.clear()
-        for r in list(self._running):
+        for r in list(self._requests.values()):
             self._finish(r, "abort")
 
     def step(self) -> list[RequestOutput]:
-        """One batched forward pass over every running request; returns the outputs of requests that
-        finished and of streamed ones (a snapshot copies the output so far, so others are not copied)."""
-        self._admit()
-        running = list(self._running)
-        if not running:
+        """Schedules, runs and samples one step; returns the outputs of requests that finished and of
+        streamed ones (a snapshot copies the output so far, so others are not copied)."""
+        plan = self._sched.schedule()
+        if not len(plan):
             return []
         now = time.perf_counter()
-        items = []
-        for r in running:
+        sampling = []
+        for handle, _, sample in plan.items:
+            r = self._requests[handle]
             if r.metrics.first_scheduled_time is None:
                 r.metrics.first_scheduled_time = now
-            tokens = r.output_ids[-1:] if r.prefilled else r.prompt_ids[r.num_cached_tokens :]
-            items.append((r.seq, tokens, "last"))
-        logits = self._model.step(items)
+                state = self._sched.request_state(handle)
+                r.num_cached_tokens = state[1] if state is not None else 0
+            if sample:
+                sampling.append(r)
+        logits = self._sched.execute(plan)
+        assert logits is not None
+        draws = [self._sample(r, row) for r, row in zip(sampling, logits, strict=True)]
+        self._sched.update(plan, [token for token, _, _ in draws])
         outputs = []
-        for r, row in zip(running, logits, strict=True):
-            r.prefilled = True
-            self._advance(r, row)
+        for r, draw in zip(sampling, draws, strict=True):
+            self._accept(r, *draw)
             if r.streamed or r.finish_reason is not None:
                 outputs.append(r.snapshot())
         return outputs
@@ -181,39 +248,17 @@ class Engine:
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self._model.block_tokens)
 
-    def _reservation(self, r: _Request) -> int:
-        return self._blocks_for(len(r.prompt_ids) + r.max_new)
-
-    def _blocks_to_come(self, r: _Request) -> int:
-        """Blocks a running request may still allocate: its worst case less the blocks it holds."""
-        in_cache = len(r.prompt_ids) + len(r.output_ids) - 1 if r.prefilled else r.num_cached_tokens
-        return self._reservation(r) - self._blocks_for(in_cache)
-
-    def _admit(self) -> None:
-        """Starts waiting requests, in arrival order, while their worst-case KV blocks fit: the blocks
-        running requests may still allocate, plus the newcomer's uncached blocks and the idle cached
-        blocks it takes, must fit in the free and evictable blocks."""
-        while self._waiting and len(self._running) < self._max_num_seqs:
-            r = self._waiting[0]
-            cached, idle = self._model.cached_prefix(r.prompt_ids, r.cache_salt)
-            need = self._reservation(r) - cached // self._model.block_tokens + idle
-            promised = sum(self._blocks_to_come(q) for q in self._running)
-            if promised + need > self._model.num_available_blocks:
-                break
-            self._waiting.popleft()
-            r.seq, r.num_cached_tokens = self._model.add_sequence_cached(r.prompt_ids, r.cache_salt)
-            self._running.append(r)
-
     def _banned(self, r: _Request) -> list[int]:
         if len(r.output_ids) >= r.params.min_tokens:
             return []
         return sorted(self._tokenizer.stop_token_ids | set(r.params.stop_token_ids or []))
 
-    def _advance(self, r: _Request, logits: object) -> None:
+    def _sample(self, r: _Request, logits: object) -> tuple[int, float, list[tuple[int, float]]]:
         n_logprobs = r.params.logprobs or 0
-        token, logprob, top = r.sampler.sample(
-            logits, r.prompt_ids, r.output_ids, self._banned(r), n_logprobs
-        )
+        return r.sampler.sample(logits, r.prompt_ids, r.output_ids, self._banned(r), n_logprobs)
+
+    def _accept(self, r: _Request, token: int, logprob: float, top: list[tuple[int, float]]) -> None:
+        """Appends a sampled token and finishes the request on a stop token, stop string or length."""
         now = time.perf_counter()
         if r.metrics.first_token_time is None:
             r.metrics.first_token_time = now
@@ -257,7 +302,9 @@ class Engine:
             r.text += emitted if stopped else emitted + r.stops.flush()
         r.finish_reason = reason
         r.metrics.finished_time = time.perf_counter()
-        if r in self._running:
-            self._running.remove(r)
-            if r.seq is not None:
-                self._model.free_sequence(r.seq)
+        if reason == "abort":
+            self._sched.abort(r.handle)
+        else:
+            self._sched.finish(r.handle)
+        del self._requests[r.handle]
+        del self._handles[r.request_id]

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from oxibonsai import _core
-from oxibonsai.engine import Engine
+from oxibonsai.engine import Engine, SchedulerConfig
 from oxibonsai.outputs import RequestOutput
+from oxibonsai.progress import PROGRESS_MIN_PROMPTS, Progress
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.tokenizer import Tokenizer
 
@@ -68,7 +69,15 @@ class LLM:
     ``kv_cache_blocks``: 16-token KV blocks to reserve; by default as many as ``max_num_seqs`` full
     sequences need within ``kv_cache_bytes`` (default: a quarter of the available memory, see
     ``default_kv_cache_bytes``), never fewer than one sequence needs; blocks are committed lazily.
-    ``max_num_seqs``: sequences decoded together per step. ``kernel``: the Q1 matmul kernel family
+    ``max_num_seqs``: most requests running (decoded together) per step. ``max_num_batched_tokens``:
+    most tokens per step, decodes and prompt chunks together (default 256, at least ``max_num_seqs``;
+    the whole context without chunked prefill). ``enable_chunked_prefill``: split long prompts across
+    steps so running requests keep decoding. ``max_waiting``: most requests waiting (``None``: no
+    limit); ``generate`` then feeds its prompts as room frees up, ``AsyncLLM`` raises ``QueueFull``.
+    ``priority_aging_steps``: a waiting request gains one priority level per this many steps, so low
+    priorities never starve. ``scheduling_policy``: ``"priority"`` (priority, then arrival) or
+    ``"longest_prefix"`` (among the first waiting requests, the one with the most cached tokens).
+    ``kernel``: the Q1 matmul kernel family
     (``"auto"``; ``"reference"`` runs the exact f32 kernel, for checking).
     ``kv_cache_dtype``: ``"auto"``/``"f16"`` (half the memory and bandwidth) or ``"f32"`` (exact).
     ``enable_prefix_caching``: reuse the KV of prompt prefixes computed before (full 16-token blocks,
@@ -88,6 +97,11 @@ class LLM:
         kernel: str = "auto",
         kv_cache_dtype: str = "auto",
         enable_prefix_caching: bool = True,
+        max_num_batched_tokens: int | None = None,
+        max_waiting: int | None = None,
+        enable_chunked_prefill: bool = True,
+        priority_aging_steps: int = 256,
+        scheduling_policy: str = "priority",
     ) -> None:
         path = Path(model) if model is not None else default_model_path()
         if not path.exists():
@@ -114,7 +128,15 @@ class LLM:
                 f"the tokenizer has {self.tokenizer.vocab_size} tokens but token_embd.weight only "
                 f"{self._model.vocab_size} rows"
             )
-        self._engine = Engine(self._model, self.tokenizer, seed=seed, max_num_seqs=max_num_seqs)
+        config = SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_waiting=max_waiting,
+            enable_chunked_prefill=enable_chunked_prefill,
+            priority_aging_steps=priority_aging_steps,
+            scheduling_policy=scheduling_policy,
+        )
+        self._engine = Engine(self._model, self.tokenizer, seed=seed, config=config)
         self._ids = itertools.count()
 
     @property
@@ -147,23 +169,49 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        priority: Sequence[int] | None = None,
+        use_tqdm: bool | None = None,
     ) -> list[RequestOutput]:
         """Generates for one prompt or a list (strings, token id lists, or ``{"prompt": ...}`` /
         ``{"prompt_token_ids": [...]}`` dicts, optionally with ``"cache_salt": str``); returns one
-        finished ``RequestOutput`` per prompt."""
+        finished ``RequestOutput`` per prompt, in order. All prompts are checked before any runs.
+        ``priority``: one per prompt, lower first. ``use_tqdm``: a progress bar on stderr (default:
+        for 16 prompts or more)."""
         batch = self._prompt_list(prompts)
         params = self._params_list(sampling_params, len(batch))
+        priorities = list(priority) if priority is not None else [0] * len(batch)
+        if len(priorities) != len(batch):
+            raise ValueError(f"got {len(priorities)} priorities for {len(batch)} prompts")
+        requests = [self._prepare(p) for p in batch]
+        for (_, ids, _), sp in zip(requests, params, strict=True):
+            self._engine.check_prompt(ids, sp)
+        show = use_tqdm if use_tqdm is not None else len(batch) >= PROGRESS_MIN_PROMPTS
+        bar = Progress(len(batch)) if show else None
         finished: dict[str, RequestOutput] = {}
+        pending = list(zip(requests, params, priorities, strict=True))[::-1]
+        ids: list[str] = []
         try:
-            ids = [self._add(p, sp) for p, sp in zip(batch, params, strict=True)]
-            while self._engine.has_unfinished():
+            while pending or self._engine.has_unfinished():
+                while pending and self._has_room():
+                    (text, token_ids, salt), sp, prio = pending.pop()
+                    ids.append(self._submit(text, token_ids, salt, sp, priority=prio))
                 for out in self._engine.step():
                     if out.finished:
                         finished[out.request_id] = out
+                        if bar is not None:
+                            bar.update(out)
         except BaseException:
             self._engine.abort_all()
             raise
+        finally:
+            if bar is not None:
+                bar.close()
         return [finished[i] for i in ids]
+
+    def _has_room(self) -> bool:
+        limit = self._engine.config.max_waiting
+        return limit is None or self._engine.num_waiting < limit
 
     def chat(
         self,
@@ -224,11 +272,31 @@ class LLM:
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _add(self, prompt: PromptType, params: SamplingParams, *, stream: bool = False) -> str:
+    def _add(
+        self, prompt: PromptType, params: SamplingParams, *, stream: bool = False, priority: int = 0
+    ) -> str:
+        text, ids, salt = self._prepare(prompt)
+        return self._submit(text, ids, salt, params, stream=stream, priority=priority)
+
+    def _prepare(self, prompt: PromptType) -> tuple[str | None, list[int], str | None]:
+        """The prompt's text (if any), token ids and cache salt."""
         text, ids = self._tokenize(prompt)
-        salt = _cache_salt(prompt)
+        return text, ids, _cache_salt(prompt)
+
+    def _submit(
+        self,
+        text: str | None,
+        ids: list[int],
+        salt: str | None,
+        params: SamplingParams,
+        *,
+        stream: bool = False,
+        priority: int = 0,
+    ) -> str:
         request_id = str(next(self._ids))
-        self._engine.add_request(request_id, text, ids, params, stream=stream, cache_salt=salt)
+        self._engine.add_request(
+            request_id, text, ids, params, stream=stream, cache_salt=salt, priority=priority
+        )
         return request_id
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
