@@ -41,5 +41,6 @@ bench-prefix:
 	$(PYTHON) -m pytest benches/bench_prefix_cache.py --benchmark-only --benchmark-group-by=group
 	$(PYTHON) benches/bench_prefix_ttft.py --threads 2
 
+# Continuous batching: decode tokens/s at 1/4/16/64 concurrent requests, scheduler overhead, Poisson arrivals.
 bench-batching:
-	cd benches && $(PYTHON) bench_batching.py --threads 2
+	$(PYTHON) benches/bench_batching.py --threads 2
