@@ -14,6 +14,7 @@ from oxibonsai._core import (
     kernel_info,
     set_num_threads,
 )
+from oxibonsai.async_llm import AsyncLLM, EngineDeadError, RequestStream
 from oxibonsai.llm import LLM
 from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from oxibonsai.sampling_params import SamplingParams
@@ -21,7 +22,9 @@ from oxibonsai.tokenizer import Tokenizer
 
 __all__ = [
     "LLM",
+    "AsyncLLM",
     "CompletionOutput",
+    "EngineDeadError",
     "GGUFError",
     "GGUFFile",
     "Logprob",
@@ -31,6 +34,7 @@ __all__ = [
     "QueueFull",
     "RequestMetrics",
     "RequestOutput",
+    "RequestStream",
     "SamplingParams",
     "Tokenizer",
     "get_num_threads",

@@ -1,5 +1,6 @@
 """What generation returns, shaped like vLLM's outputs: ``RequestOutput`` holds the prompt and one
-``CompletionOutput`` per sample; ``RequestMetrics`` the timings (time to first token, tokens/s)."""
+``CompletionOutput`` per sample; ``RequestMetrics`` the timings (queue time, time to first token, time
+per output token, tokens/s)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,13 @@ class RequestMetrics:
     num_generated_tokens: int = 0
 
     @property
+    def queue_time(self) -> float | None:
+        """From arrival to the first time the scheduler ran the request."""
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
+
+    @property
     def time_to_first_token(self) -> float | None:
         """From arrival to the first generated token (queueing plus prefill)."""
         if self.first_token_time is None:
@@ -64,6 +72,13 @@ class RequestMetrics:
             return None
         elapsed = self.finished_time - self.first_token_time
         return (self.num_generated_tokens - 1) / elapsed if elapsed > 0 else None
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        """Mean time between generated tokens after the first: the inverse of ``decode_tokens_per_s``."""
+        if self.finished_time is None or self.first_token_time is None or self.num_generated_tokens < 2:
+            return None
+        return (self.finished_time - self.first_token_time) / (self.num_generated_tokens - 1)
 
     @property
     def e2e_latency(self) -> float | None:

@@ -1,0 +1,335 @@
+"""``AsyncLLM``: the engine's step loop on a background thread, with one asyncio stream per request.
+
+It owns the thread, the lock and the hand-off of outputs to asyncio; loading, tokenizing and scheduling
+stay in the ``LLM`` it builds and that ``LLM``'s engine. Every engine call happens under one lock: the
+step loop holds it for one step at a time (the native step releases the GIL, so the event loop keeps
+running) and ``generate`` / ``abort`` hold it to submit or drop a request, so a submission error
+(``ValueError``, ``QueueFull``) reaches the caller of ``generate`` before anything is queued. After a
+step the loop hands each request's output to its event loop with ``call_soon_threadsafe``; it never
+calls back into user code and never busy-waits (it sleeps on a condition while no request is left).
+A consumer that stops listening (``break``, ``aclose``, cancellation) aborts its request, which frees
+its KV blocks. A failing step ends the engine: every waiting consumer gets ``EngineDeadError``."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+from oxibonsai._core import OxiBonsaiError
+from oxibonsai.llm import LLM, Message, PromptType, _cache_salt
+from oxibonsai.metrics import EngineMetrics
+from oxibonsai.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from oxibonsai.sampling_params import SamplingParams
+from oxibonsai.tokenizer import Tokenizer
+
+
+class EngineDeadError(OxiBonsaiError):
+    """The step loop failed (the cause is chained) or the engine was shut down; it takes no requests."""
+
+
+_ABORTED = object()  # mailbox item: the request was aborted by someone other than its consumer
+
+
+class _Mailbox:
+    """The engine thread's side of one stream: puts items on the consumer's asyncio queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def put(self, item: object) -> bool:
+        """False when the consumer's event loop is closed (nobody will ever read)."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:
+            return False
+        return True
+
+
+class RequestStream:
+    """The async iterator ``AsyncLLM.generate`` returns: one cumulative ``RequestOutput`` per step, the
+    last one finished (``finish_reason`` ``"abort"`` if the request was aborted or the engine shut
+    down). Leaving it early (``break``, ``aclose()``, cancelling the task) aborts the request."""
+
+    def __init__(self, owner: AsyncLLM, request_id: str, mailbox: _Mailbox, first: RequestOutput) -> None:
+        self.request_id = request_id
+        self._owner = owner
+        self._mailbox = mailbox
+        self._last = first  # what the consumer has seen; the base of a final "abort" output
+        self._done = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            item = await self._mailbox.queue.get()
+        except BaseException:  # cancelled while waiting: nobody will read the rest
+            await self.aclose()
+            raise
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        out: RequestOutput = _aborted(self._last) if item is _ABORTED else item
+        self._last = out
+        self._done = out.finished
+        return out
+
+    async def aclose(self) -> None:
+        """Stops listening; aborts the request if it has not finished."""
+        if not self._done:
+            self._done = True
+            self._owner._drop(self.request_id)
+
+    def __del__(self) -> None:
+        # Left without aclose (``break`` out of ``async for``). A finalizer may run on any thread, even
+        # one inside an engine call, so it only leaves a note for the step loop.
+        if not getattr(self, "_done", True):
+            self._owner._dropped.append(self.request_id)
+
+
+def _aborted(last: RequestOutput) -> RequestOutput:
+    completion = dataclasses.replace(last.outputs[0], finish_reason="abort", stop_reason=None)
+    return dataclasses.replace(last, outputs=[completion], finished=True)
+
+
+class AsyncLLM:
+    """An ``LLM`` served from a background thread to asyncio code; safe to use from any thread.
+
+    Takes ``LLM``'s arguments (``model``, ``max_model_len``, ``max_num_seqs``, ``kv_cache_bytes``,
+    ``enable_prefix_caching``, ``seed``, ...). ``generate`` must be called from a running event loop.
+    Use it as ``async with AsyncLLM(...) as engine:`` or call ``shutdown()``; a forgotten engine keeps
+    its (daemon) thread until the interpreter exits."""
+
+    def __init__(self, model: str | os.PathLike[str] | None = None, **engine_args: Any) -> None:
+        self._llm = LLM(model, **engine_args)
+        self._engine = self._llm._engine
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._mailboxes: dict[str, _Mailbox] = {}
+        self._dropped: deque[str] = deque()  # appended by finalizers without the lock
+        self._dead: BaseException | None = None
+        self._closed = False
+        engine_metrics = getattr(self._engine, "metrics", None)
+        # Until the engine records its own metrics, outputs are counted here (all requests stream).
+        self._metrics = engine_metrics if isinstance(engine_metrics, EngineMetrics) else EngineMetrics()
+        self._count_outputs = not isinstance(engine_metrics, EngineMetrics)
+        self._thread = threading.Thread(target=self._run, name="oxibonsai-step-loop", daemon=True)
+        self._thread.start()
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: PromptType,
+        sampling_params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> RequestStream:
+        """Submits one prompt (a string, token ids, or a prompt dict as in ``LLM.generate``) and returns
+        its stream: ``async for out in engine.generate(...)``. Raises at once, with nothing queued, on
+        invalid arguments (``TypeError``, ``ValueError``), a full queue (``QueueFull``), a duplicate
+        ``request_id``, or an engine that is shut down or failed (``EngineDeadError``)."""
+        params = SamplingParams() if sampling_params is None else sampling_params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        loop = asyncio.get_running_loop()
+        text, ids = self._llm._tokenize(prompt)
+        salt = _cache_salt(prompt)
+        rid = uuid.uuid4().hex if request_id is None else str(request_id)
+        # The engine takes ``priority`` once it schedules by priority; until then only the default.
+        extra = {"priority": priority} if priority else {}
+        mailbox = _Mailbox(loop)
+        with self._lock:
+            self._check_alive()
+            if rid in self._mailboxes:
+                raise ValueError(f"request_id {rid!r} is already in use")
+            self._engine.add_request(rid, text, ids, params, stream=True, cache_salt=salt, **extra)
+            self._mailboxes[rid] = mailbox
+            self._wake.notify()
+        return RequestStream(self, rid, mailbox, _empty_output(rid, text, ids))
+
+    def abort(self, request_id: str) -> bool:
+        """Aborts a waiting or running request (its stream ends with a ``"abort"`` output) and frees
+        its KV blocks; False if no such request is in the engine."""
+        with self._lock:
+            found = self._abort_locked(request_id)
+            mailbox = self._mailboxes.pop(request_id, None)
+        if mailbox is not None:
+            mailbox.put(_ABORTED)
+        return found
+
+    def _drop(self, request_id: str) -> None:
+        """A consumer stopped listening: abort without telling it."""
+        with self._lock:
+            self._mailboxes.pop(request_id, None)
+            self._abort_locked(request_id)
+
+    def _abort_locked(self, request_id: str) -> bool:
+        found = bool(self._engine.abort(request_id)) if self._dead is None else False
+        if found and self._count_outputs:
+            self._metrics.on_request_finished(RequestMetrics(arrival_time=time.perf_counter()), "abort")
+        return found
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError("the engine's step loop failed") from self._dead
+        if self._closed:
+            raise EngineDeadError("the engine is shut down")
+
+    # -- the step loop ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while self._step_once():
+            pass
+
+    def _step_once(self) -> bool:
+        """Waits for work, runs one step and delivers its outputs; False when the loop must end."""
+        with self._lock:
+            while not self._closed and not (self._engine.has_unfinished() or self._dropped):
+                self._wake.wait()
+            if self._closed:
+                return False
+            while self._dropped:
+                rid = self._dropped.popleft()
+                self._mailboxes.pop(rid, None)
+                self._abort_locked(rid)
+            try:
+                self._deliver(self._engine.step() if self._engine.has_unfinished() else [])
+            except BaseException as error:  # delivered to every consumer, not swallowed
+                self._fail(error)
+                return False
+        return True
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        if self._count_outputs:
+            self._count(outputs)
+        for out in outputs:
+            mailbox = self._mailboxes.get(out.request_id)
+            if mailbox is None:
+                continue
+            if out.finished:
+                del self._mailboxes[out.request_id]
+            if not mailbox.put(out):  # its event loop is gone
+                self._mailboxes.pop(out.request_id, None)
+                self._abort_locked(out.request_id)
+
+    def _count(self, outputs: list[RequestOutput]) -> None:
+        """Metrics from one step's outputs, for engines that do not record their own: every running
+        request streams, so each output is one generated token; a first token follows a prefill."""
+        prefilled = sum(
+            len(o.prompt_token_ids) - o.num_cached_tokens for o in outputs if len(o.outputs[0].token_ids) == 1
+        )
+        self._metrics.on_step(prefilled, len(outputs), 0)
+        for o in outputs:
+            if o.finished:
+                self._metrics.on_request_finished(o.metrics, o.outputs[0].finish_reason or "stop")
+
+    def _fail(self, error: BaseException) -> None:
+        self._dead = error
+        try:
+            self._engine.abort_all()
+        except Exception:  # the engine is already broken; the consumers hear about the first error
+            pass
+        for mailbox in self._mailboxes.values():
+            dead = EngineDeadError(f"the engine's step loop failed: {error!r}")
+            dead.__cause__ = error
+            mailbox.put(dead)
+        self._mailboxes.clear()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Aborts every request (their streams end with an ``"abort"`` output), stops the step loop
+        and waits for its thread. Idempotent."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                if self._dead is None:
+                    self._engine.abort_all()
+                for mailbox in self._mailboxes.values():
+                    mailbox.put(_ABORTED)
+                self._mailboxes.clear()
+                self._wake.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    async def __aenter__(self) -> AsyncLLM:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.shutdown()
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the step loop is alive (not shut down, not failed)."""
+        return self._thread.is_alive()
+
+    # -- state and helpers ------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, Any]:
+        """The engine metrics (``EngineMetrics.snapshot()``) plus ``num_running`` and ``num_waiting``."""
+        with self._lock:
+            running, waiting = _queue_sizes(self._engine)
+            self._metrics.set_gauges(num_requests_running=running, num_requests_waiting=waiting)
+            snapshot = self._metrics.snapshot()
+        return {**snapshot, "num_running": running, "num_waiting": waiting}
+
+    def prometheus_metrics(self, prefix: str = "oxibonsai") -> str:
+        """The metrics in Prometheus' text format, for a ``/metrics`` endpoint."""
+        self.metrics()  # refreshes the queue gauges
+        return self._metrics.to_prometheus(prefix)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._llm.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self._llm.max_model_len
+
+    def chat_prompt(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True, **template_kwargs: Any
+    ) -> dict[str, Any]:
+        """A conversation as a prompt dict for ``generate`` (see ``LLM.chat_prompt``)."""
+        return self._llm.chat_prompt(messages, add_generation_prompt=add_generation_prompt, **template_kwargs)
+
+    def cache_stats(self) -> dict[str, Any]:
+        with self._lock:
+            return self._llm.cache_stats()
+
+    def reset_prefix_cache(self) -> int:
+        with self._lock:
+            return self._llm.reset_prefix_cache()
+
+
+def _queue_sizes(engine: Any) -> tuple[int, int]:
+    """``(running, waiting)``; read from the queues until the engine counts them itself."""
+    if hasattr(engine, "num_running"):
+        return int(engine.num_running), int(engine.num_waiting)
+    return len(engine._running), len(engine._waiting)
+
+
+def _empty_output(request_id: str, prompt: str | None, ids: list[int]) -> RequestOutput:
+    """What a request looks like before its first token (the base of an early "abort" output)."""
+    return RequestOutput(
+        request_id=request_id,
+        prompt=prompt,
+        prompt_token_ids=list(ids),
+        outputs=[CompletionOutput(index=0, text="", token_ids=[])],
+        finished=False,
+        metrics=RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(ids)),
+    )
