@@ -7,7 +7,6 @@ timing."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import threading
 import time
 
@@ -18,11 +17,6 @@ import oxibonsai as ob
 
 MAX_LEN = 256
 WORDS = ["the", "model", "returns", "a", "value", "of", "list", "string", "file", "open", "read", "def"]
-# The lead's engine adds max_waiting; until it lands the QueueFull tests are expected to fail.
-HAS_MAX_WAITING = "max_waiting" in inspect.signature(ob.LLM.__init__).parameters
-needs_max_waiting = pytest.mark.xfail(
-    not HAS_MAX_WAITING, reason="Engine has no max_waiting yet", strict=False
-)
 
 
 def greedy(max_tokens: int) -> ob.SamplingParams:
@@ -226,7 +220,6 @@ def test_invalid_requests_raise_before_anything_is_queued(rng):
     asyncio.run(main())
 
 
-@needs_max_waiting
 def test_engine_raises_queue_full_when_max_waiting_requests_wait(rng):
     llm = ob.LLM(max_model_len=MAX_LEN, max_num_seqs=1, max_waiting=2)
     engine = llm._engine
@@ -239,7 +232,6 @@ def test_engine_raises_queue_full_when_max_waiting_requests_wait(rng):
     assert isinstance(ob.QueueFull("x"), ob.OxiBonsaiError)
 
 
-@needs_max_waiting
 def test_async_generate_raises_queue_full_at_once(rng):
     async def main() -> None:
         async with ob.AsyncLLM(max_model_len=MAX_LEN, max_num_seqs=1, max_waiting=2) as engine:

@@ -186,3 +186,20 @@ def test_longest_prefix_policy_gives_the_same_tokens(tiny_model, alone, rng):
     llm = ob.LLM(tiny_model, max_model_len=256, max_num_seqs=2, scheduling_policy="longest_prefix")
     assert token_lists(llm.generate(prompts, GREEDY)) == reference(alone, prompts, GREEDY)
     assert llm.cache_stats()["hits"] > 0
+
+
+def test_engine_metrics_count_what_ran(tiny_model, rng):
+    params = ob.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    prompts = random_prompts(rng, 6, 10, 40)
+    llm = ob.LLM(tiny_model, max_model_len=256, kv_cache_blocks=8, max_num_seqs=4)
+    outs = llm.generate(prompts, params)
+    m = llm.metrics()
+    sched = m["scheduler"]
+    assert m["counters"]["requests_finished"]["length"] == 6
+    assert m["counters"]["generation_tokens_total"] == sum(len(o.outputs[0].token_ids) for o in outs) == 6 * 24
+    assert m["counters"]["preemptions_total"] == sched["preemptions"] > 0
+    # Every scheduled token is a prompt token (recomputation after preemption included) or a decode.
+    assert m["counters"]["prompt_tokens_total"] + sched["decode_tokens"] == sched["scheduled_tokens"]
+    assert m["histograms"]["time_to_first_token_seconds"]["count"] == 6
+    assert m["gauges"]["num_requests_running"] == m["gauges"]["num_requests_waiting"] == 0
+    assert 'oxibonsai_requests_finished_total{finished_reason="length"} 6' in llm.metrics_text()

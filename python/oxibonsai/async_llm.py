@@ -120,10 +120,7 @@ class AsyncLLM:
         self._dropped: deque[str] = deque()  # appended by finalizers without the lock
         self._dead: BaseException | None = None
         self._closed = False
-        engine_metrics = getattr(self._engine, "metrics", None)
-        # Until the engine records its own metrics, outputs are counted here (all requests stream).
-        self._metrics = engine_metrics if isinstance(engine_metrics, EngineMetrics) else EngineMetrics()
-        self._count_outputs = not isinstance(engine_metrics, EngineMetrics)
+        self._metrics: EngineMetrics = self._engine.metrics
         self._thread = threading.Thread(target=self._run, name="oxibonsai-step-loop", daemon=True)
         self._thread.start()
 
@@ -148,14 +145,12 @@ class AsyncLLM:
         text, ids = self._llm._tokenize(prompt)
         salt = _cache_salt(prompt)
         rid = uuid.uuid4().hex if request_id is None else str(request_id)
-        # The engine takes ``priority`` once it schedules by priority; until then only the default.
-        extra = {"priority": priority} if priority else {}
         mailbox = _Mailbox(loop)
         with self._lock:
             self._check_alive()
             if rid in self._mailboxes:
                 raise ValueError(f"request_id {rid!r} is already in use")
-            self._engine.add_request(rid, text, ids, params, stream=True, cache_salt=salt, **extra)
+            self._engine.add_request(rid, text, ids, params, stream=True, cache_salt=salt, priority=priority)
             self._mailboxes[rid] = mailbox
             self._wake.notify()
         return RequestStream(self, rid, mailbox, _empty_output(rid, text, ids))
@@ -177,10 +172,7 @@ class AsyncLLM:
             self._abort_locked(request_id)
 
     def _abort_locked(self, request_id: str) -> bool:
-        found = bool(self._engine.abort(request_id)) if self._dead is None else False
-        if found and self._count_outputs:
-            self._metrics.on_request_finished(RequestMetrics(arrival_time=time.perf_counter()), "abort")
-        return found
+        return bool(self._engine.abort(request_id)) if self._dead is None else False
 
     def _check_alive(self) -> None:
         if self._dead is not None:
@@ -213,8 +205,6 @@ class AsyncLLM:
         return True
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
-        if self._count_outputs:
-            self._count(outputs)
         for out in outputs:
             mailbox = self._mailboxes.get(out.request_id)
             if mailbox is None:
@@ -224,17 +214,6 @@ class AsyncLLM:
             if not mailbox.put(out):  # its event loop is gone
                 self._mailboxes.pop(out.request_id, None)
                 self._abort_locked(out.request_id)
-
-    def _count(self, outputs: list[RequestOutput]) -> None:
-        """Metrics from one step's outputs, for engines that do not record their own: every running
-        request streams, so each output is one generated token; a first token follows a prefill."""
-        prefilled = sum(
-            len(o.prompt_token_ids) - o.num_cached_tokens for o in outputs if len(o.outputs[0].token_ids) == 1
-        )
-        self._metrics.on_step(prefilled, len(outputs), 0)
-        for o in outputs:
-            if o.finished:
-                self._metrics.on_request_finished(o.metrics, o.outputs[0].finish_reason or "stop")
 
     def _fail(self, error: BaseException) -> None:
         self._dead = error
@@ -283,8 +262,8 @@ class AsyncLLM:
     def metrics(self) -> dict[str, Any]:
         """The engine metrics (``EngineMetrics.snapshot()``) plus ``num_running`` and ``num_waiting``."""
         with self._lock:
-            running, waiting = _queue_sizes(self._engine)
-            self._metrics.set_gauges(num_requests_running=running, num_requests_waiting=waiting)
+            running, waiting = self._engine.num_running, self._engine.num_waiting
+            self._engine.refresh_gauges()
             snapshot = self._metrics.snapshot()
         return {**snapshot, "num_running": running, "num_waiting": waiting}
 
@@ -314,13 +293,6 @@ class AsyncLLM:
     def reset_prefix_cache(self) -> int:
         with self._lock:
             return self._llm.reset_prefix_cache()
-
-
-def _queue_sizes(engine: Any) -> tuple[int, int]:
-    """``(running, waiting)``; read from the queues until the engine counts them itself."""
-    if hasattr(engine, "num_running"):
-        return int(engine.num_running), int(engine.num_waiting)
-    return len(engine._running), len(engine._waiting)
 
 
 def _empty_output(request_id: str, prompt: str | None, ids: list[int]) -> RequestOutput:

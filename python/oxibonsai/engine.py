@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from oxibonsai import _core
 from oxibonsai.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from oxibonsai.metrics import EngineMetrics
 from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.tokenizer import Tokenizer
@@ -129,6 +130,7 @@ class Engine:
         self._requests: dict[int, _Request] = {}
         self._handles: dict[str, int] = {}
         self._arrivals = 0
+        self.metrics = EngineMetrics()
 
     def add_request(
         self,
@@ -202,6 +204,16 @@ class Engine:
     def num_running(self) -> int:
         return self._sched.num_running
 
+    def refresh_gauges(self) -> None:
+        """Sets the metrics' gauges: running and waiting requests, KV blocks in use, prefix hit rate."""
+        cache = self._model.cache_stats()
+        self.metrics.set_gauges(
+            num_requests_running=self.num_running,
+            num_requests_waiting=self.num_waiting,
+            kv_blocks_used=cache["capacity_blocks"] - cache["free_blocks"] - cache["idle_blocks"],
+            prefix_cache_hit_rate=cache["hit_rate"],
+        )
+
     def scheduler_stats(self) -> dict[str, int]:
         """The scheduler's counters: steps, admitted, preemptions, finished, aborted, tokens."""
         return dict(self._sched.stats())
@@ -226,8 +238,10 @@ class Engine:
             return []
         now = time.perf_counter()
         sampling = []
-        for handle, _, sample in plan.items:
+        decodes = 0
+        for handle, n, sample in plan.items:
             r = self._requests[handle]
+            decodes += n == 1 and sample and len(r.output_ids) > 0
             if r.metrics.first_scheduled_time is None:
                 r.metrics.first_scheduled_time = now
                 state = self._sched.request_state(handle)
@@ -238,6 +252,7 @@ class Engine:
         assert logits is not None
         draws = [self._sample(r, row) for r, row in zip(sampling, logits, strict=True)]
         self._sched.update(plan, [token for token, _, _ in draws])
+        self.metrics.on_step(plan.num_batched_tokens - decodes, len(draws), len(plan.preempted))
         outputs = []
         for r, draw in zip(sampling, draws, strict=True):
             self._accept(r, *draw)
@@ -302,6 +317,7 @@ class Engine:
             r.text += emitted if stopped else emitted + r.stops.flush()
         r.finish_reason = reason
         r.metrics.finished_time = time.perf_counter()
+        self.metrics.on_request_finished(r.metrics, reason)
         if reason == "abort":
             self._sched.abort(r.handle)
         else:

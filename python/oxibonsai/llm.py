@@ -159,6 +159,18 @@ class LLM:
         stats["enabled"] = self._model.prefix_caching
         return stats
 
+    def metrics(self) -> dict[str, Any]:
+        """Engine metrics: counters (requests finished by reason, prompt and generation tokens,
+        preemptions), gauges (running, waiting, KV blocks in use, prefix hit rate) and histograms
+        (queue time, time to first token, time per output token, end-to-end latency), as a plain dict;
+        ``metrics_text()`` gives the same in Prometheus' text format."""
+        self._engine.refresh_gauges()
+        return {**self._engine.metrics.snapshot(), "scheduler": self._engine.scheduler_stats()}
+
+    def metrics_text(self, prefix: str = "oxibonsai") -> str:
+        self._engine.refresh_gauges()
+        return self._engine.metrics.to_prometheus(prefix)
+
     def reset_prefix_cache(self) -> int:
         """Drops every cached block no running request uses; returns how many were dropped."""
         return self._model.reset_prefix_cache()
