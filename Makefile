@@ -1,7 +1,7 @@
 # One command surface: CI and the README call these targets.
 PYTHON ?= python3
 
-.PHONY: install build lint test test-rust test-python bench bench-model bench-prefix fmt
+.PHONY: install build lint test test-rust test-python bench bench-model bench-prefix bench-sched fmt
 
 install:
 	$(PYTHON) -m pip install -e '.[test]'
@@ -40,3 +40,7 @@ bench-model:
 bench-prefix:
 	$(PYTHON) -m pytest benches/bench_prefix_cache.py --benchmark-only --benchmark-group-by=group
 	$(PYTHON) benches/bench_prefix_ttft.py --threads 2
+
+# The scheduler: one schedule()+update() cycle at 64 running requests, Rust vs the pure-Python model.
+bench-sched:
+	$(PYTHON) -m pytest benches/bench_scheduler.py --benchmark-only --benchmark-group-by=group
