@@ -5,8 +5,9 @@
         --heldout tests/data/default_model_heldout.txt
     python scripts/train_default_model.py --data /tmp/ob-train/data --out /tmp/ob-train/fp --full-precision
 
-Needs oxibonsai itself (``pip install -e .``), torch (CPU is enough), gguf, and Debian's
-python3.11-doc for the corpus (see ``default_model/corpus.py``). Seeded; saves a checkpoint every
+Needs oxibonsai itself (``pip install -e .``), torch (CPU is enough; ``--device cuda`` trains on a GPU),
+gguf (for ``--export`` only), and Debian's python3.11-doc for the corpus (see ``default_model/corpus.py``;
+not needed once ``--data`` is prepared). Seeded; saves a checkpoint every
 ``--save-every`` steps, and ``--resume`` continues from the last one with the same batches and
 schedule (``--stop-at`` ends a leg early). The log (``log.jsonl`` in ``--out``) records loss,
 throughput, held-out bits per byte and the run time; the full-precision run is the same model and
@@ -33,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).parent / "default_model"))
 
 import corpus
 import evaluate
-import export
 import tokenizer as tok
 from model import Config, Qwen3
 
@@ -57,7 +57,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=60)
     p.add_argument("--weight-decay", type=float, default=0.05)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model trains")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=25)
     p.add_argument("--eval-every", type=int, default=100)
@@ -132,13 +133,14 @@ def batch_for(step: int, stream: np.ndarray, args: argparse.Namespace) -> torch.
     """The same random windows for a given (seed, step), so a resumed run sees the same data."""
     rng = np.random.default_rng([args.seed, step])
     starts = rng.integers(0, len(stream) - args.context - 1, size=args.batch)
-    return torch.from_numpy(np.stack([stream[s : s + args.context + 1] for s in starts]).astype(np.int64))
+    windows = np.stack([stream[s : s + args.context + 1] for s in starts]).astype(np.int64)
+    return torch.from_numpy(windows).to(args.device)
 
 
 def train_step(
     model: Qwen3, opt: torch.optim.Optimizer, ids: torch.Tensor, args: argparse.Namespace
 ) -> float:
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+    with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.bf16):
         logits = model(ids[:, :-1])
     loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
     opt.zero_grad(set_to_none=True)
@@ -201,7 +203,7 @@ def train(model: Qwen3, args: argparse.Namespace, log: Log) -> None:
     ckpt = args.out / "checkpoint.pt"
     step, elapsed = 0, 0.0
     if args.resume and ckpt.exists():
-        state = torch.load(ckpt)
+        state = torch.load(ckpt, map_location=args.device)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step, elapsed = state["step"], state["elapsed"]
@@ -231,6 +233,8 @@ def train(model: Qwen3, args: argparse.Namespace, log: Log) -> None:
 
 
 def export_model(model: Qwen3, args: argparse.Namespace) -> None:
+    import export  # needs gguf, which training alone does not
+
     hf = HfTokenizer.from_file(str(args.data / "tokenizer.json"))
     ev = evaluation(model, args.data, hf, args)
     stats = json.loads((args.data / "stats.json").read_text())
@@ -249,7 +253,7 @@ def export_model(model: Qwen3, args: argparse.Namespace) -> None:
         "oxibonsai.eval.bits_per_byte": ev["bpb_ci"],
         "oxibonsai.eval.unigram_bits_per_byte": ev["unigram_bpb_ci"],
     }
-    export.write_gguf(args.export, model, MODEL_NAME, tok.gguf_metadata(hf), extra)
+    export.write_gguf(args.export, model.cpu(), MODEL_NAME, tok.gguf_metadata(hf), extra)
     print(json.dumps({"exported": str(args.export), "bytes": args.export.stat().st_size, **ev}), flush=True)
 
 
@@ -259,7 +263,7 @@ def main() -> None:
     prepare_data(args.data, args.vocab_size)
     args.out.mkdir(parents=True, exist_ok=True)
     log = Log(args.out / "log.jsonl")
-    model = build_model(args)
+    model = build_model(args).to(args.device)
     log.write(
         event="start",
         params=model.num_parameters(),

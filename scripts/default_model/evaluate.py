@@ -34,11 +34,12 @@ def target_bytes(wins: list[np.ndarray], token_bytes: list[bytes]) -> int:
 def model_bits_per_byte(
     model: Qwen3, wins: list[np.ndarray], token_bytes: list[bytes], batch: int = 8
 ) -> float:
-    """In float32 (no autocast), as the shipped model is evaluated."""
+    """In float32 (no autocast), as the shipped model is evaluated; on the model's device."""
     model.eval()
+    device = model.embed.device
     nats = 0.0
     for i in range(0, len(wins), batch):
-        chunk = torch.from_numpy(np.stack(wins[i : i + batch]).astype(np.int64))
+        chunk = torch.from_numpy(np.stack(wins[i : i + batch]).astype(np.int64)).to(device)
         logits = model(chunk[:, :-1]).float()
         nats += F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum"

@@ -13,5 +13,6 @@ pub mod model;
 pub mod pool;
 pub mod q1;
 pub mod sample;
+pub mod sched;
 
 pub use error::{Error, Result};

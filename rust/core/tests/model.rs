@@ -78,12 +78,12 @@ fn prefill_decode_splits_and_thread_counts_give_identical_logits() {
     let mut runner = ModelRunner::new(tiny_model(&mut rng), 64, 256, KvDtype::F16).unwrap();
     let toks = tokens(&mut rng, 40);
     let one = Pool::new(1);
-    let seq = runner.add_sequence();
+    let seq = runner.table_mut().add_sequence();
     let full = step(&mut runner, seq, &toks, Logits::All, &one);
     assert_eq!(full.len(), toks.len() * VOCAB as usize);
     for threads in [1, 2, 3] {
         let pool = Pool::new(threads);
-        let seq = runner.add_sequence();
+        let seq = runner.table_mut().add_sequence();
         let cut = 1 + (rng.next_u64() % 39) as usize;
         let mut rows = step(&mut runner, seq, &toks[..cut], Logits::All, &pool);
         for t in &toks[cut..] {
@@ -98,21 +98,21 @@ fn a_failed_step_changes_nothing_and_blocks_come_back() {
     let mut rng = Rng::fresh("model_failures");
     let mut runner = ModelRunner::new(tiny_model(&mut rng), 4, 256, KvDtype::F32).unwrap();
     let pool = Pool::new(2);
-    let a = runner.add_sequence();
+    let a = runner.table_mut().add_sequence();
     step(&mut runner, a, &tokens(&mut rng, 20), Logits::Last, &pool);
-    let b = runner.add_sequence();
+    let b = runner.table_mut().add_sequence();
     let too_many = tokens(&mut rng, 50);
     let err = runner.step(&[StepItem { seq: b, tokens: &too_many, logits: Logits::Last }], &pool).unwrap_err();
     assert!(matches!(err, Error::Value(ref m) if m.contains("KV cache is full")), "{err:?}");
     let bad = [VOCAB as u32];
     assert!(runner.step(&[StepItem { seq: a, tokens: &bad, logits: Logits::Last }], &pool).is_err());
     assert!(runner.step(&[StepItem { seq: 999, tokens: &bad[..0], logits: Logits::Last }], &pool).is_err());
-    assert_eq!(runner.sequence_len(a).unwrap(), 20);
-    assert_eq!(runner.sequence_len(b).unwrap(), 0);
-    runner.free_sequence(a).unwrap();
-    runner.free_sequence(b).unwrap();
-    assert_eq!(runner.num_free_blocks(), 4);
-    assert!(runner.free_sequence(a).is_err());
+    assert_eq!(runner.table().sequence_len(a).unwrap(), 20);
+    assert_eq!(runner.table().sequence_len(b).unwrap(), 0);
+    runner.table_mut().free_sequence(a).unwrap();
+    runner.table_mut().free_sequence(b).unwrap();
+    assert_eq!(runner.table().num_free_blocks(), 4);
+    assert!(runner.table_mut().free_sequence(a).is_err());
 }
 
 #[test]
@@ -120,7 +120,7 @@ fn the_context_limit_is_enforced() {
     let mut rng = Rng::fresh("model_context");
     let mut runner = ModelRunner::new(tiny_model(&mut rng), 64, 32, KvDtype::F16).unwrap();
     let pool = Pool::new(1);
-    let seq = runner.add_sequence();
+    let seq = runner.table_mut().add_sequence();
     let err = runner.step(&[StepItem { seq, tokens: &tokens(&mut rng, 33), logits: Logits::Last }], &pool);
     assert!(matches!(err, Err(Error::Value(ref m)) if m.contains("max_model_len=32")));
     assert!(ModelRunner::new(tiny_model(&mut rng), 64, 1000, KvDtype::F32).is_err());
@@ -129,9 +129,9 @@ fn the_context_limit_is_enforced() {
 /// Prefills `prompt` in a sequence started on its cached prefix; returns the last logits row and the
 /// number of cached tokens, and frees the sequence.
 fn cached_run(runner: &mut ModelRunner, prompt: &[u32], salt: Option<&str>, pool: &Pool) -> (Vec<f32>, usize) {
-    let (seq, cached) = runner.add_sequence_cached(prompt, salt);
+    let (seq, cached) = runner.table_mut().add_sequence_cached(prompt, salt);
     let logits = step(runner, seq, &prompt[cached..], Logits::Last, pool);
-    runner.free_sequence(seq).unwrap();
+    runner.table_mut().free_sequence(seq).unwrap();
     (logits, cached)
 }
 
@@ -144,14 +144,14 @@ fn a_cached_prefix_gives_the_same_logits_as_computing_it() {
     let mut long = shared.clone();
     long.extend(tokens(&mut rng, 9));
     let uncached = |runner: &mut ModelRunner, p: &[u32]| {
-        let seq = runner.add_sequence();
+        let seq = runner.table_mut().add_sequence();
         let l = step(runner, seq, p, Logits::Last, &pool);
-        runner.free_sequence(seq).unwrap();
+        runner.table_mut().free_sequence(seq).unwrap();
         l
     };
     let want_shared = uncached(&mut runner, &shared);
     let want_long = uncached(&mut runner, &long);
-    assert_eq!(runner.cache_stats().cached_blocks, 0, "plain sequences are not cached");
+    assert_eq!(runner.table().cache_stats().cached_blocks, 0, "plain sequences are not cached");
     assert_eq!(cached_run(&mut runner, &shared, None, &pool), (want_shared.clone(), 0));
     let before = runner.computed_tokens();
     assert_eq!(cached_run(&mut runner, &long, None, &pool), (want_long, 32));
@@ -160,7 +160,7 @@ fn a_cached_prefix_gives_the_same_logits_as_computing_it() {
     assert_eq!(cached_run(&mut runner, &long[..48], None, &pool).1, 32);
     assert_eq!(cached_run(&mut runner, &shared, None, &pool), (want_shared, 32));
     assert_eq!(cached_run(&mut runner, &shared, Some("other tenant"), &pool).1, 0);
-    let stats = runner.cache_stats();
+    let stats = runner.table().cache_stats();
     assert_eq!((stats.queries, stats.hits, stats.free_blocks + stats.cached_blocks), (5, 3, 64));
 }
 
@@ -172,12 +172,12 @@ fn a_tiny_pool_evicts_instead_of_running_out() {
     for _ in 0..6 {
         let prompt = tokens(&mut rng, 60);
         cached_run(&mut runner, &prompt, None, &pool);
-        assert_eq!(runner.num_available_blocks(), 4);
+        assert_eq!(runner.table().num_available_blocks(), 4);
     }
-    assert!(runner.cache_stats().evictions >= 10);
-    runner.set_prefix_caching(false);
-    assert_eq!((runner.num_free_blocks(), runner.cache_stats().cached_blocks), (4, 0));
+    assert!(runner.table().cache_stats().evictions >= 10);
+    runner.table_mut().set_prefix_caching(false);
+    assert_eq!((runner.table().num_free_blocks(), runner.table().cache_stats().cached_blocks), (4, 0));
     let prompt = tokens(&mut rng, 20);
     assert_eq!(cached_run(&mut runner, &prompt, None, &pool).1, 0);
-    assert_eq!(runner.cache_stats().cached_blocks, 0);
+    assert_eq!(runner.table().cache_stats().cached_blocks, 0);
 }

@@ -10,6 +10,7 @@ mod prefix;
 mod q1;
 mod runtime;
 mod sample;
+mod sched;
 
 use pyo3::prelude::*;
 
@@ -21,6 +22,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<model::Model>()?;
     m.add_class::<sample::Sampler>()?;
     m.add_class::<prefix::PrefixCache>()?;
+    m.add_class::<sched::Scheduler>()?;
+    m.add_class::<sched::SchedulerOutput>()?;
     m.add_function(wrap_pyfunction!(q1::quantize_activations, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::get_num_threads, m)?)?;

@@ -35,7 +35,7 @@ fn logits_mode(name: &str) -> PyResult<Logits> {
 }
 
 impl Model {
-    fn lock(&self) -> std::sync::MutexGuard<'_, ModelRunner> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, ModelRunner> {
         self.runner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
@@ -75,7 +75,7 @@ impl Model {
             let blocks =
                 kv_blocks.unwrap_or_else(|| ModelRunner::default_blocks(len, block_bytes, max_num_seqs, budget));
             let mut runner = ModelRunner::new(model, blocks, len, dtype)?;
-            runner.set_prefix_caching(enable_prefix_caching);
+            runner.table_mut().set_prefix_caching(enable_prefix_caching);
             Ok(runner)
         })
         .map_err(to_py)?;
@@ -115,17 +115,17 @@ impl Model {
 
     #[getter]
     fn num_blocks(&self) -> usize {
-        self.lock().num_blocks()
+        self.lock().table().num_blocks()
     }
 
     #[getter]
     fn num_free_blocks(&self) -> usize {
-        self.lock().num_free_blocks()
+        self.lock().table().num_free_blocks()
     }
 
     #[getter]
     fn num_sequences(&self) -> usize {
-        self.lock().num_sequences()
+        self.lock().table().num_sequences()
     }
 
     /// Tokens per KV block.
@@ -143,17 +143,17 @@ impl Model {
     /// Free blocks plus cached blocks no sequence uses (evicted when a step needs them).
     #[getter]
     fn num_available_blocks(&self) -> usize {
-        self.lock().num_available_blocks()
+        self.lock().table().num_available_blocks()
     }
 
     #[getter]
     fn prefix_caching(&self) -> bool {
-        self.lock().prefix_caching()
+        self.lock().table().prefix_caching()
     }
 
     /// Starts an empty sequence; returns its id. Its blocks are not cached.
     fn add_sequence(&self) -> u64 {
-        self.lock().add_sequence()
+        self.lock().table_mut().add_sequence()
     }
 
     /// `(cached tokens, idle blocks)`: the cached prefix `add_sequence_cached` would start this prompt
@@ -161,7 +161,7 @@ impl Model {
     #[pyo3(signature = (prompt, salt=None))]
     fn cached_prefix(&self, prompt: &Bound<'_, PyAny>, salt: Option<&str>) -> PyResult<(usize, usize)> {
         let prompt = token_ids(prompt)?;
-        let m = self.lock().cached_prefix(&prompt, salt);
+        let m = self.lock().table().cached_prefix(&prompt, salt);
         Ok((m.cached_tokens, m.idle_blocks))
     }
 
@@ -170,30 +170,30 @@ impl Model {
     #[pyo3(signature = (prompt, salt=None))]
     fn add_sequence_cached(&self, prompt: &Bound<'_, PyAny>, salt: Option<&str>) -> PyResult<(u64, usize)> {
         let prompt = token_ids(prompt)?;
-        Ok(self.lock().add_sequence_cached(&prompt, salt))
+        Ok(self.lock().table_mut().add_sequence_cached(&prompt, salt))
     }
 
     /// Prefix-cache statistics, plus `computed_tokens` (tokens run through the model so far).
     fn cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let runner = self.lock();
-        let d = stats_dict(py, &runner.cache_stats())?;
+        let d = stats_dict(py, &runner.table().cache_stats())?;
         d.set_item("computed_tokens", runner.computed_tokens())?;
         Ok(d)
     }
 
     /// Drops every cached block no sequence uses; returns how many.
     fn reset_prefix_cache(&self) -> usize {
-        self.lock().reset_prefix_cache()
+        self.lock().table_mut().reset_prefix_cache()
     }
 
     /// Ends a sequence and frees its KV blocks.
     fn free_sequence(&self, seq: u64) -> PyResult<()> {
-        self.lock().free_sequence(seq).map_err(to_py)
+        self.lock().table_mut().free_sequence(seq).map_err(to_py)
     }
 
     /// Tokens of KV a sequence holds.
     fn sequence_len(&self, seq: u64) -> PyResult<usize> {
-        self.lock().sequence_len(seq).map_err(to_py)
+        self.lock().table().sequence_len(seq).map_err(to_py)
     }
 
     /// Runs one batched forward pass. Each item is `(sequence id, token ids, logits)` with logits

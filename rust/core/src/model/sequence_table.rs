@@ -1,0 +1,190 @@
+//! `SequenceTable`: the sequences living in a KV cache and the blocks they hold. It owns block
+//! accounting (each sequence's block table grows as tokens arrive, all or nothing per step) and the
+//! prefix cache the blocks come from, but no KV data: the model runner pairs it with the cache's
+//! memory, and the scheduler's tests and benchmarks use it alone as a ledger.
+//! With prefix caching on, a sequence started from a prompt begins on the longest cached chain of
+//! its full blocks, and every block a sequence fills is cached as it fills; without it, the cache is
+//! just the block pool.
+
+use std::collections::HashMap;
+
+use crate::error::{Error, Result};
+use crate::kv::{CacheStats, PrefixCache, PrefixMatch, BLOCK_TOKENS};
+
+use super::sequence::Sequence;
+
+pub struct SequenceTable {
+    blocks: PrefixCache,
+    prefix_caching: bool,
+    seqs: HashMap<u64, Sequence>,
+    next_id: u64,
+}
+
+/// Blocks a sequence of `tokens` tokens occupies.
+pub fn blocks_for(tokens: usize) -> usize {
+    tokens.div_ceil(BLOCK_TOKENS)
+}
+
+impl SequenceTable {
+    /// A table over `num_blocks` blocks of `block_bytes` bytes each (the size only feeds statistics).
+    pub fn new(num_blocks: usize, block_bytes: usize, prefix_caching: bool) -> SequenceTable {
+        SequenceTable {
+            blocks: PrefixCache::new(num_blocks, block_bytes),
+            prefix_caching,
+            seqs: HashMap::new(),
+            next_id: 0,
+        }
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.capacity()
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        self.blocks.num_free()
+    }
+
+    pub fn num_sequences(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Blocks a step can still get: free ones plus cached ones no sequence uses (evicted on demand).
+    pub fn num_available_blocks(&self) -> usize {
+        self.blocks.num_available()
+    }
+
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix_caching
+    }
+
+    /// Turns prefix caching on or off for sequences started from now on. Turning it off drops every
+    /// cached block no sequence uses.
+    pub fn set_prefix_caching(&mut self, on: bool) {
+        self.prefix_caching = on;
+        if !on {
+            self.blocks.reset();
+        }
+    }
+
+    /// Drops every cached block no sequence uses; returns how many.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        self.blocks.reset()
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        self.blocks.stats()
+    }
+
+    pub fn get(&self, seq: u64) -> Result<&Sequence> {
+        self.seqs.get(&seq).ok_or_else(|| unknown(seq))
+    }
+
+    /// Starts an empty sequence and returns its id. Its blocks are not cached.
+    pub fn add_sequence(&mut self) -> u64 {
+        self.insert_sequence(Sequence::default())
+    }
+
+    /// The cached prefix [`add_sequence_cached`](Self::add_sequence_cached) would start `prompt` on
+    /// (empty with caching off). Changes nothing.
+    pub fn cached_prefix(&self, prompt: &[u32], salt: Option<&str>) -> PrefixMatch {
+        if !self.prefix_caching {
+            return PrefixMatch::default();
+        }
+        self.blocks.lookup(prompt, salt, max_cached_blocks(prompt.len()))
+    }
+
+    /// Starts a sequence for `prompt` on the longest cached prefix of its full blocks (with cache salt
+    /// `salt`) and returns its id and the number of prompt tokens already in the KV cache; the caller
+    /// steps the rest, `prompt[cached..]`. At least the last prompt token is always left to compute,
+    /// so the caller gets its logits, and it never lands in a shared block: a prompt of exactly `k`
+    /// full blocks reuses at most `k - 1` of them and recomputes the last block (no copy-on-write).
+    /// With prefix caching off this is `add_sequence` and 0.
+    pub fn add_sequence_cached(&mut self, prompt: &[u32], salt: Option<&str>) -> (u64, usize) {
+        if !self.prefix_caching {
+            return (self.add_sequence(), 0);
+        }
+        let m = self.blocks.acquire(prompt, salt, max_cached_blocks(prompt.len()));
+        let cached = m.cached_tokens;
+        (self.insert_sequence(Sequence::from_prefix(prompt, salt, m)), cached)
+    }
+
+    fn insert_sequence(&mut self, seq: Sequence) -> u64 {
+        self.next_id += 1;
+        self.seqs.insert(self.next_id, seq);
+        self.next_id
+    }
+
+    /// Ends a sequence and gives back its blocks (cached ones stay cached, idle, until evicted).
+    pub fn free_sequence(&mut self, seq: u64) -> Result<()> {
+        let s = self.seqs.remove(&seq).ok_or_else(|| unknown(seq))?;
+        for id in s.block_table {
+            self.blocks.release(id)?;
+        }
+        Ok(())
+    }
+
+    /// Tokens of KV the sequence holds.
+    pub fn sequence_len(&self, seq: u64) -> Result<usize> {
+        Ok(self.get(seq)?.len)
+    }
+
+    /// New blocks sequence `seq` needs to hold `n` more tokens.
+    pub fn new_blocks_for(&self, seq: u64, n: usize) -> Result<usize> {
+        let s = self.get(seq)?;
+        Ok(blocks_for(s.len + n).saturating_sub(s.block_table.len()))
+    }
+
+    /// Grows block tables so each `(sequence, n)` can hold `n` more tokens, all or nothing.
+    pub fn reserve(&mut self, growth: &[(u64, usize)]) -> Result<()> {
+        let mut needed = 0;
+        for &(seq, n) in growth {
+            needed += self.new_blocks_for(seq, n)?;
+        }
+        if needed > self.blocks.num_available() {
+            return Err(Error::Value(format!(
+                "the KV cache is full: this step needs {needed} more blocks, {} of {} are free or evictable",
+                self.blocks.num_available(),
+                self.blocks.capacity()
+            )));
+        }
+        for &(seq, n) in growth {
+            let s = self.seqs.get_mut(&seq).expect("checked");
+            while s.block_table.len() < blocks_for(s.len + n) {
+                // Sequences hold whole cached chains, so every idle cached block can be evicted in turn.
+                s.block_table.push(self.blocks.allocate().expect("counted above"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records that `tokens` now hold KV at the end of `seq` (its blocks reserved before), caching
+    /// the blocks they filled when prefix caching is on.
+    pub fn append(&mut self, seq: u64, tokens: &[u32]) -> Result<()> {
+        let s = self.seqs.get_mut(&seq).ok_or_else(|| unknown(seq))?;
+        let chain = if self.prefix_caching { Some(&mut self.blocks) } else { None };
+        s.append(tokens, chain)
+    }
+
+    /// Checks the accounting: every sequence holds exactly the blocks its length needs, and the
+    /// prefix cache's own invariants hold.
+    pub fn check(&self) -> Result<()> {
+        for (id, s) in &self.seqs {
+            if s.block_table.len() != blocks_for(s.len) {
+                return Err(Error::Value(format!(
+                    "sequence {id} holds {} blocks for {} tokens",
+                    s.block_table.len(),
+                    s.len
+                )));
+            }
+        }
+        self.blocks.check()
+    }
+}
+
+fn max_cached_blocks(prompt_len: usize) -> usize {
+    prompt_len.saturating_sub(1) / BLOCK_TOKENS
+}
+
+fn unknown(seq: u64) -> Error {
+    Error::Value(format!("unknown sequence id {seq}"))
+}

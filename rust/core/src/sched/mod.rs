@@ -1,0 +1,26 @@
+//! The continuous-batching scheduler: which requests run in the next forward pass, and how many of
+//! their tokens. Requests wait in a queue ordered by priority then arrival, with aging
+//! ([`queue`]); each step ([`Scheduler::schedule`]) runs the decodes of running requests first, then
+//! chunks of prompts still in prefill, then admits waiting requests while the token budget, the
+//! sequence limit and the KV blocks allow, preempting the lowest-priority, most recently admitted
+//! request when blocks run out. Prefill, chunked prefill and decode are all "n tokens of request r"
+//! ([`SchedulerOutput`]). The scheduler sees the KV cache only through a [`SequenceTable`]
+//! (start, free, how many blocks a step needs); it never runs the model and never decides that a
+//! request is finished: the engine samples, calls [`Scheduler::update`], and calls
+//! [`Scheduler::finish`] on stop tokens, stop strings or length.
+//!
+//! [`SequenceTable`]: crate::model::SequenceTable
+
+mod config;
+mod output;
+mod queue;
+mod request;
+mod scheduler;
+#[cfg(test)]
+mod tests;
+
+pub use config::{Policy, SchedulerConfig};
+pub use output::{ScheduledItem, SchedulerOutput, SchedulerStats};
+pub use queue::WaitingQueue;
+pub use request::Request;
+pub use scheduler::Scheduler;

@@ -1,0 +1,42 @@
+//! `Request`: what the scheduler knows of one request.
+
+/// A request's tokens and its place in the queues. `tokens` is the prompt followed by every token
+/// sampled so far; `num_computed` of them hold KV (0 while waiting).
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub id: u64,
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Lower is served first.
+    pub priority: i32,
+    pub salt: Option<String>,
+    /// Add order, from 0: breaks ties in the waiting queue.
+    pub arrival: u64,
+    /// Waiting-queue order: `priority * priority_aging_steps + enqueue step` (aging built in).
+    pub key: i128,
+    pub num_computed: usize,
+    /// The request's KV sequence while it runs.
+    pub seq: Option<u64>,
+    /// Stamped each time the request starts running: the tie-break among running requests.
+    pub admitted: u64,
+    /// The step that last scheduled it.
+    pub scheduled_step: u64,
+    pub num_preemptions: u32,
+}
+
+impl Request {
+    /// Tokens not yet in the KV cache.
+    pub fn remaining(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    /// In decode: only the last sampled token lacks KV.
+    pub fn is_decoding(&self) -> bool {
+        self.remaining() == 1 && self.num_computed > 0
+    }
+
+    /// The running set's order: better priority first, then earlier admission.
+    pub fn running_key(&self) -> (i32, u64, u64) {
+        (self.priority, self.admitted, self.id)
+    }
+}

@@ -1,0 +1,357 @@
+//! `Scheduler`: the waiting queue, the running set, and the step rules (see the module doc of
+//! [`crate::sched`]).
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::error::{Error, Result};
+use crate::kv::BLOCK_TOKENS;
+use crate::model::{blocks_for, Logits, SequenceTable, StepItem};
+
+use super::config::{Policy, SchedulerConfig, LONGEST_PREFIX_WINDOW};
+use super::output::{ScheduledItem, SchedulerOutput, SchedulerStats};
+use super::queue::WaitingQueue;
+use super::request::Request;
+
+pub struct Scheduler {
+    config: SchedulerConfig,
+    requests: HashMap<u64, Request>,
+    waiting: WaitingQueue,
+    /// Running requests by `Request::running_key`.
+    running: BTreeSet<(i32, u64, u64)>,
+    step: u64,
+    arrivals: u64,
+    admissions: u64,
+    /// The step whose output still awaits `update`.
+    pending: Option<u64>,
+    stats: SchedulerStats,
+}
+
+/// What a step has handed out so far.
+struct Budget {
+    tokens: usize,
+    /// New blocks promised to the step's items (allocated when the model runs them).
+    reserved: usize,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig) -> Result<Scheduler> {
+        config.validate()?;
+        Ok(Scheduler {
+            config,
+            requests: HashMap::new(),
+            waiting: WaitingQueue::default(),
+            running: BTreeSet::new(),
+            step: 0,
+            arrivals: 0,
+            admissions: 0,
+            pending: None,
+            stats: SchedulerStats::default(),
+        })
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        self.stats
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn request(&self, id: u64) -> Option<&Request> {
+        self.requests.get(&id)
+    }
+
+    /// Running request ids in admission order.
+    pub fn running_ids(&self) -> Vec<u64> {
+        let mut ids: Vec<&Request> = self.running.iter().map(|k| &self.requests[&k.2]).collect();
+        ids.sort_by_key(|r| r.admitted);
+        ids.iter().map(|r| r.id).collect()
+    }
+
+    /// Waiting request ids, best first.
+    pub fn waiting_ids(&self) -> Vec<u64> {
+        self.waiting.ids().collect()
+    }
+
+    /// Queues a request. Fails, changing nothing, on a known id, an empty prompt, or a full queue.
+    pub fn add(&mut self, id: u64, prompt: Vec<u32>, priority: i32, salt: Option<String>) -> Result<()> {
+        if self.requests.contains_key(&id) {
+            return Err(Error::Value(format!("request id {id} is already in the scheduler")));
+        }
+        if prompt.is_empty() {
+            return Err(Error::Value("the prompt is empty: at least one token is needed".into()));
+        }
+        if let Some(limit) = self.config.max_waiting {
+            if self.waiting.len() >= limit {
+                return Err(Error::QueueFull(format!(
+                    "the waiting queue is full ({limit} requests wait; max_waiting={limit}): retry later"
+                )));
+            }
+        }
+        let key = priority as i128 * self.config.priority_aging_steps as i128 + self.step as i128;
+        let request = Request {
+            id,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            priority,
+            salt,
+            arrival: self.arrivals,
+            key,
+            num_computed: 0,
+            seq: None,
+            admitted: 0,
+            scheduled_step: 0,
+            num_preemptions: 0,
+        };
+        self.arrivals += 1;
+        self.waiting.push(key, request.arrival, id);
+        self.requests.insert(id, request);
+        Ok(())
+    }
+
+    /// Decides the next step (see the module doc); the caller runs it, then calls [`update`](Self::update).
+    pub fn schedule(&mut self, kv: &mut SequenceTable) -> SchedulerOutput {
+        self.step += 1;
+        self.pending = Some(self.step);
+        let mut out = SchedulerOutput { step: self.step, ..Default::default() };
+        let mut budget = Budget { tokens: self.config.max_num_batched_tokens, reserved: 0 };
+        let order: Vec<u64> = self.running.iter().map(|k| k.2).collect();
+        for decode_pass in [true, false] {
+            for &id in &order {
+                if budget.tokens == 0 {
+                    break;
+                }
+                self.visit_running(id, decode_pass, kv, &mut budget, &mut out);
+            }
+        }
+        if out.preempted.is_empty() {
+            self.admit(kv, &mut budget, &mut out);
+        }
+        self.stats.steps += 1;
+        self.stats.scheduled_tokens += out.num_batched_tokens() as u64;
+        out
+    }
+
+    fn visit_running(
+        &mut self,
+        id: u64,
+        decode_pass: bool,
+        kv: &mut SequenceTable,
+        budget: &mut Budget,
+        out: &mut SchedulerOutput,
+    ) {
+        let Some(r) = self.requests.get(&id).filter(|r| r.seq.is_some()) else { return };
+        let remaining = r.remaining();
+        if (remaining == 1) != decode_pass {
+            return;
+        }
+        if !self.config.chunked_prefill && remaining > budget.tokens {
+            return;
+        }
+        let n = remaining.min(budget.tokens);
+        let seq = r.seq.expect("running");
+        let need = kv.new_blocks_for(seq, n).expect("running requests have sequences");
+        while need > kv.num_available_blocks().saturating_sub(budget.reserved) {
+            let victim = self.pick_victim();
+            self.preempt(victim, kv);
+            out.preempted.push(victim);
+            if victim == id {
+                return;
+            }
+        }
+        self.push_item(id, n, budget, need, out);
+    }
+
+    /// The running request not yet scheduled this step with the worst priority, latest admitted.
+    fn pick_victim(&self) -> u64 {
+        let unscheduled = |k: &&(i32, u64, u64)| self.requests[&k.2].scheduled_step != self.step;
+        self.running.iter().rev().find(unscheduled).expect("the request being visited is unscheduled").2
+    }
+
+    /// Frees a running request's blocks and puts it back in the waiting queue (keeping its tokens,
+    /// key and arrival), to be recomputed when it is admitted again.
+    fn preempt(&mut self, id: u64, kv: &mut SequenceTable) {
+        let r = self.requests.get_mut(&id).expect("running");
+        self.running.remove(&r.running_key());
+        if let Some(seq) = r.seq.take() {
+            kv.free_sequence(seq).expect("running requests have sequences");
+        }
+        r.num_computed = 0;
+        r.num_preemptions += 1;
+        self.waiting.push(r.key, r.arrival, id);
+        self.stats.preemptions += 1;
+    }
+
+    fn push_item(&mut self, id: u64, n: usize, budget: &mut Budget, new_blocks: usize, out: &mut SchedulerOutput) {
+        let r = self.requests.get_mut(&id).expect("scheduled requests exist");
+        r.scheduled_step = self.step;
+        if r.is_decoding() {
+            self.stats.decode_tokens += n as u64;
+        } else {
+            self.stats.prefill_tokens += n as u64;
+        }
+        out.items.push(ScheduledItem {
+            request: id,
+            seq: r.seq.expect("scheduled requests run"),
+            start: r.num_computed,
+            num_tokens: n,
+            sample: r.num_computed + n == r.tokens.len(),
+        });
+        budget.tokens -= n;
+        budget.reserved += new_blocks;
+    }
+
+    /// Starts waiting requests while the sequence limit, the token budget and the blocks allow.
+    fn admit(&mut self, kv: &mut SequenceTable, budget: &mut Budget, out: &mut SchedulerOutput) {
+        while self.running.len() < self.config.max_num_seqs && budget.tokens > 0 {
+            let Some(id) = self.pick_waiting(kv) else { return };
+            let r = &self.requests[&id];
+            let m = kv.cached_prefix(&r.tokens, r.salt.as_deref());
+            let remaining = r.tokens.len() - m.cached_tokens;
+            if !self.config.chunked_prefill && remaining > budget.tokens {
+                return;
+            }
+            let n = remaining.min(budget.tokens);
+            let cached_blocks = m.cached_tokens / BLOCK_TOKENS;
+            let new_blocks = blocks_for(m.cached_tokens + n) - cached_blocks;
+            if new_blocks + m.idle_blocks > kv.num_available_blocks().saturating_sub(budget.reserved) {
+                return;
+            }
+            self.start(id, kv);
+            self.push_item(id, n, budget, new_blocks, out);
+        }
+    }
+
+    fn pick_waiting(&self, kv: &SequenceTable) -> Option<u64> {
+        match self.config.policy {
+            Policy::Priority => self.waiting.first(),
+            Policy::LongestPrefix => {
+                let mut best: Option<(usize, u64)> = None;
+                for id in self.waiting.ids().take(LONGEST_PREFIX_WINDOW) {
+                    let r = &self.requests[&id];
+                    let cached = kv.cached_prefix(&r.tokens, r.salt.as_deref()).cached_tokens;
+                    if best.is_none_or(|(c, _)| cached > c) {
+                        best = Some((cached, id));
+                    }
+                }
+                best.map(|(_, id)| id)
+            }
+        }
+    }
+
+    /// Moves a waiting request into the running set, on its cached prefix.
+    fn start(&mut self, id: u64, kv: &mut SequenceTable) {
+        let r = self.requests.get_mut(&id).expect("waiting requests exist");
+        self.waiting.remove(r.key, r.arrival, id);
+        let (seq, cached) = kv.add_sequence_cached(&r.tokens, r.salt.as_deref());
+        r.seq = Some(seq);
+        r.num_computed = cached;
+        self.admissions += 1;
+        r.admitted = self.admissions;
+        self.running.insert(r.running_key());
+        self.stats.admitted += 1;
+    }
+
+    /// The model's work for `out`: each item's tokens and whether its last row's logits are needed.
+    /// Items of requests finished since `schedule` are left out.
+    pub fn step_items(&self, out: &SchedulerOutput) -> Vec<StepItem<'_>> {
+        out.items
+            .iter()
+            .filter(|it| self.requests.get(&it.request).is_some_and(|r| r.seq == Some(it.seq)))
+            .map(|it| StepItem {
+                seq: it.seq,
+                tokens: &self.requests[&it.request].tokens[it.start..it.start + it.num_tokens],
+                logits: if it.sample { Logits::Last } else { Logits::None },
+            })
+            .collect()
+    }
+
+    /// Records that the step ran: every item's tokens now hold KV, and each sampling item gets its
+    /// sampled token (`sampled` in item order). Fails, changing nothing, on a stale output or the
+    /// wrong number of tokens.
+    pub fn update(&mut self, out: &SchedulerOutput, sampled: &[u32]) -> Result<()> {
+        if self.pending != Some(out.step) {
+            return Err(Error::Value(format!(
+                "update() needs the output of the latest schedule() (step {}), got step {}",
+                self.step, out.step
+            )));
+        }
+        if sampled.len() != out.num_sample() {
+            return Err(Error::Value(format!(
+                "update() got {} sampled tokens for {} sampling items",
+                sampled.len(),
+                out.num_sample()
+            )));
+        }
+        self.pending = None;
+        let mut tokens = sampled.iter();
+        for it in &out.items {
+            let token = if it.sample { tokens.next().copied() } else { None };
+            let Some(r) = self.requests.get_mut(&it.request).filter(|r| r.seq == Some(it.seq)) else { continue };
+            r.num_computed += it.num_tokens;
+            r.tokens.extend(token);
+        }
+        Ok(())
+    }
+
+    /// Ends a request (stop, length, or the caller's abort) and frees its blocks; false if unknown.
+    pub fn finish(&mut self, id: u64, kv: &mut SequenceTable) -> bool {
+        let Some(r) = self.requests.remove(&id) else { return false };
+        match r.seq {
+            Some(seq) => {
+                self.running.remove(&r.running_key());
+                kv.free_sequence(seq).expect("running requests have sequences");
+            }
+            None => {
+                self.waiting.remove(r.key, r.arrival, id);
+            }
+        }
+        self.stats.finished += 1;
+        true
+    }
+
+    /// Like [`finish`](Self::finish), counted as an abort.
+    pub fn abort(&mut self, id: u64, kv: &mut SequenceTable) -> bool {
+        let found = self.finish(id, kv);
+        if found {
+            self.stats.finished -= 1;
+            self.stats.aborted += 1;
+        }
+        found
+    }
+
+    /// Checks the scheduler's invariants against the table it schedules over.
+    pub fn check(&self, kv: &SequenceTable) -> Result<()> {
+        let broken = |msg: String| Err(Error::Value(format!("scheduler invariant broken: {msg}")));
+        if self.running.len() > self.config.max_num_seqs {
+            return broken(format!("{} running > max_num_seqs", self.running.len()));
+        }
+        if self.running.len() + self.waiting.len() != self.requests.len() {
+            return broken("a request is in neither or both of the queues".into());
+        }
+        for r in self.requests.values() {
+            match r.seq {
+                Some(seq) => {
+                    if !self.running.contains(&r.running_key()) {
+                        return broken(format!("request {} has a sequence but is not running", r.id));
+                    }
+                    let len = kv.sequence_len(seq)?;
+                    if self.pending.is_none() && len != r.num_computed {
+                        return broken(format!("request {}: {} computed but {len} in the cache", r.id, r.num_computed));
+                    }
+                }
+                None if r.num_computed != 0 => return broken(format!("waiting request {} holds KV", r.id)),
+                None => {}
+            }
+        }
+        kv.check()
+    }
+}

@@ -1,0 +1,262 @@
+//! `Scheduler`: the continuous-batching scheduler over a `Model`'s KV cache (the engine's step:
+//! `schedule`, `execute`, `update`), or over a model-free block ledger for tests and benchmarks.
+//! `execute` releases the GIL for the forward pass.
+
+use std::sync::Mutex;
+
+use numpy::{IntoPyArray, PyArray2, PyArrayMethods};
+use oxibonsai_core::model::{SequenceTable, StepItem};
+use oxibonsai_core::pool;
+use oxibonsai_core::sched::{Policy, Scheduler as CoreScheduler, SchedulerConfig, SchedulerOutput as CoreOutput};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::to_py;
+use crate::gil::without_gil;
+use crate::model::Model;
+use crate::prefix::token_ids;
+
+/// Where the scheduler's blocks live.
+enum Backend {
+    /// A model's KV cache: `execute` runs the forward pass.
+    Model(Py<Model>),
+    /// Block accounting alone: `execute` only grows the block tables.
+    Ledger(Box<SequenceTable>),
+}
+
+struct State {
+    sched: CoreScheduler,
+    backend: Backend,
+}
+
+impl State {
+    fn with_table<R>(&mut self, f: impl FnOnce(&mut CoreScheduler, &mut SequenceTable) -> R) -> R {
+        match &mut self.backend {
+            Backend::Ledger(table) => f(&mut self.sched, table),
+            Backend::Model(model) => f(&mut self.sched, model.get().lock().table_mut()),
+        }
+    }
+}
+
+/// The continuous-batching scheduler (priorities with aging, chunked prefill, preemption).
+#[pyclass(frozen, module = "oxibonsai._core")]
+pub struct Scheduler {
+    state: Mutex<State>,
+}
+
+/// One step's plan: `items` are `(request_id, num_tokens, sample)`.
+#[pyclass(frozen, module = "oxibonsai._core")]
+pub struct SchedulerOutput {
+    inner: CoreOutput,
+}
+
+#[pymethods]
+impl SchedulerOutput {
+    #[getter]
+    fn items(&self) -> Vec<(u64, usize, bool)> {
+        self.inner.items.iter().map(|i| (i.request, i.num_tokens, i.sample)).collect()
+    }
+
+    #[getter]
+    fn preempted(&self) -> Vec<u64> {
+        self.inner.preempted.clone()
+    }
+
+    #[getter]
+    fn num_batched_tokens(&self) -> usize {
+        self.inner.num_batched_tokens()
+    }
+
+    #[getter]
+    fn num_sample(&self) -> usize {
+        self.inner.num_sample()
+    }
+
+    #[getter]
+    fn step(&self) -> u64 {
+        self.inner.step
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.items.len()
+    }
+}
+
+impl Scheduler {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[pymethods]
+impl Scheduler {
+    /// `kv`: a `Model` (scheduling over its KV cache) or a number of 16-token blocks (a model-free
+    /// ledger; `enable_prefix_caching` applies to it alone). `policy`: 'priority' or 'longest_prefix'.
+    #[new]
+    #[pyo3(signature = (
+        kv, *, max_num_seqs=8, max_num_batched_tokens=256, max_waiting=None, priority_aging_steps=256,
+        enable_chunked_prefill=true, policy="priority", enable_prefix_caching=false
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        kv: &Bound<'_, PyAny>,
+        max_num_seqs: usize,
+        max_num_batched_tokens: usize,
+        max_waiting: Option<usize>,
+        priority_aging_steps: u64,
+        enable_chunked_prefill: bool,
+        policy: &str,
+        enable_prefix_caching: bool,
+    ) -> PyResult<Scheduler> {
+        let config = SchedulerConfig {
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_waiting,
+            priority_aging_steps,
+            chunked_prefill: enable_chunked_prefill,
+            policy: Policy::parse(policy).map_err(to_py)?,
+        };
+        let sched = CoreScheduler::new(config).map_err(to_py)?;
+        let backend = match kv.cast::<Model>() {
+            Ok(model) => Backend::Model(model.clone().unbind()),
+            Err(_) => {
+                let blocks: usize = kv.extract()?;
+                if blocks == 0 {
+                    return Err(pyo3::exceptions::PyValueError::new_err("a ledger needs at least one block"));
+                }
+                Backend::Ledger(Box::new(SequenceTable::new(blocks, 0, enable_prefix_caching)))
+            }
+        };
+        Ok(Scheduler { state: Mutex::new(State { sched, backend }) })
+    }
+
+    /// Queues a request. Raises `QueueFull` when `max_waiting` requests wait, `ValueError` for a
+    /// known id or an empty prompt; nothing changes then.
+    #[pyo3(signature = (request_id, prompt, *, priority=0, cache_salt=None))]
+    fn add(
+        &self,
+        request_id: u64,
+        prompt: &Bound<'_, PyAny>,
+        priority: i32,
+        cache_salt: Option<String>,
+    ) -> PyResult<()> {
+        let prompt = token_ids(prompt)?;
+        self.lock().sched.add(request_id, prompt, priority, cache_salt).map_err(to_py)
+    }
+
+    /// Plans the next step.
+    fn schedule(&self) -> SchedulerOutput {
+        SchedulerOutput { inner: self.lock().with_table(|s, t| s.schedule(t)) }
+    }
+
+    /// Runs a planned step: with a model, one batched forward pass (GIL released) returning float32
+    /// `(num_sample, vocab)` logits of the sampling items in order; with a ledger, block growth only.
+    fn execute<'py>(&self, py: Python<'py>, out: &SchedulerOutput) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
+        let result = without_gil(py, || {
+            let mut guard = self.lock();
+            let state = &mut *guard;
+            let items = state.sched.step_items(&out.inner);
+            match &mut state.backend {
+                Backend::Ledger(table) => advance_ledger(table, &items).map(|()| None),
+                Backend::Model(model) => {
+                    let mut runner = model.get().lock();
+                    let vocab = runner.model().config.vocab;
+                    runner.step(&items, &pool::global()).map(|logits| Some((logits, vocab)))
+                }
+            }
+        })
+        .map_err(to_py)?;
+        match result {
+            None => Ok(None),
+            Some((logits, vocab)) => {
+                let rows = logits.len() / vocab;
+                Ok(Some(logits.into_pyarray(py).reshape([rows, vocab])?))
+            }
+        }
+    }
+
+    /// Records a run step: one sampled token per sampling item, in item order.
+    fn update(&self, out: &SchedulerOutput, sampled: Vec<u32>) -> PyResult<()> {
+        self.lock().sched.update(&out.inner, &sampled).map_err(to_py)
+    }
+
+    /// Ends a request (stop or length) and frees its blocks; False if unknown.
+    fn finish(&self, request_id: u64) -> bool {
+        self.lock().with_table(|s, t| s.finish(request_id, t))
+    }
+
+    /// Drops a waiting or running request and frees its blocks; False if unknown.
+    fn abort(&self, request_id: u64) -> bool {
+        self.lock().with_table(|s, t| s.abort(request_id, t))
+    }
+
+    #[getter]
+    fn num_waiting(&self) -> usize {
+        self.lock().sched.num_waiting()
+    }
+
+    #[getter]
+    fn num_running(&self) -> usize {
+        self.lock().sched.num_running()
+    }
+
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.lock().with_table(|_, t| t.num_blocks())
+    }
+
+    #[getter]
+    fn num_free_blocks(&self) -> usize {
+        self.lock().with_table(|_, t| t.num_free_blocks())
+    }
+
+    #[getter]
+    fn num_available_blocks(&self) -> usize {
+        self.lock().with_table(|_, t| t.num_available_blocks())
+    }
+
+    /// Running request ids in admission order.
+    fn running_ids(&self) -> Vec<u64> {
+        self.lock().sched.running_ids()
+    }
+
+    /// Waiting request ids, best first.
+    fn waiting_ids(&self) -> Vec<u64> {
+        self.lock().sched.waiting_ids()
+    }
+
+    /// A request's tokens (prompt, then generated) and how many hold KV; None if unknown.
+    fn request_state(&self, request_id: u64) -> Option<(Vec<u32>, usize)> {
+        self.lock().sched.request(request_id).map(|r| (r.tokens.clone(), r.num_computed))
+    }
+
+    /// Counters: steps, admitted, preemptions, finished, aborted, scheduled/prefill/decode tokens.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.lock().sched.stats();
+        let d = PyDict::new(py);
+        d.set_item("steps", s.steps)?;
+        d.set_item("admitted", s.admitted)?;
+        d.set_item("preemptions", s.preemptions)?;
+        d.set_item("finished", s.finished)?;
+        d.set_item("aborted", s.aborted)?;
+        d.set_item("scheduled_tokens", s.scheduled_tokens)?;
+        d.set_item("prefill_tokens", s.prefill_tokens)?;
+        d.set_item("decode_tokens", s.decode_tokens)?;
+        Ok(d)
+    }
+
+    /// Raises `ValueError` if an invariant of the scheduler or its blocks is broken.
+    fn check(&self) -> PyResult<()> {
+        self.lock().with_table(|s, t| s.check(t)).map_err(to_py)
+    }
+}
+
+/// The ledger's version of a forward pass: grow the block tables, then record the tokens.
+fn advance_ledger(table: &mut SequenceTable, items: &[StepItem]) -> oxibonsai_core::Result<()> {
+    let growth: Vec<(u64, usize)> = items.iter().map(|it| (it.seq, it.tokens.len())).collect();
+    table.reserve(&growth)?;
+    for it in items {
+        table.append(it.seq, it.tokens)?;
+    }
+    Ok(())
+}
