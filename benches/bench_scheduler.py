@@ -1,11 +1,12 @@
 """The scheduler's step: ``oxibonsai._core.Scheduler`` (Rust, ledger mode: block accounting, no model)
 against the pure-Python model with the same rules (``tests/sched_model.py``), one ``schedule()`` +
-``update()`` cycle at 64 running requests. "decode": 64 requests in steady decode (one token each per
-step). "mixed": 64 running; after every step the two oldest finish and two 64-token prompts arrive, so a
-step carries about 62 decodes and two 64-token prefills (the finish/add calls are part of the
-cycle there). Both implementations run the same workload and are checked to schedule it identically.
-Per group: each implementation alone, then "interleaved", which alternates one Rust cycle and one Python
-cycle and reports the ratio of their medians (the fairest figure on a shared machine). Target: >= 20x.
+``execute()`` + ``update()`` cycle at 64 running requests (a ledger's ``execute`` only takes the step's
+blocks). "decode": 64 requests in steady decode (one token each per step). "mixed": 64 running; after
+every step the two oldest finish and two 64-token prompts arrive, so a step carries about 62 decodes and
+two prefills (the finish/add calls are part of the cycle there). Both implementations run the same
+workload and are checked to schedule it identically. Per group: each implementation alone, then
+"interleaved", which alternates one Rust cycle and one Python cycle and reports the ratio of their
+medians (the fairest figure on a shared machine). Target: Python / Rust >= 20x.
 
     python -m pytest benches/bench_scheduler.py --benchmark-only --benchmark-group-by=group
 """
@@ -64,13 +65,17 @@ class Workload:
         self.next_id += 1
 
     def decode_cycle(self) -> Any:
-        out = self.sched.schedule()
-        self.sched.update(out, self.sampled)
+        sched = self.sched
+        out = sched.schedule()
+        sched.execute(out)
+        sched.update(out, self.sampled)
         return out
 
     def any_step(self) -> Any:
-        out = self.sched.schedule()
-        self.sched.update(out, self.sampled[: sum(1 for item in out.items if item[2])])
+        sched = self.sched
+        out = sched.schedule()
+        sched.execute(out)
+        sched.update(out, self.sampled[: out.num_sample])
         return out
 
     def mixed_cycle(self) -> Any:
@@ -103,7 +108,10 @@ def ratios(pytestconfig: pytest.Config) -> Iterator[dict[str, float]]:
     found: dict[str, float] = {}
     yield found
     reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and found:
+    capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or capture is None or not found:
+        return
+    with capture.global_and_fixture_disabled():
         reporter.write_line("")
         for group, ratio in found.items():
             reporter.write_line(f"scheduler {group}: Python / Rust = {ratio:.1f}x (interleaved medians)")

@@ -6,9 +6,10 @@ priority_aging_steps + enqueue_step`` (a heap with lazily dropped entries for ab
 running set is kept sorted by ``(priority, admitted)``. ``schedule()`` visits running decodes, then
 running prefills, each in that order, spending the token budget and promising new blocks; when blocks run
 short it preempts the not-yet-scheduled running request with the largest ``(priority, admitted)``. Only
-a step without preemptions admits waiting requests, head first. ``update()`` advances ``num_computed``,
-takes the blocks the new tokens need and appends the sampled tokens. The model never finishes a request:
-the caller decides, as the engine does."""
+a step without preemptions admits waiting requests, head first (without prefix caching the
+"longest_prefix" policy picks the head too). ``execute()`` (the ledger's forward pass) takes the blocks
+the step's tokens need, as the native ledger does; ``update()`` then advances ``num_computed`` and
+appends the sampled tokens. The model never finishes a request: the caller decides, as the engine does."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def blocks_for(tokens: int) -> int:
 
 
 class _Request:
-    __slots__ = ("admitted", "arrival", "id", "key", "num_computed", "priority", "tokens")
+    __slots__ = ("admitted", "arrival", "blocks", "id", "key", "num_computed", "priority", "tokens")
 
     def __init__(self, request_id: int, tokens: list[int], priority: int, key: int, arrival: int) -> None:
         self.id = request_id
@@ -36,6 +37,7 @@ class _Request:
         self.key = key
         self.arrival = arrival
         self.num_computed = 0
+        self.blocks = 0  # held: blocks_for(num_computed), or more between execute() and update()
         self.admitted = 0
 
     def rank(self) -> tuple[int, int, int]:
@@ -49,6 +51,7 @@ class PySchedulerOutput:
     items: list[tuple[int, int, bool]] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
     num_batched_tokens: int = 0
+    num_sample: int = 0
 
 
 class PyScheduler:
@@ -63,8 +66,12 @@ class PyScheduler:
         enable_chunked_prefill: bool = True,
         policy: str = "priority",
     ) -> None:
-        if num_blocks < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError("num_blocks, max_num_seqs and max_num_batched_tokens must be >= 1")
+        if num_blocks < 1 or max_num_seqs < 1:
+            raise ValueError("num_blocks and max_num_seqs must be >= 1")
+        if max_num_batched_tokens < max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs (every decode fits a step)")
+        if not 1 <= priority_aging_steps <= 2**32 - 1:
+            raise ValueError("priority_aging_steps must be in 1..2**32-1")
         if policy not in ("priority", "longest_prefix"):
             raise ValueError(f"unknown policy {policy!r}")
         self.num_blocks = num_blocks
@@ -153,7 +160,7 @@ class PyScheduler:
             n = min(remaining, budget)
             if n < remaining and not self.chunked:
                 continue
-            need = blocks_for(r.num_computed + n) - blocks_for(r.num_computed)
+            need = blocks_for(r.num_computed + n) - r.blocks
             while need > self.free - reserved:
                 victim = self._victim(scheduled)
                 self._preempt(victim)
@@ -168,16 +175,25 @@ class PyScheduler:
         if not out.preempted:
             budget = self._admit(out, budget, reserved)
         out.num_batched_tokens = self.max_num_batched_tokens - budget
+        out.num_sample = sum(1 for item in out.items if item[2])
         self.counters["scheduled_tokens"] += out.num_batched_tokens
         self._pending = out
         return out
 
+    def execute(self, out: PySchedulerOutput) -> None:
+        """The ledger's forward pass: every item's request takes the blocks its new tokens need."""
+        for request_id, n, _ in out.items:
+            r = self.running.get(request_id)
+            if r is not None:  # else finished or aborted since schedule()
+                grown = blocks_for(r.num_computed + n)
+                self.free -= grown - r.blocks
+                r.blocks = grown
+
     def update(self, out: PySchedulerOutput, sampled: Sequence[int]) -> None:
         if out is not self._pending:
             raise ValueError("update() takes the output of the latest schedule(), once")
-        num_sample = sum(1 for item in out.items if item[2])
-        if len(sampled) != num_sample:
-            raise ValueError(f"{len(sampled)} sampled tokens for {num_sample} sampling items")
+        if len(sampled) != out.num_sample:
+            raise ValueError(f"{len(sampled)} sampled tokens for {out.num_sample} sampling items")
         self._pending = None
         values = iter(sampled)
         for request_id, n, sample in out.items:
@@ -185,9 +201,7 @@ class PyScheduler:
             r = self.running.get(request_id)
             if r is None:
                 continue  # finished or aborted since schedule()
-            before = blocks_for(r.num_computed)
             r.num_computed += n
-            self.free -= blocks_for(r.num_computed) - before
             if sample:
                 r.tokens.append(token)
 
@@ -234,8 +248,8 @@ class PyScheduler:
 
     def _unrun(self, r: _Request) -> None:
         """Take a running request out of the running set and give its blocks back."""
-        self.free += blocks_for(r.num_computed)
-        r.num_computed = 0
+        self.free += r.blocks
+        r.num_computed = r.blocks = 0
         del self.running[r.id]
         del self._order[bisect_left(self._order, r.rank())]
 
@@ -259,12 +273,19 @@ class PyScheduler:
         return True
 
     def check(self) -> None:
-        held = sum(blocks_for(r.num_computed) for r in self.running.values())
+        held = sum(r.blocks for r in self.running.values())
+        settled = self._pending is not None or all(
+            r.blocks == blocks_for(r.num_computed) for r in self.running.values()
+        )
         queued = [e[2] for e in self._heap if self.waiting.get(e[2].id) is e[2]]
         problems = [
             (held + self.free != self.num_blocks, "held + free != num_blocks"),
             (self.free < 0, "negative free blocks"),
-            (any(r.num_computed for r in self.waiting.values()), "a waiting request holds blocks"),
+            (
+                any(r.num_computed or r.blocks for r in self.waiting.values()),
+                "a waiting request holds blocks",
+            ),
+            (not settled, "a running request holds other than blocks_for(num_computed) blocks"),
             (len(self.running) > self.max_num_seqs, "too many running"),
             (self.running.keys() & self.waiting.keys(), "a request both running and waiting"),
             (self.running.keys() | self.waiting.keys() != self.requests.keys(), "a request nowhere"),
