@@ -1,7 +1,7 @@
 # One command surface: CI and the README call these targets.
 PYTHON ?= python3
 
-.PHONY: install build lint test test-rust test-python bench bench-model bench-prefix bench-batching fmt
+.PHONY: install build lint test test-rust test-python bench bench-model bench-prefix bench-batching bench-sched fmt
 
 install:
 	$(PYTHON) -m pip install -e '.[test]'
@@ -44,3 +44,7 @@ bench-prefix:
 # Continuous batching: decode tokens/s at 1/4/16/64 concurrent requests, scheduler overhead, Poisson arrivals.
 bench-batching:
 	$(PYTHON) benches/bench_batching.py --threads 2
+
+# The scheduler: one schedule()+update() cycle at 64 running requests, Rust vs the pure-Python model.
+bench-sched:
+	$(PYTHON) -m pytest benches/bench_scheduler.py --benchmark-only --benchmark-group-by=group
