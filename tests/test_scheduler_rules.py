@@ -176,17 +176,17 @@ def test_without_chunked_prefill_a_prompt_over_the_budget_waits(impl: str) -> No
 
 
 @pytest.mark.skipif(NATIVE is None, reason="no native Scheduler")
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="spec vs native: the spec's step contract says a ledger caller calls nothing between schedule() "
-    "and update(), but the native ledger takes a step's blocks in execute(); without it, check() fails "
-    "('request 0: 20 computed but 0 in the cache') and the next step is planned on blocks never taken",
-)
-def test_a_ledger_step_needs_no_execute() -> None:
+def test_update_without_execute_is_refused_and_changes_nothing() -> None:
     sched = NATIVE(8)
     sched.add(0, list(range(20)))
     out = sched.schedule()
+    with pytest.raises(ValueError, match="execute"):
+        sched.update(out, [5])
+    assert sched.request_state(0) == (list(range(20)), 0)
+    sched.execute(out)
+    with pytest.raises(ValueError, match="already executed"):
+        sched.execute(out)
     sched.update(out, [5])
     sched.check()
+    assert sched.request_state(0) == ([*range(20), 5], 20)
     assert sched.num_free_blocks == 8 - 2

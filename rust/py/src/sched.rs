@@ -8,6 +8,8 @@ use numpy::{IntoPyArray, PyArray2, PyArrayMethods};
 use oxibonsai_core::model::{SequenceTable, StepItem};
 use oxibonsai_core::pool;
 use oxibonsai_core::sched::{Policy, Scheduler as CoreScheduler, SchedulerConfig, SchedulerOutput as CoreOutput};
+use oxibonsai_core::Error;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -27,6 +29,9 @@ enum Backend {
 struct State {
     sched: CoreScheduler,
     backend: Backend,
+    /// The step `execute` last ran: `update` must record that one, or the blocks and the scheduler
+    /// would disagree.
+    executed: Option<u64>,
 }
 
 impl State {
@@ -122,12 +127,12 @@ impl Scheduler {
             Err(_) => {
                 let blocks: usize = kv.extract()?;
                 if blocks == 0 {
-                    return Err(pyo3::exceptions::PyValueError::new_err("a ledger needs at least one block"));
+                    return Err(PyValueError::new_err("a ledger needs at least one block"));
                 }
                 Backend::Ledger(Box::new(SequenceTable::new(blocks, 0, enable_prefix_caching)))
             }
         };
-        Ok(Scheduler { state: Mutex::new(State { sched, backend }) })
+        Ok(Scheduler { state: Mutex::new(State { sched, backend, executed: None }) })
     }
 
     /// Queues a request. Raises `QueueFull` when `max_waiting` requests wait, `ValueError` for a
@@ -155,15 +160,22 @@ impl Scheduler {
         let result = without_gil(py, || {
             let mut guard = self.lock();
             let state = &mut *guard;
+            if state.executed == Some(out.inner.step) {
+                return Err(Error::Value(format!("step {} was already executed", out.inner.step)));
+            }
             let items = state.sched.step_items(&out.inner);
-            match &mut state.backend {
+            let result = match &mut state.backend {
                 Backend::Ledger(table) => advance_ledger(table, &items).map(|()| None),
                 Backend::Model(model) => {
                     let mut runner = model.get().lock();
                     let vocab = runner.model().config.vocab;
                     runner.step(&items, &pool::global()).map(|logits| Some((logits, vocab)))
                 }
+            };
+            if result.is_ok() {
+                state.executed = Some(out.inner.step);
             }
+            result
         })
         .map_err(to_py)?;
         match result {
@@ -175,9 +187,17 @@ impl Scheduler {
         }
     }
 
-    /// Records a run step: one sampled token per sampling item, in item order.
+    /// Records a step `execute` ran: one sampled token per sampling item, in item order.
     fn update(&self, out: &SchedulerOutput, sampled: Vec<u32>) -> PyResult<()> {
-        self.lock().sched.update(&out.inner, &sampled).map_err(to_py)
+        let mut state = self.lock();
+        if state.executed != Some(out.inner.step) {
+            return Err(PyValueError::new_err(format!(
+                "update() needs execute() of step {} first: the step's tokens must run (or, for a ledger, \
+                 take their blocks) before they are recorded",
+                out.inner.step
+            )));
+        }
+        state.sched.update(&out.inner, &sampled).map_err(to_py)
     }
 
     /// Ends a request (stop or length) and frees its blocks; False if unknown.
