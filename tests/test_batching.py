@@ -196,7 +196,8 @@ def test_engine_metrics_count_what_ran(tiny_model, rng):
     m = llm.metrics()
     sched = m["scheduler"]
     assert m["counters"]["requests_finished"]["length"] == 6
-    assert m["counters"]["generation_tokens_total"] == sum(len(o.outputs[0].token_ids) for o in outs) == 6 * 24
+    generated = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert m["counters"]["generation_tokens_total"] == generated == 6 * 24
     assert m["counters"]["preemptions_total"] == sched["preemptions"] > 0
     # Every scheduled token is a prompt token (recomputation after preemption included) or a decode.
     assert m["counters"]["prompt_tokens_total"] + sched["decode_tokens"] == sched["scheduled_tokens"]
