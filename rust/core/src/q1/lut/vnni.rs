@@ -129,8 +129,9 @@ unsafe fn half_block_sums<const NA: usize>(
     acc
 }
 
-/// Tile `t` against activation rows `j0..j0 + NA` of `acts`: for every block in order,
-/// `out[j * stride + r] = fma(isum, d_w * d_a, out[j * stride + r])` (`out` zeroed by the caller).
+/// Tile `t` against activation rows `j0..j0 + NA` of `acts` into `out[j * stride + r]`: from 0, for every
+/// block in order, `acc = fma(isum, d_w * d_a, acc)`. The sums build up in a local buffer: the rows of
+/// `out` are often a multiple of 4 KiB apart, and updating them block by block thrashed L1 sets.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile_pass<const NA: usize>(
     p: &LutPacked,
@@ -141,6 +142,7 @@ unsafe fn tile_pass<const NA: usize>(
     stride: usize,
 ) {
     let dec = Decoder::new();
+    let mut acc = [[0f32; TILE_ROWS]; NA];
     for b in 0..p.kb {
         let bits = p.tile_block_bits(t, b).as_ptr();
         let scales = p.tile_block_scales(t, b).as_ptr();
@@ -151,12 +153,15 @@ unsafe fn tile_pass<const NA: usize>(
         for h in 0..2 {
             let isum = half_block_sums::<NA>(&dec, bits.add(HALF_ROWS * h), q, neg_sum);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(HALF_ROWS * h).cast()));
-            for (j, s) in isum.iter().enumerate() {
-                let o = out.add(j * stride + HALF_ROWS * h);
+            for (j, (s, a)) in isum.iter().zip(&mut acc).enumerate() {
+                let a = a[HALF_ROWS * h..].as_mut_ptr();
                 let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*da.add(j)));
-                _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), scale, _mm512_loadu_ps(o)));
+                _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), scale, _mm512_loadu_ps(a)));
             }
         }
+    }
+    for (j, a) in acc.iter().enumerate() {
+        std::ptr::copy_nonoverlapping(a.as_ptr(), out.add(j * stride), TILE_ROWS);
     }
 }
 
@@ -170,7 +175,6 @@ fn passes(cols: usize) -> impl Iterator<Item = Range<usize>> {
 pub fn gemm_tiles(p: &LutPacked, tiles: Range<usize>, acts: &BlockMajorActs, out: &mut [f32]) {
     let rows = tiles.len() * TILE_ROWS;
     assert!(tiles.end <= p.tiles && acts.kb() == p.kb && out.len() >= acts.n * rows);
-    out[..acts.n * rows].fill(0.0);
     for (ti, t) in tiles.enumerate() {
         for pass in passes(acts.n) {
             let o = out[pass.start * rows + ti * TILE_ROWS..].as_mut_ptr();
