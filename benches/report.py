@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-KERNEL_ORDER = ("gemm", "lut", "signflip", "numpy-q1", "numpy-f32")
+KERNEL_ORDER = ("gemm", "lut-gemm", "lut", "signflip", "numpy-q1", "numpy-f32")
 BASELINES = ("signflip", "numpy-q1", "numpy-f32")
 
 

@@ -1,13 +1,14 @@
 """Q1_0 matmul benchmarks: our kernels against numpy and our sign-flip kernel, on Bonsai-1.7B shapes.
 
-Every (shape, residency, threads, n) is one pytest-benchmark group holding the same five
+Every (shape, residency, threads, n) is one pytest-benchmark group holding the same six
 implementations, so each group's table compares them directly:
 
 - numpy-q1:  numpy straight from the GGUF bytes (baselines.numpy_q1_matmul)
 - numpy-f32: BLAS on the pre-dequantized float32 matrix (`w32 @ x`; 28x the bytes of Q1_0)
 - signflip:  our int8 sign-flip kernel
 - lut:       our LUT GEMV (for n > 1, one GEMV per activation row)
-- gemm:      our small-GEMM kernel
+- gemm:      our small-GEMM kernel (AVX-512 VNNI where the CPU has it, else the LUT GEMM)
+- lut-gemm:  our LUT small GEMM (the VNNI machines' previous GEMM)
 
 n=1 passes a (cols,) vector, n>1 an (n, cols) matrix. Weight GB/s counts Q1_0 bytes for every
 implementation, so it is proportional to speed; "% of bandwidth" counts the bytes each one reads.
@@ -27,7 +28,7 @@ from workload import RESIDENCIES, Workload
 
 from oxibonsai import Q1Matrix, kernel_info
 
-IMPLS = ("numpy-q1", "numpy-f32", "signflip", "lut", "gemm")
+IMPLS = ("numpy-q1", "numpy-f32", "signflip", "lut", "lut-gemm", "gemm")
 BATCHES = (1, 4, 16, 64)
 
 

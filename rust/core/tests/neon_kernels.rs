@@ -30,7 +30,7 @@ mod aarch64 {
     use oxibonsai_core::q1::reference::exact_int8;
     use oxibonsai_core::q1::{Isa, Kernel, Q1Matrix, BLOCK_BYTES};
 
-    const INT8_KERNELS: [Kernel; 4] = [Kernel::Lut, Kernel::Gemm, Kernel::SignFlip, Kernel::Auto];
+    const INT8_KERNELS: [Kernel; 5] = [Kernel::Lut, Kernel::Gemm, Kernel::LutGemm, Kernel::SignFlip, Kernel::Auto];
 
     #[derive(Default)]
     pub struct Checks {

@@ -2,6 +2,8 @@
 //!
 //! Dispatch order: AVX-512 (F, BW, VL) -> AVX2 (with FMA and F16C) -> scalar on x86-64; NEON on
 //! aarch64. The scalar path always compiles and is what every fast path is tested against.
+//! Within AVX-512, VNNI (`vpdpbusd`) is an extension the small GEMM uses when present
+//! ([`Isa::has_avx512_vnni`]); forcing the other GEMM goes through `Kernel::LutGemm`, not an ISA.
 
 use std::fmt;
 
@@ -98,6 +100,16 @@ impl Isa {
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vl")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// True when this ISA is AVX-512 and the CPU also has AVX-512 VNNI.
+    pub fn has_avx512_vnni(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.has_avx512() && is_x86_feature_detected!("avx512vnni")
         }
         #[cfg(not(target_arch = "x86_64"))]
         false

@@ -26,8 +26,11 @@ pub enum Kernel {
     SignFlip,
     /// The LUT GEMV, once per activation row.
     Lut,
-    /// The small GEMM: each weight tile decoded once for up to 64 activation rows.
+    /// The small GEMM: each weight tile decoded once for many activation rows (the VNNI kernel where
+    /// the CPU has AVX-512 VNNI, else the LUT one).
     Gemm,
+    /// The LUT small GEMM on every ISA (the VNNI machines' previous GEMM, kept for comparison).
+    LutGemm,
 }
 
 impl Kernel {
@@ -38,9 +41,11 @@ impl Kernel {
             "signflip" => Kernel::SignFlip,
             "lut" => Kernel::Lut,
             "gemm" => Kernel::Gemm,
+            "lut-gemm" => Kernel::LutGemm,
             _ => {
                 return Err(Error::Value(format!(
-                    "unknown kernel {name:?}; expected one of 'auto', 'reference', 'signflip', 'lut', 'gemm'"
+                    "unknown kernel {name:?}; expected one of 'auto', 'reference', 'signflip', 'lut', 'gemm', \
+                     'lut-gemm'"
                 )))
             }
         })
@@ -135,6 +140,7 @@ impl Q1Matrix {
             Kernel::SignFlip => signflip::gemv(self.blocks(), self.rows, &acts, out, isa, pool),
             Kernel::Lut => lut::gemv(self.packed(), &acts, out, isa, pool),
             Kernel::Gemm => lut::gemm(self.packed(), &acts, out, isa, pool),
+            Kernel::LutGemm => lut::lut_gemm(self.packed(), &acts, out, isa, pool),
             Kernel::Auto if n == 1 => lut::gemv(self.packed(), &acts, out, isa, pool),
             Kernel::Auto => lut::gemm(self.packed(), &acts, out, isa, pool),
             Kernel::Reference => unreachable!("handled above"),

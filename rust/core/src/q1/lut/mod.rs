@@ -6,6 +6,9 @@
 //! once. Within a 128-block the int16 sums are exact: 32 groups x 4 x 127 = 16256 < 32767. Each
 //! block's exact integer sum is scaled as `acc = fma(isum, d_w * d_a, acc)`, the same operation in
 //! the same order as every other int8 kernel, so all of them agree bit for bit.
+//!
+//! On CPUs with AVX-512 VNNI the small GEMM is [`vnni`]'s instead: it reads the same packed bits but
+//! builds no tables (`vpdpbusd` on decoded 0/2 weights), and gives the same bits.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -16,6 +19,8 @@ mod neon;
 mod pack;
 mod scalar;
 mod tables;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
 pub use pack::{LutPacked, TILE_BLOCK_BYTES, TILE_ROWS};
 pub use tables::{build_tables, TABLE_BYTES};
@@ -77,30 +82,64 @@ fn gemv_tiles(p: &LutPacked, tiles: std::ops::Range<usize>, tables: &[u8], scale
     scalar::gemv_tiles(p, tiles, tables, scales, out)
 }
 
-/// Small GEMM: like [`gemv`], but each tile of weights is decoded once for up to
-/// [`GEMM_MAX_COLS`] activation rows.
+/// Small GEMM: like [`gemv`], but each tile of weights is decoded once for many activation rows:
+/// [`vnni`]'s kernel where the CPU has AVX-512 VNNI, else [`lut_gemm`].
 pub fn gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa, pool: &Pool) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx512_vnni() {
+        for (cols, out) in column_chunks(p.rows, acts.n, out) {
+            let chunk = vnni::BlockMajorActs::new(acts, cols.clone());
+            split_tiles(p, cols.len(), out, pool, |tiles, buf| vnni::gemm_tiles(p, tiles, &chunk, buf));
+        }
+        return;
+    }
+    lut_gemm(p, acts, out, isa, pool)
+}
+
+/// The LUT small GEMM: like [`gemv`], but each tile of weights is decoded once for up to
+/// [`GEMM_MAX_COLS`] activation rows.
+pub fn lut_gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa, pool: &Pool) {
     let groups = acts.k / 4;
-    for first in (0..acts.n).step_by(GEMM_MAX_COLS) {
-        let n = (acts.n - first).min(GEMM_MAX_COLS);
+    for (cols, out) in column_chunks(p.rows, acts.n, out) {
+        let n = cols.len();
         let mut tables = vec![0u8; n * groups * TABLE_BYTES];
         for (j, t) in tables.chunks_exact_mut(groups * TABLE_BYTES).enumerate() {
-            build_tables(acts.row(first + j), t, isa);
+            build_tables(acts.row(cols.start + j), t, isa);
         }
-        let scales = &acts.scale[first * p.kb..(first + n) * p.kb];
-        let shared = SharedOut::new(&mut out[first * p.rows..(first + n) * p.rows]);
-        pool.for_each_range(p.tiles, 1, |tiles| {
-            let rows = tiles.len() * TILE_ROWS;
-            let mut buf = vec![0f32; n * rows];
-            gemm_tiles(p, tiles.clone(), n, &tables, scales, &mut buf, isa);
-            let r0 = tiles.start * TILE_ROWS;
-            let valid = (tiles.end * TILE_ROWS).min(p.rows) - r0;
-            for j in 0..n {
-                // SAFETY: each task owns the rows of its own tiles, in every column.
-                unsafe { shared.write(j * p.rows + r0, &buf[j * rows..j * rows + valid]) };
-            }
-        });
+        let scales = &acts.scale[cols.start * p.kb..cols.end * p.kb];
+        split_tiles(p, n, out, pool, |tiles, buf| gemm_tiles(p, tiles, n, &tables, scales, buf, isa));
     }
+}
+
+/// Runs of at most [`GEMM_MAX_COLS`] activation rows and their part of `out` (`rows` per row).
+fn column_chunks(rows: usize, n: usize, out: &mut [f32]) -> impl Iterator<Item = (std::ops::Range<usize>, &mut [f32])> {
+    out[..n * rows].chunks_mut(GEMM_MAX_COLS * rows).enumerate().map(move |(i, out)| {
+        let first = i * GEMM_MAX_COLS;
+        (first..first + out.len() / rows, out)
+    })
+}
+
+/// Splits the tiles across the pool for `n` activation rows: `kernel(tiles, buf)` fills
+/// `buf[j * (tiles.len() * 32) + row]`, whose real rows are copied to `out[j * p.rows + row]`.
+fn split_tiles(
+    p: &LutPacked,
+    n: usize,
+    out: &mut [f32],
+    pool: &Pool,
+    kernel: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync,
+) {
+    let shared = SharedOut::new(out);
+    pool.for_each_range(p.tiles, 1, |tiles| {
+        let rows = tiles.len() * TILE_ROWS;
+        let mut buf = vec![0f32; n * rows];
+        kernel(tiles.clone(), &mut buf);
+        let r0 = tiles.start * TILE_ROWS;
+        let valid = (tiles.end * TILE_ROWS).min(p.rows) - r0;
+        for j in 0..n {
+            // SAFETY: each task owns the rows of its own tiles, in every column.
+            unsafe { shared.write(j * p.rows + r0, &buf[j * rows..j * rows + valid]) };
+        }
+    });
 }
 
 /// Writes `out[j * (tiles.len() * 32) + row]` for the `n` activation rows `j`.
@@ -132,8 +171,16 @@ pub fn gemv_name(isa: Isa) -> String {
     format!("lut-{isa}")
 }
 
-/// The small-GEMM kernel that runs for `isa`.
+/// The small-GEMM kernel that runs for `isa` ([`gemm`]), e.g. `"vnni-gemm-avx512"`.
 pub fn gemm_name(isa: Isa) -> String {
+    if isa.has_avx512_vnni() {
+        return format!("vnni-gemm-{isa}");
+    }
+    lut_gemm_name(isa)
+}
+
+/// The LUT small GEMM that runs for `isa` ([`lut_gemm`]).
+pub fn lut_gemm_name(isa: Isa) -> String {
     let code = if isa == Isa::Avx512 { Isa::Avx2 } else { isa };
     format!("lut-gemm-{code}")
 }
