@@ -6,7 +6,7 @@
 //! its full blocks, and every block a sequence fills is cached as it fills; without it, the cache is
 //! just the block pool.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
 use crate::kv::{CacheStats, PrefixCache, PrefixMatch, BLOCK_TOKENS};
@@ -16,7 +16,7 @@ use super::sequence::Sequence;
 pub struct SequenceTable {
     blocks: PrefixCache,
     prefix_caching: bool,
-    seqs: HashMap<u64, Sequence>,
+    seqs: FxHashMap<u64, Sequence>,
     next_id: u64,
 }
 
@@ -31,7 +31,7 @@ impl SequenceTable {
         SequenceTable {
             blocks: PrefixCache::new(num_blocks, block_bytes),
             prefix_caching,
-            seqs: HashMap::new(),
+            seqs: FxHashMap::default(),
             next_id: 0,
         }
     }
@@ -136,8 +136,16 @@ impl SequenceTable {
 
     /// Grows block tables so each `(sequence, n)` can hold `n` more tokens, all or nothing.
     pub fn reserve(&mut self, growth: &[(u64, usize)]) -> Result<()> {
+        self.reserve_iter(growth.iter().copied())
+    }
+
+    /// [`reserve`](Self::reserve) over an iterator (walked twice: to count, then to grow).
+    pub fn reserve_iter<I>(&mut self, growth: I) -> Result<()>
+    where
+        I: Iterator<Item = (u64, usize)> + Clone,
+    {
         let mut needed = 0;
-        for &(seq, n) in growth {
+        for (seq, n) in growth.clone() {
             needed += self.new_blocks_for(seq, n)?;
         }
         if needed > self.blocks.num_available() {
@@ -147,7 +155,7 @@ impl SequenceTable {
                 self.blocks.capacity()
             )));
         }
-        for &(seq, n) in growth {
+        for (seq, n) in growth {
             let s = self.seqs.get_mut(&seq).expect("checked");
             while s.block_table.len() < blocks_for(s.len + n) {
                 // Sequences hold whole cached chains, so every idle cached block can be evicted in turn.

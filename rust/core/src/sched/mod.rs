@@ -16,6 +16,8 @@ mod output;
 mod queue;
 mod request;
 mod scheduler;
+mod slab;
+mod step;
 #[cfg(test)]
 mod tests;
 
