@@ -7,7 +7,7 @@ use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use oxibonsai_core::kv::{CacheStats, PrefixCache as CoreCache, BLOCK_TOKENS};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList};
 
 use crate::errors::to_py;
 
@@ -19,6 +19,10 @@ pub fn token_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
             return Ok(view.as_slice()?.to_vec());
         }
         return Ok(view.as_array().to_vec());
+    }
+    // A list (the common case) is read item by item, without the generic sequence protocol.
+    if let Ok(list) = obj.cast::<PyList>() {
+        return list.iter().map(|item| item.extract::<u32>()).collect();
     }
     obj.extract()
 }
