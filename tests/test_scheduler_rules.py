@@ -200,4 +200,4 @@ def test_update_accepts_a_uint32_array(rng: np.random.Generator) -> None:
     sched.execute(out)
     token = int(rng.integers(0, 1000))
     sched.update(out, np.array([token], dtype=np.uint32))
-    assert sched.request_state(1) == (prompt + [token], 5)
+    assert sched.request_state(1) == ([*prompt, token], 5)
