@@ -15,6 +15,7 @@ mod config;
 mod output;
 mod queue;
 mod request;
+mod running;
 mod scheduler;
 mod slab;
 mod step;

@@ -1,8 +1,6 @@
 //! `Scheduler`: the waiting queue, the running set, and the step rules (see the module doc of
 //! [`crate::sched`]).
 
-use std::collections::BTreeSet;
-
 use crate::error::{Error, Result};
 use crate::kv::BLOCK_TOKENS;
 use crate::model::{blocks_for, SequenceTable};
@@ -11,6 +9,7 @@ use super::config::{Policy, SchedulerConfig, LONGEST_PREFIX_WINDOW};
 use super::output::{ScheduledItem, SchedulerOutput, SchedulerStats};
 use super::queue::WaitingQueue;
 use super::request::Request;
+use super::running::RunningSet;
 use super::slab::RequestSlab;
 
 pub struct Scheduler {
@@ -18,7 +17,7 @@ pub struct Scheduler {
     pub(super) requests: RequestSlab,
     waiting: WaitingQueue,
     /// Running requests by `Request::running_key`.
-    running: BTreeSet<(i32, u64, u32)>,
+    running: RunningSet,
     /// The running set's slots in order, refilled by every `schedule` (kept to reuse its memory).
     order: Vec<u32>,
     pub(super) step: u64,
@@ -43,7 +42,7 @@ impl Scheduler {
             config,
             requests: RequestSlab::default(),
             waiting: WaitingQueue::default(),
-            running: BTreeSet::new(),
+            running: RunningSet::default(),
             order: Vec::new(),
             step: 0,
             arrivals: 0,
@@ -192,7 +191,7 @@ impl Scheduler {
     /// key and arrival), to be recomputed when it is admitted again.
     fn preempt(&mut self, slot: u32, kv: &mut SequenceTable) {
         let r = self.requests.at_mut(slot);
-        self.running.remove(&r.running_key(slot));
+        self.running.remove(r.running_key(slot));
         if let Some(seq) = r.seq.take() {
             kv.free_sequence(seq).expect("running requests have sequences");
         }
@@ -280,7 +279,7 @@ impl Scheduler {
         let r = self.requests.remove(id).expect("found above");
         match r.seq {
             Some(seq) => {
-                self.running.remove(&r.running_key(slot));
+                self.running.remove(r.running_key(slot));
                 kv.free_sequence(seq).expect("running requests have sequences");
             }
             None => {
@@ -314,7 +313,7 @@ impl Scheduler {
             let slot = self.requests.slot_of(r.id).expect("every stored request is indexed");
             match r.seq {
                 Some(seq) => {
-                    if !self.running.contains(&r.running_key(slot)) {
+                    if !self.running.contains(r.running_key(slot)) {
                         return broken(format!("request {} has a sequence but is not running", r.id));
                     }
                     let len = kv.sequence_len(seq)?;

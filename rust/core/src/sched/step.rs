@@ -30,12 +30,7 @@ impl Scheduler {
     /// What a forward pass does to a model-free table: grow the block tables for the step's tokens
     /// (all or nothing), then record the tokens.
     pub fn advance_ledger(&self, out: &SchedulerOutput, kv: &mut SequenceTable) -> Result<()> {
-        let live = || out.items.iter().filter_map(|it| Some((it.seq, self.item_tokens(it)?)));
-        kv.reserve_iter(live().map(|(seq, tokens)| (seq, tokens.len())))?;
-        for (seq, tokens) in live() {
-            kv.append(seq, tokens)?;
-        }
-        Ok(())
+        kv.advance(out.items.iter().filter_map(|it| Some((it.seq, self.item_tokens(it)?))))
     }
 
     /// Records that the step ran: every item's tokens now hold KV, and each sampling item gets its
