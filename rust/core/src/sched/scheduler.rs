@@ -124,7 +124,8 @@ impl Scheduler {
     pub fn schedule(&mut self, kv: &mut SequenceTable) -> SchedulerOutput {
         self.step += 1;
         self.pending = Some(self.step);
-        let items = Vec::with_capacity(self.running.len() + 1);
+        // Every item is a running or newly admitted request: at most this many.
+        let items = Vec::with_capacity((self.running.len() + self.waiting.len()).min(self.config.max_num_seqs));
         let mut out = SchedulerOutput { step: self.step, items, preempted: Vec::new() };
         let mut budget = Budget { tokens: self.config.max_num_batched_tokens, reserved: 0 };
         let mut order = std::mem::take(&mut self.order);

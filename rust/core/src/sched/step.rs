@@ -56,7 +56,9 @@ impl Scheduler {
             let token = if it.sample { tokens.next().copied() } else { None };
             let Some(r) = self.requests.running_at_mut(it.slot, it.request, it.seq) else { continue };
             r.num_computed += it.num_tokens;
-            r.tokens.extend(token);
+            if let Some(token) = token {
+                r.tokens.push(token);
+            }
         }
         Ok(())
     }
