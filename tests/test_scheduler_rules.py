@@ -190,3 +190,14 @@ def test_update_without_execute_is_refused_and_changes_nothing() -> None:
     sched.check()
     assert sched.request_state(0) == ([*range(20), 5], 20)
     assert sched.num_free_blocks == 8 - 2
+
+
+def test_update_accepts_a_uint32_array(rng: np.random.Generator) -> None:
+    sched = _core.Scheduler(8)
+    prompt = rng.integers(0, 1000, size=5).tolist()
+    sched.add(1, prompt)
+    out = sched.schedule()
+    sched.execute(out)
+    token = int(rng.integers(0, 1000))
+    sched.update(out, np.array([token], dtype=np.uint32))
+    assert sched.request_state(1) == ([*prompt, token], 5)

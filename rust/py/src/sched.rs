@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use numpy::{IntoPyArray, PyArray2, PyArrayMethods};
-use oxibonsai_core::model::{SequenceTable, StepItem};
+use oxibonsai_core::model::SequenceTable;
 use oxibonsai_core::pool;
 use oxibonsai_core::sched::{Policy, Scheduler as CoreScheduler, SchedulerConfig, SchedulerOutput as CoreOutput};
 use oxibonsai_core::Error;
@@ -155,40 +155,41 @@ impl Scheduler {
     }
 
     /// Runs a planned step: with a model, one batched forward pass (GIL released) returning float32
-    /// `(num_sample, vocab)` logits of the sampling items in order; with a ledger, block growth only.
+    /// `(num_sample, vocab)` logits of the sampling items in order; with a ledger, block growth only
+    /// (microseconds of work: the GIL stays held).
     fn execute<'py>(&self, py: Python<'py>, out: &SchedulerOutput) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
-        let result = without_gil(py, || {
+        {
             let mut guard = self.lock();
             let state = &mut *guard;
-            if state.executed == Some(out.inner.step) {
-                return Err(Error::Value(format!("step {} was already executed", out.inner.step)));
-            }
-            let items = state.sched.step_items(&out.inner);
-            let result = match &mut state.backend {
-                Backend::Ledger(table) => advance_ledger(table, &items).map(|()| None),
-                Backend::Model(model) => {
-                    let mut runner = model.get().lock();
-                    let vocab = runner.model().config.vocab;
-                    runner.step(&items, &pool::global()).map(|logits| Some((logits, vocab)))
-                }
-            };
-            if result.is_ok() {
+            if let Backend::Ledger(table) = &mut state.backend {
+                state.executed.filter(|&s| s == out.inner.step).map_or(Ok(()), already_executed).map_err(to_py)?;
+                state.sched.advance_ledger(&out.inner, table).map_err(to_py)?;
                 state.executed = Some(out.inner.step);
-            }
-            result
-        })
-        .map_err(to_py)?;
-        match result {
-            None => Ok(None),
-            Some((logits, vocab)) => {
-                let rows = logits.len() / vocab;
-                Ok(Some(logits.into_pyarray(py).reshape([rows, vocab])?))
+                return Ok(None);
             }
         }
+        let (logits, vocab) = without_gil(py, || {
+            let mut guard = self.lock();
+            let state = &mut *guard;
+            state.executed.filter(|&s| s == out.inner.step).map_or(Ok(()), already_executed)?;
+            let Backend::Model(model) = &state.backend else { unreachable!("checked above") };
+            let items = state.sched.step_items(&out.inner);
+            let mut runner = model.get().lock();
+            let vocab = runner.model().config.vocab;
+            let logits = runner.step(&items, &pool::global())?;
+            drop(runner);
+            state.executed = Some(out.inner.step);
+            Ok::<_, Error>((logits, vocab))
+        })
+        .map_err(to_py)?;
+        let rows = logits.len() / vocab;
+        Ok(Some(logits.into_pyarray(py).reshape([rows, vocab])?))
     }
 
-    /// Records a step `execute` ran: one sampled token per sampling item, in item order.
-    fn update(&self, out: &SchedulerOutput, sampled: Vec<u32>) -> PyResult<()> {
+    /// Records a step `execute` ran: one sampled token per sampling item, in item order (a sequence
+    /// of ints or a uint32 array).
+    fn update(&self, out: &SchedulerOutput, sampled: &Bound<'_, PyAny>) -> PyResult<()> {
+        let sampled = token_ids(sampled)?;
         let mut state = self.lock();
         if state.executed != Some(out.inner.step) {
             return Err(PyValueError::new_err(format!(
@@ -271,12 +272,6 @@ impl Scheduler {
     }
 }
 
-/// The ledger's version of a forward pass: grow the block tables, then record the tokens.
-fn advance_ledger(table: &mut SequenceTable, items: &[StepItem]) -> oxibonsai_core::Result<()> {
-    let growth: Vec<(u64, usize)> = items.iter().map(|it| (it.seq, it.tokens.len())).collect();
-    table.reserve(&growth)?;
-    for it in items {
-        table.append(it.seq, it.tokens)?;
-    }
-    Ok(())
+fn already_executed(step: u64) -> oxibonsai_core::Result<()> {
+    Err(Error::Value(format!("step {step} was already executed")))
 }

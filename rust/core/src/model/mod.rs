@@ -10,6 +10,7 @@ pub mod linear;
 pub mod ops;
 pub mod runner;
 pub mod sequence;
+mod sequence_slab;
 pub mod sequence_table;
 pub mod weights;
 

@@ -6,18 +6,16 @@
 //! its full blocks, and every block a sequence fills is cached as it fills; without it, the cache is
 //! just the block pool.
 
-use std::collections::HashMap;
-
 use crate::error::{Error, Result};
 use crate::kv::{CacheStats, PrefixCache, PrefixMatch, BLOCK_TOKENS};
 
 use super::sequence::Sequence;
+use super::sequence_slab::SequenceSlab;
 
 pub struct SequenceTable {
     blocks: PrefixCache,
     prefix_caching: bool,
-    seqs: HashMap<u64, Sequence>,
-    next_id: u64,
+    seqs: SequenceSlab,
 }
 
 /// Blocks a sequence of `tokens` tokens occupies.
@@ -31,8 +29,7 @@ impl SequenceTable {
         SequenceTable {
             blocks: PrefixCache::new(num_blocks, block_bytes),
             prefix_caching,
-            seqs: HashMap::new(),
-            next_id: 0,
+            seqs: SequenceSlab::default(),
         }
     }
 
@@ -76,7 +73,7 @@ impl SequenceTable {
     }
 
     pub fn get(&self, seq: u64) -> Result<&Sequence> {
-        self.seqs.get(&seq).ok_or_else(|| unknown(seq))
+        self.seqs.get(seq).ok_or_else(|| unknown(seq))
     }
 
     /// Starts an empty sequence and returns its id. Its blocks are not cached.
@@ -109,14 +106,12 @@ impl SequenceTable {
     }
 
     fn insert_sequence(&mut self, seq: Sequence) -> u64 {
-        self.next_id += 1;
-        self.seqs.insert(self.next_id, seq);
-        self.next_id
+        self.seqs.insert(seq)
     }
 
     /// Ends a sequence and gives back its blocks (cached ones stay cached, idle, until evicted).
     pub fn free_sequence(&mut self, seq: u64) -> Result<()> {
-        let s = self.seqs.remove(&seq).ok_or_else(|| unknown(seq))?;
+        let s = self.seqs.remove(seq).ok_or_else(|| unknown(seq))?;
         for id in s.block_table {
             self.blocks.release(id)?;
         }
@@ -136,8 +131,51 @@ impl SequenceTable {
 
     /// Grows block tables so each `(sequence, n)` can hold `n` more tokens, all or nothing.
     pub fn reserve(&mut self, growth: &[(u64, usize)]) -> Result<()> {
+        self.reserve_iter(growth.iter().copied())
+    }
+
+    /// [`reserve`](Self::reserve) over an iterator (walked twice: to count, then to grow).
+    pub fn reserve_iter<I>(&mut self, growth: I) -> Result<()>
+    where
+        I: Iterator<Item = (u64, usize)> + Clone,
+    {
+        self.check_room(growth.clone())?;
+        for (seq, n) in growth {
+            let s = self.seqs.get_mut(seq).expect("checked");
+            while s.block_table.len() < blocks_for(s.len + n) {
+                // Sequences hold whole cached chains, so every idle cached block can be evicted in turn.
+                s.block_table.push(self.blocks.allocate().expect("counted above"));
+            }
+        }
+        Ok(())
+    }
+
+    /// A step's bookkeeping without a model: [`reserve`](Self::reserve) the blocks of every
+    /// `(sequence, tokens)`, all or nothing, then [`append`](Self::append) the tokens. With prefix
+    /// caching off, appending touches no block, so each sequence is grown and appended in one visit.
+    pub fn advance<'t, I>(&mut self, steps: I) -> Result<()>
+    where
+        I: Iterator<Item = (u64, &'t [u32])> + Clone,
+    {
+        if self.prefix_caching {
+            self.reserve_iter(steps.clone().map(|(seq, tokens)| (seq, tokens.len())))?;
+            return steps.into_iter().try_for_each(|(seq, tokens)| self.append(seq, tokens));
+        }
+        self.check_room(steps.clone().map(|(seq, tokens)| (seq, tokens.len())))?;
+        for (seq, tokens) in steps {
+            let s = self.seqs.get_mut(seq).expect("checked");
+            while s.block_table.len() < blocks_for(s.len + tokens.len()) {
+                s.block_table.push(self.blocks.allocate().expect("counted above"));
+            }
+            s.append(tokens, None)?;
+        }
+        Ok(())
+    }
+
+    /// Fails unless every sequence is known and the blocks for all the growth are available.
+    fn check_room(&self, growth: impl Iterator<Item = (u64, usize)>) -> Result<()> {
         let mut needed = 0;
-        for &(seq, n) in growth {
+        for (seq, n) in growth {
             needed += self.new_blocks_for(seq, n)?;
         }
         if needed > self.blocks.num_available() {
@@ -147,20 +185,13 @@ impl SequenceTable {
                 self.blocks.capacity()
             )));
         }
-        for &(seq, n) in growth {
-            let s = self.seqs.get_mut(&seq).expect("checked");
-            while s.block_table.len() < blocks_for(s.len + n) {
-                // Sequences hold whole cached chains, so every idle cached block can be evicted in turn.
-                s.block_table.push(self.blocks.allocate().expect("counted above"));
-            }
-        }
         Ok(())
     }
 
     /// Records that `tokens` now hold KV at the end of `seq` (its blocks reserved before), caching
     /// the blocks they filled when prefix caching is on.
     pub fn append(&mut self, seq: u64, tokens: &[u32]) -> Result<()> {
-        let s = self.seqs.get_mut(&seq).ok_or_else(|| unknown(seq))?;
+        let s = self.seqs.get_mut(seq).ok_or_else(|| unknown(seq))?;
         let chain = if self.prefix_caching { Some(&mut self.blocks) } else { None };
         s.append(tokens, chain)
     }
@@ -168,7 +199,7 @@ impl SequenceTable {
     /// Checks the accounting: every sequence holds exactly the blocks its length needs, and the
     /// prefix cache's own invariants hold.
     pub fn check(&self) -> Result<()> {
-        for (id, s) in &self.seqs {
+        for (id, s) in self.seqs.iter() {
             if s.block_table.len() != blocks_for(s.len) {
                 return Err(Error::Value(format!(
                     "sequence {id} holds {} blocks for {} tokens",

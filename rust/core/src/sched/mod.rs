@@ -15,7 +15,10 @@ mod config;
 mod output;
 mod queue;
 mod request;
+mod running;
 mod scheduler;
+mod slab;
+mod step;
 #[cfg(test)]
 mod tests;
 

@@ -2,9 +2,11 @@
 
 /// `num_tokens` tokens of request `request` (starting at token `start`, into KV sequence `seq`) run
 /// in this step; `sample`: they complete the request's known tokens, so its logits are sampled.
+/// `slot`: where the scheduler keeps the request (valid while the request runs on `seq`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScheduledItem {
     pub request: u64,
+    pub slot: u32,
     pub seq: u64,
     pub start: usize,
     pub num_tokens: usize,

@@ -35,8 +35,9 @@ impl Request {
         self.remaining() == 1 && self.num_computed > 0
     }
 
-    /// The running set's order: better priority first, then earlier admission.
-    pub fn running_key(&self) -> (i32, u64, u64) {
-        (self.priority, self.admitted, self.id)
+    /// The running set's order: better priority first, then earlier admission (`slot`: where the
+    /// request lives in the scheduler, carried along).
+    pub fn running_key(&self, slot: u32) -> (i32, u64, u32) {
+        (self.priority, self.admitted, slot)
     }
 }

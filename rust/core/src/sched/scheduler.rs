@@ -1,28 +1,30 @@
 //! `Scheduler`: the waiting queue, the running set, and the step rules (see the module doc of
 //! [`crate::sched`]).
 
-use std::collections::{BTreeSet, HashMap};
-
 use crate::error::{Error, Result};
 use crate::kv::BLOCK_TOKENS;
-use crate::model::{blocks_for, Logits, SequenceTable, StepItem};
+use crate::model::{blocks_for, SequenceTable};
 
 use super::config::{Policy, SchedulerConfig, LONGEST_PREFIX_WINDOW};
 use super::output::{ScheduledItem, SchedulerOutput, SchedulerStats};
 use super::queue::WaitingQueue;
 use super::request::Request;
+use super::running::RunningSet;
+use super::slab::RequestSlab;
 
 pub struct Scheduler {
     config: SchedulerConfig,
-    requests: HashMap<u64, Request>,
+    pub(super) requests: RequestSlab,
     waiting: WaitingQueue,
     /// Running requests by `Request::running_key`.
-    running: BTreeSet<(i32, u64, u64)>,
-    step: u64,
+    running: RunningSet,
+    /// The running set's slots in order, refilled by every `schedule` (kept to reuse its memory).
+    order: Vec<u32>,
+    pub(super) step: u64,
     arrivals: u64,
     admissions: u64,
     /// The step whose output still awaits `update`.
-    pending: Option<u64>,
+    pub(super) pending: Option<u64>,
     stats: SchedulerStats,
 }
 
@@ -38,9 +40,10 @@ impl Scheduler {
         config.validate()?;
         Ok(Scheduler {
             config,
-            requests: HashMap::new(),
+            requests: RequestSlab::default(),
             waiting: WaitingQueue::default(),
-            running: BTreeSet::new(),
+            running: RunningSet::default(),
+            order: Vec::new(),
             step: 0,
             arrivals: 0,
             admissions: 0,
@@ -66,12 +69,12 @@ impl Scheduler {
     }
 
     pub fn request(&self, id: u64) -> Option<&Request> {
-        self.requests.get(&id)
+        self.requests.get(id)
     }
 
     /// Running request ids in admission order.
     pub fn running_ids(&self) -> Vec<u64> {
-        let mut ids: Vec<&Request> = self.running.iter().map(|k| &self.requests[&k.2]).collect();
+        let mut ids: Vec<&Request> = self.running.iter().map(|k| self.requests.at(k.2)).collect();
         ids.sort_by_key(|r| r.admitted);
         ids.iter().map(|r| r.id).collect()
     }
@@ -83,7 +86,7 @@ impl Scheduler {
 
     /// Queues a request. Fails, changing nothing, on a known id, an empty prompt, or a full queue.
     pub fn add(&mut self, id: u64, prompt: Vec<u32>, priority: i32, salt: Option<String>) -> Result<()> {
-        if self.requests.contains_key(&id) {
+        if self.requests.contains(id) {
             return Err(Error::Value(format!("request id {id} is already in the scheduler")));
         }
         if prompt.is_empty() {
@@ -113,7 +116,7 @@ impl Scheduler {
         };
         self.arrivals += 1;
         self.waiting.push(key, request.arrival, id);
-        self.requests.insert(id, request);
+        self.requests.insert(request);
         Ok(())
     }
 
@@ -121,17 +124,22 @@ impl Scheduler {
     pub fn schedule(&mut self, kv: &mut SequenceTable) -> SchedulerOutput {
         self.step += 1;
         self.pending = Some(self.step);
-        let mut out = SchedulerOutput { step: self.step, ..Default::default() };
+        // Every item is a running or newly admitted request: at most this many.
+        let items = Vec::with_capacity((self.running.len() + self.waiting.len()).min(self.config.max_num_seqs));
+        let mut out = SchedulerOutput { step: self.step, items, preempted: Vec::new() };
         let mut budget = Budget { tokens: self.config.max_num_batched_tokens, reserved: 0 };
-        let order: Vec<u64> = self.running.iter().map(|k| k.2).collect();
+        let mut order = std::mem::take(&mut self.order);
+        order.clear();
+        order.extend(self.running.iter().map(|k| k.2));
         for decode_pass in [true, false] {
-            for &id in &order {
+            for &slot in &order {
                 if budget.tokens == 0 {
                     break;
                 }
-                self.visit_running(id, decode_pass, kv, &mut budget, &mut out);
+                self.visit_running(slot, decode_pass, kv, &mut budget, &mut out);
             }
         }
+        self.order = order;
         if out.preempted.is_empty() {
             self.admit(kv, &mut budget, &mut out);
         }
@@ -142,13 +150,17 @@ impl Scheduler {
 
     fn visit_running(
         &mut self,
-        id: u64,
+        slot: u32,
         decode_pass: bool,
         kv: &mut SequenceTable,
         budget: &mut Budget,
         out: &mut SchedulerOutput,
     ) {
-        let Some(r) = self.requests.get(&id).filter(|r| r.seq.is_some()) else { return };
+        // A request preempted earlier in this step stays in `order` but has no sequence.
+        let r = self.requests.at(slot);
+        if r.seq.is_none() {
+            return;
+        }
         let remaining = r.remaining();
         if (remaining == 1) != decode_pass {
             return;
@@ -162,36 +174,36 @@ impl Scheduler {
         while need > kv.num_available_blocks().saturating_sub(budget.reserved) {
             let victim = self.pick_victim();
             self.preempt(victim, kv);
-            out.preempted.push(victim);
-            if victim == id {
+            out.preempted.push(self.requests.at(victim).id);
+            if victim == slot {
                 return;
             }
         }
-        self.push_item(id, n, budget, need, out);
+        self.push_item(slot, n, budget, need, out);
     }
 
     /// The running request not yet scheduled this step with the worst priority, latest admitted.
-    fn pick_victim(&self) -> u64 {
-        let unscheduled = |k: &&(i32, u64, u64)| self.requests[&k.2].scheduled_step != self.step;
+    fn pick_victim(&self) -> u32 {
+        let unscheduled = |k: &&(i32, u64, u32)| self.requests.at(k.2).scheduled_step != self.step;
         self.running.iter().rev().find(unscheduled).expect("the request being visited is unscheduled").2
     }
 
     /// Frees a running request's blocks and puts it back in the waiting queue (keeping its tokens,
     /// key and arrival), to be recomputed when it is admitted again.
-    fn preempt(&mut self, id: u64, kv: &mut SequenceTable) {
-        let r = self.requests.get_mut(&id).expect("running");
-        self.running.remove(&r.running_key());
+    fn preempt(&mut self, slot: u32, kv: &mut SequenceTable) {
+        let r = self.requests.at_mut(slot);
+        self.running.remove(r.running_key(slot));
         if let Some(seq) = r.seq.take() {
             kv.free_sequence(seq).expect("running requests have sequences");
         }
         r.num_computed = 0;
         r.num_preemptions += 1;
-        self.waiting.push(r.key, r.arrival, id);
+        self.waiting.push(r.key, r.arrival, r.id);
         self.stats.preemptions += 1;
     }
 
-    fn push_item(&mut self, id: u64, n: usize, budget: &mut Budget, new_blocks: usize, out: &mut SchedulerOutput) {
-        let r = self.requests.get_mut(&id).expect("scheduled requests exist");
+    fn push_item(&mut self, slot: u32, n: usize, budget: &mut Budget, new_blocks: usize, out: &mut SchedulerOutput) {
+        let r = self.requests.at_mut(slot);
         r.scheduled_step = self.step;
         if r.is_decoding() {
             self.stats.decode_tokens += n as u64;
@@ -199,7 +211,8 @@ impl Scheduler {
             self.stats.prefill_tokens += n as u64;
         }
         out.items.push(ScheduledItem {
-            request: id,
+            request: r.id,
+            slot,
             seq: r.seq.expect("scheduled requests run"),
             start: r.num_computed,
             num_tokens: n,
@@ -213,7 +226,8 @@ impl Scheduler {
     fn admit(&mut self, kv: &mut SequenceTable, budget: &mut Budget, out: &mut SchedulerOutput) {
         while self.running.len() < self.config.max_num_seqs && budget.tokens > 0 {
             let Some(id) = self.pick_waiting(kv) else { return };
-            let r = &self.requests[&id];
+            let slot = self.requests.slot_of(id).expect("waiting requests exist");
+            let r = self.requests.at(slot);
             let m = kv.cached_prefix(&r.tokens, r.salt.as_deref());
             let remaining = r.tokens.len() - m.cached_tokens;
             if !self.config.chunked_prefill && remaining > budget.tokens {
@@ -225,8 +239,8 @@ impl Scheduler {
             if new_blocks + m.idle_blocks > kv.num_available_blocks().saturating_sub(budget.reserved) {
                 return;
             }
-            self.start(id, kv);
-            self.push_item(id, n, budget, new_blocks, out);
+            self.start(slot, kv);
+            self.push_item(slot, n, budget, new_blocks, out);
         }
     }
 
@@ -236,7 +250,7 @@ impl Scheduler {
             Policy::LongestPrefix => {
                 let mut best: Option<(usize, u64)> = None;
                 for id in self.waiting.ids().take(LONGEST_PREFIX_WINDOW) {
-                    let r = &self.requests[&id];
+                    let r = self.requests.get(id).expect("waiting requests exist");
                     let cached = kv.cached_prefix(&r.tokens, r.salt.as_deref()).cached_tokens;
                     if best.is_none_or(|(c, _)| cached > c) {
                         best = Some((cached, id));
@@ -248,66 +262,25 @@ impl Scheduler {
     }
 
     /// Moves a waiting request into the running set, on its cached prefix.
-    fn start(&mut self, id: u64, kv: &mut SequenceTable) {
-        let r = self.requests.get_mut(&id).expect("waiting requests exist");
-        self.waiting.remove(r.key, r.arrival, id);
+    fn start(&mut self, slot: u32, kv: &mut SequenceTable) {
+        let r = self.requests.at_mut(slot);
+        self.waiting.remove(r.key, r.arrival, r.id);
         let (seq, cached) = kv.add_sequence_cached(&r.tokens, r.salt.as_deref());
         r.seq = Some(seq);
         r.num_computed = cached;
         self.admissions += 1;
         r.admitted = self.admissions;
-        self.running.insert(r.running_key());
+        self.running.insert(r.running_key(slot));
         self.stats.admitted += 1;
-    }
-
-    /// The model's work for `out`: each item's tokens and whether its last row's logits are needed.
-    /// Items of requests finished since `schedule` are left out.
-    pub fn step_items(&self, out: &SchedulerOutput) -> Vec<StepItem<'_>> {
-        out.items
-            .iter()
-            .filter(|it| self.requests.get(&it.request).is_some_and(|r| r.seq == Some(it.seq)))
-            .map(|it| StepItem {
-                seq: it.seq,
-                tokens: &self.requests[&it.request].tokens[it.start..it.start + it.num_tokens],
-                logits: if it.sample { Logits::Last } else { Logits::None },
-            })
-            .collect()
-    }
-
-    /// Records that the step ran: every item's tokens now hold KV, and each sampling item gets its
-    /// sampled token (`sampled` in item order). Fails, changing nothing, on a stale output or the
-    /// wrong number of tokens.
-    pub fn update(&mut self, out: &SchedulerOutput, sampled: &[u32]) -> Result<()> {
-        if self.pending != Some(out.step) {
-            return Err(Error::Value(format!(
-                "update() needs the output of the latest schedule() (step {}), got step {}",
-                self.step, out.step
-            )));
-        }
-        if sampled.len() != out.num_sample() {
-            return Err(Error::Value(format!(
-                "update() got {} sampled tokens for {} sampling items",
-                sampled.len(),
-                out.num_sample()
-            )));
-        }
-        self.pending = None;
-        let mut tokens = sampled.iter();
-        for it in &out.items {
-            let token = if it.sample { tokens.next().copied() } else { None };
-            let Some(r) = self.requests.get_mut(&it.request).filter(|r| r.seq == Some(it.seq)) else { continue };
-            r.num_computed += it.num_tokens;
-            r.tokens.extend(token);
-        }
-        Ok(())
     }
 
     /// Ends a request (stop, length, or the caller's abort) and frees its blocks; false if unknown.
     pub fn finish(&mut self, id: u64, kv: &mut SequenceTable) -> bool {
-        let Some(r) = self.requests.remove(&id) else { return false };
+        let Some(slot) = self.requests.slot_of(id) else { return false };
+        let r = self.requests.remove(id).expect("found above");
         match r.seq {
             Some(seq) => {
-                self.running.remove(&r.running_key());
+                self.running.remove(r.running_key(slot));
                 kv.free_sequence(seq).expect("running requests have sequences");
             }
             None => {
@@ -338,9 +311,10 @@ impl Scheduler {
             return broken("a request is in neither or both of the queues".into());
         }
         for r in self.requests.values() {
+            let slot = self.requests.slot_of(r.id).expect("every stored request is indexed");
             match r.seq {
                 Some(seq) => {
-                    if !self.running.contains(&r.running_key()) {
+                    if !self.running.contains(r.running_key(slot)) {
                         return broken(format!("request {} has a sequence but is not running", r.id));
                     }
                     let len = kv.sequence_len(seq)?;

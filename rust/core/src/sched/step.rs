@@ -1,0 +1,65 @@
+//! Running a planned step and recording it: the model's work for a [`SchedulerOutput`]
+//! ([`Scheduler::step_items`]), the ledger's version of a forward pass
+//! ([`Scheduler::advance_ledger`]), and [`Scheduler::update`]. Items of requests finished (or
+//! preempted) since `schedule` are skipped everywhere.
+
+use crate::error::{Error, Result};
+use crate::model::{Logits, SequenceTable, StepItem};
+
+use super::output::{ScheduledItem, SchedulerOutput};
+use super::scheduler::Scheduler;
+
+impl Scheduler {
+    /// An item's tokens, if its request still runs on the item's sequence.
+    fn item_tokens(&self, it: &ScheduledItem) -> Option<&[u32]> {
+        let r = self.requests.running_at(it.slot, it.request, it.seq)?;
+        Some(&r.tokens[it.start..it.start + it.num_tokens])
+    }
+
+    /// The model's work for `out`: each item's tokens and whether its last row's logits are needed.
+    pub fn step_items(&self, out: &SchedulerOutput) -> Vec<StepItem<'_>> {
+        out.items
+            .iter()
+            .filter_map(|it| {
+                let tokens = self.item_tokens(it)?;
+                Some(StepItem { seq: it.seq, tokens, logits: if it.sample { Logits::Last } else { Logits::None } })
+            })
+            .collect()
+    }
+
+    /// What a forward pass does to a model-free table: grow the block tables for the step's tokens
+    /// (all or nothing), then record the tokens.
+    pub fn advance_ledger(&self, out: &SchedulerOutput, kv: &mut SequenceTable) -> Result<()> {
+        kv.advance(out.items.iter().filter_map(|it| Some((it.seq, self.item_tokens(it)?))))
+    }
+
+    /// Records that the step ran: every item's tokens now hold KV, and each sampling item gets its
+    /// sampled token (`sampled` in item order). Fails, changing nothing, on a stale output or the
+    /// wrong number of tokens.
+    pub fn update(&mut self, out: &SchedulerOutput, sampled: &[u32]) -> Result<()> {
+        if self.pending != Some(out.step) {
+            return Err(Error::Value(format!(
+                "update() needs the output of the latest schedule() (step {}), got step {}",
+                self.step, out.step
+            )));
+        }
+        if sampled.len() != out.num_sample() {
+            return Err(Error::Value(format!(
+                "update() got {} sampled tokens for {} sampling items",
+                sampled.len(),
+                out.num_sample()
+            )));
+        }
+        self.pending = None;
+        let mut tokens = sampled.iter();
+        for it in &out.items {
+            let token = if it.sample { tokens.next().copied() } else { None };
+            let Some(r) = self.requests.running_at_mut(it.slot, it.request, it.seq) else { continue };
+            r.num_computed += it.num_tokens;
+            if let Some(token) = token {
+                r.tokens.push(token);
+            }
+        }
+        Ok(())
+    }
+}
