@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_model import CACHE_DIR, CACHE_VERSION, machine_lines, vocab_size, write_random_model
+from bench_model import machine_lines, untied_model_path, vocab_size
 
 import oxibonsai
 
@@ -45,15 +45,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", type=Path, help="a GGUF instead of the random Bonsai-1.7B-shaped one")
     return p.parse_args()
-
-
-def model_path(args: argparse.Namespace) -> Path:
-    if args.model is not None:
-        return args.model
-    path = CACHE_DIR / f"bonsai-1.7b-random-untied-{CACHE_VERSION}.gguf"
-    if not path.exists():
-        write_random_model(path, tied=False)
-    return path
 
 
 class TimedScheduler:
@@ -205,7 +196,7 @@ def poisson_run(path: Path, args: argparse.Namespace, vocab: int) -> list[str]:
 
 def main() -> None:
     args = parse_args()
-    path = model_path(args)
+    path = untied_model_path(args.model)
     vocab = vocab_size(path)
     print("\n".join(machine_lines()), flush=True)
     print("\n".join(throughput_table(path, args, vocab)), flush=True)

@@ -95,6 +95,16 @@ def write_random_model(path: Path, tied: bool) -> None:
     os.replace(partial, path)
 
 
+def untied_model_path(model: Path | None) -> Path:
+    """`model`, or the random Bonsai-1.7B-shaped GGUF with an untied output (written on first use)."""
+    if model is not None:
+        return model
+    path = CACHE_DIR / f"bonsai-1.7b-random-untied-{CACHE_VERSION}.gguf"
+    if not path.exists():
+        write_random_model(path, tied=False)
+    return path
+
+
 def vocab_size(path: Path) -> int:
     embd = next(t for t in gguf.GGUFReader(path).tensors if t.name == "token_embd.weight")
     return int(embd.shape[1])

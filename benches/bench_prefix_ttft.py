@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from bench_model import CACHE_DIR, CACHE_VERSION, machine_lines, vocab_size, write_random_model
+from bench_model import machine_lines, untied_model_path, vocab_size
 
 import oxibonsai
 
@@ -42,15 +42,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--model", type=Path, help="a GGUF instead of the random Bonsai-1.7B-shaped one")
     return p.parse_args()
-
-
-def model_path(args: argparse.Namespace) -> Path:
-    if args.model is not None:
-        return args.model
-    path = CACHE_DIR / f"bonsai-1.7b-random-untied-{CACHE_VERSION}.gguf"
-    if not path.exists():
-        write_random_model(path, tied=False)
-    return path
 
 
 class Run:
@@ -147,7 +138,7 @@ def multi_turn(path: Path, args: argparse.Namespace, ids: Ids) -> list[str]:
 def main() -> None:
     args = parse_args()
     print("\n".join(machine_lines()), flush=True)
-    path = model_path(args)
+    path = untied_model_path(args.model)
     print(f"model: {path}; threads: {args.threads}", flush=True)
     rng = np.random.default_rng(0)
     vocab = vocab_size(path)
