@@ -238,10 +238,8 @@ class Engine:
             return []
         now = time.perf_counter()
         sampling = []
-        decodes = 0
-        for handle, n, sample in plan.items:
+        for handle, _, sample in plan.items:
             r = self._requests[handle]
-            decodes += n == 1 and sample and len(r.output_ids) > 0
             if r.metrics.first_scheduled_time is None:
                 r.metrics.first_scheduled_time = now
                 state = self._sched.request_state(handle)
@@ -252,7 +250,7 @@ class Engine:
         assert logits is not None
         draws = [self._sample(r, row) for r, row in zip(sampling, logits, strict=True)]
         self._sched.update(plan, [token for token, _, _ in draws])
-        self.metrics.on_step(plan.num_batched_tokens - decodes, len(draws), len(plan.preempted))
+        self.metrics.on_step(plan.num_prefill_tokens, len(draws), len(plan.preempted))
         outputs = []
         for r, draw in zip(sampling, draws, strict=True):
             self._accept(r, *draw)

@@ -72,6 +72,12 @@ impl SchedulerOutput {
         self.inner.num_batched_tokens()
     }
 
+    /// Scheduled tokens that are not decodes (prompt chunks, recomputation after preemption).
+    #[getter]
+    fn num_prefill_tokens(&self) -> usize {
+        self.inner.num_prefill_tokens
+    }
+
     #[getter]
     fn num_sample(&self) -> usize {
         self.inner.num_sample()

@@ -20,6 +20,8 @@ pub struct SchedulerOutput {
     pub items: Vec<ScheduledItem>,
     /// Requests preempted by this step, in order (back in the waiting queue).
     pub preempted: Vec<u64>,
+    /// Scheduled tokens that are not decodes (prompt chunks, recomputation after preemption).
+    pub num_prefill_tokens: usize,
 }
 
 impl SchedulerOutput {

@@ -6,7 +6,6 @@
 pub struct Request {
     pub id: u64,
     pub tokens: Vec<u32>,
-    pub prompt_len: usize,
     /// Lower is served first.
     pub priority: i32,
     pub salt: Option<String>,
@@ -21,7 +20,6 @@ pub struct Request {
     pub admitted: u64,
     /// The step that last scheduled it.
     pub scheduled_step: u64,
-    pub num_preemptions: u32,
 }
 
 impl Request {

@@ -102,7 +102,6 @@ impl Scheduler {
         let key = priority as i128 * self.config.priority_aging_steps as i128 + self.step as i128;
         let request = Request {
             id,
-            prompt_len: prompt.len(),
             tokens: prompt,
             priority,
             salt,
@@ -112,7 +111,6 @@ impl Scheduler {
             seq: None,
             admitted: 0,
             scheduled_step: 0,
-            num_preemptions: 0,
         };
         self.arrivals += 1;
         self.waiting.push(key, request.arrival, id);
@@ -126,7 +124,7 @@ impl Scheduler {
         self.pending = Some(self.step);
         // Every item is a running or newly admitted request: at most this many.
         let items = Vec::with_capacity((self.running.len() + self.waiting.len()).min(self.config.max_num_seqs));
-        let mut out = SchedulerOutput { step: self.step, items, preempted: Vec::new() };
+        let mut out = SchedulerOutput { step: self.step, items, preempted: Vec::new(), num_prefill_tokens: 0 };
         let mut budget = Budget { tokens: self.config.max_num_batched_tokens, reserved: 0 };
         let mut order = std::mem::take(&mut self.order);
         order.clear();
@@ -197,7 +195,6 @@ impl Scheduler {
             kv.free_sequence(seq).expect("running requests have sequences");
         }
         r.num_computed = 0;
-        r.num_preemptions += 1;
         self.waiting.push(r.key, r.arrival, r.id);
         self.stats.preemptions += 1;
     }
@@ -209,6 +206,7 @@ impl Scheduler {
             self.stats.decode_tokens += n as u64;
         } else {
             self.stats.prefill_tokens += n as u64;
+            out.num_prefill_tokens += n;
         }
         out.items.push(ScheduledItem {
             request: r.id,
@@ -274,8 +272,22 @@ impl Scheduler {
         self.stats.admitted += 1;
     }
 
-    /// Ends a request (stop, length, or the caller's abort) and frees its blocks; false if unknown.
+    /// Ends a request (stop or length) and frees its blocks; false if unknown.
     pub fn finish(&mut self, id: u64, kv: &mut SequenceTable) -> bool {
+        let found = self.remove(id, kv);
+        self.stats.finished += found as u64;
+        found
+    }
+
+    /// Like [`finish`](Self::finish), counted as an abort.
+    pub fn abort(&mut self, id: u64, kv: &mut SequenceTable) -> bool {
+        let found = self.remove(id, kv);
+        self.stats.aborted += found as u64;
+        found
+    }
+
+    /// Takes a request out of whichever queue holds it, freeing its blocks; false if unknown.
+    fn remove(&mut self, id: u64, kv: &mut SequenceTable) -> bool {
         let Some(slot) = self.requests.slot_of(id) else { return false };
         let r = self.requests.remove(id).expect("found above");
         match r.seq {
@@ -287,18 +299,7 @@ impl Scheduler {
                 self.waiting.remove(r.key, r.arrival, id);
             }
         }
-        self.stats.finished += 1;
         true
-    }
-
-    /// Like [`finish`](Self::finish), counted as an abort.
-    pub fn abort(&mut self, id: u64, kv: &mut SequenceTable) -> bool {
-        let found = self.finish(id, kv);
-        if found {
-            self.stats.finished -= 1;
-            self.stats.aborted += 1;
-        }
-        found
     }
 
     /// Checks the scheduler's invariants against the table it schedules over.
