@@ -1,6 +1,12 @@
-//! Grouped-query causal attention of a batch of tokens over the paged KV cache. Each (token, query
-//! head) pair is computed alone, reading keys and values through its sequence's block table, so a
-//! token's output is the same whether it ran in a prefill batch or alone in a decode step.
+//! Grouped-query causal attention of a batch of tokens over the paged KV cache. Each (token, KV head)
+//! pair -- the query heads sharing that KV head -- is computed alone, reading keys and values through
+//! its sequence's block table, so a token's output is the same whether it ran in a prefill batch or
+//! alone in a decode step, and with any thread count. On AVX-512 with f16 KV the query heads of a group
+//! share one read of their keys and values ([`avx512`]); elsewhere each query head runs the per-head
+//! loop below.
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 use crate::kv::{KvCache, KvElem, BLOCK_TOKENS, F16};
 use crate::pool::Pool;
@@ -19,7 +25,8 @@ pub struct AttentionShape {
     pub head_dim: usize,
 }
 
-/// One (token, query head) to compute: where its keys and values live and how to scale scores.
+/// One token's query heads over one KV head (`q`: one or more heads of `head_dim`): where their keys
+/// and values live and how to scale scores.
 pub struct Head<'a, E: KvElem> {
     layer: usize,
     kv_head: usize,
@@ -30,7 +37,8 @@ pub struct Head<'a, E: KvElem> {
 }
 
 /// `out[t, h] = softmax(q[t, h] . K[0..=pos] / sqrt(d)) V[0..=pos]` for every token and query head;
-/// `q` and `out` are `(tokens, n_heads * head_dim)`.
+/// `q` and `out` are `(tokens, n_heads * head_dim)`. The query heads of one KV head are adjacent, so
+/// a group's rows of `q` and `out` are one contiguous run.
 pub fn attend<E: AttendElem>(
     layer: usize,
     q: &[f32],
@@ -40,41 +48,58 @@ pub fn attend<E: AttendElem>(
     out: &mut [f32],
     pool: &Pool,
 ) {
-    let d = shape.head_dim;
-    let scale = 1.0 / (d as f32).sqrt();
-    pool.for_each_row_mut(out, d, 4, |row, out_head| {
-        let (t, h) = (row / shape.n_heads, row % shape.n_heads);
-        let q = &q[row * d..(row + 1) * d];
-        E::attend_one(&Head { layer, kv_head: h / shape.group, q, slot: &slots[t], scale, cache }, out_head);
+    let group_len = shape.group * shape.head_dim;
+    let kv_heads = shape.n_heads / shape.group;
+    let scale = 1.0 / (shape.head_dim as f32).sqrt();
+    pool.for_each_row_mut(out, group_len, 2, |unit, out_group| {
+        let (t, kv_head) = (unit / kv_heads, unit % kv_heads);
+        let q = &q[unit * group_len..(unit + 1) * group_len];
+        E::attend_group(&Head { layer, kv_head, q, slot: &slots[t], scale, cache }, out_group);
     });
 }
 
-/// A KV element type attention can read, with the fastest build of the per-head loop this CPU has.
+/// A KV element type attention can read, with the fastest build of the group loop this CPU has.
+/// `head.q` and `out` hold every query head of `head.kv_head`, `head_dim` values each.
 pub trait AttendElem: KvElem {
-    fn attend_one(head: &Head<Self>, out: &mut [f32]);
+    fn attend_group(head: &Head<Self>, out: &mut [f32]);
+}
+
+/// Each query head of a group through the per-head loop `one`.
+fn per_head<E: KvElem>(head: &Head<E>, out: &mut [f32], d: usize, one: impl Fn(&Head<E>, &mut [f32])) {
+    for (q, out_head) in head.q.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        one(&Head { q, ..*head }, out_head);
+    }
 }
 
 impl AttendElem for f32 {
     /// The AVX2 build of the generic loop where the CPU has it (same operations, same order).
-    fn attend_one(head: &Head<f32>, out: &mut [f32]) {
+    fn attend_group(head: &Head<f32>, out: &mut [f32]) {
+        let d = head.cache.layout().head_dim;
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { x86::attend_avx2(head, out) };
+            return per_head(head, out, d, |h, o| unsafe { x86::attend_avx2(h, o) });
         }
-        attend_body::<f32, Generic>(head, out)
+        per_head(head, out, d, attend_body::<f32, Generic>)
     }
 }
 
 impl AttendElem for F16 {
-    /// F16C conversions and FMA where the CPU has them; the generic loop elsewhere.
-    fn attend_one(head: &Head<F16>, out: &mut [f32]) {
+    /// The AVX-512 group kernel where it applies; else F16C conversions and FMA per head where the
+    /// CPU has them; the generic loop elsewhere.
+    fn attend_group(head: &Head<F16>, out: &mut [f32]) {
+        let d = head.cache.layout().head_dim;
         #[cfg(target_arch = "x86_64")]
-        if x86::has_f16c() {
-            // SAFETY: the CPU supports AVX2, FMA and F16C (checked just above).
-            return unsafe { x86::attend_f16c(head, out) };
+        {
+            if avx512::attend_group(head, out) {
+                return;
+            }
+            if x86::has_f16c() {
+                // SAFETY: the CPU supports AVX2, FMA and F16C (checked just above).
+                return per_head(head, out, d, |h, o| unsafe { x86::attend_f16c(h, o) });
+            }
         }
-        attend_body::<F16, Generic>(head, out)
+        per_head(head, out, d, attend_body::<F16, Generic>)
     }
 }
 
