@@ -8,6 +8,7 @@
 pub mod bytes;
 pub mod error;
 pub mod gguf;
+pub mod huge;
 pub mod kv;
 pub mod model;
 pub mod pool;

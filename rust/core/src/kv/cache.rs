@@ -6,6 +6,7 @@
 
 use super::elem::KvElem;
 use crate::error::{Error, Result};
+use crate::huge::HugeBuf;
 
 /// Tokens per physical block.
 pub const BLOCK_TOKENS: usize = 16;
@@ -39,13 +40,13 @@ impl KvLayout {
 pub struct KvCache<E: KvElem> {
     layout: KvLayout,
     num_blocks: usize,
-    keys: Vec<E>,
-    values: Vec<E>,
+    keys: HugeBuf<E>,
+    values: HugeBuf<E>,
 }
 
 impl<E: KvElem> KvCache<E> {
-    /// Reserves the cache zeroed. The memory comes from `alloc_zeroed` (fresh pages from the OS), so it
-    /// is only committed as blocks are first written: a large cache costs nothing until it is used.
+    /// Reserves the cache zeroed. A large cache is an anonymous mapping with huge pages requested
+    /// ([`HugeBuf`]), committed only as blocks are first written: it costs nothing until it is used.
     pub fn new(layout: KvLayout, num_blocks: usize) -> Result<KvCache<E>> {
         let len = layout
             .layer_block()
@@ -58,8 +59,8 @@ impl<E: KvElem> KvCache<E> {
                 num_blocks.saturating_mul(layout.block_bytes(std::mem::size_of::<E>()))
             ))
         };
-        let keys = zeroed_vec(len).ok_or_else(fail)?;
-        let values = zeroed_vec(len).ok_or_else(fail)?;
+        let keys = HugeBuf::zeroed(len).ok_or_else(fail)?;
+        let values = HugeBuf::zeroed(len).ok_or_else(fail)?;
         Ok(KvCache { layout, num_blocks, keys, values })
     }
 
@@ -102,21 +103,4 @@ impl<E: KvElem> KvCache<E> {
         let at = self.head_offset(layer, block, head);
         &self.values[at..at + self.layout.head_block()]
     }
-}
-
-/// `len` zero elements from `alloc_zeroed` (lazily committed pages for large sizes), or `None` when the
-/// allocation fails.
-fn zeroed_vec<E: KvElem>(len: usize) -> Option<Vec<E>> {
-    let layout = std::alloc::Layout::array::<E>(len).ok()?;
-    if layout.size() == 0 {
-        return Some(Vec::new());
-    }
-    // SAFETY: the layout has a non-zero size.
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<E>();
-    if ptr.is_null() {
-        return None;
-    }
-    // SAFETY: `ptr` was allocated by the global allocator with the layout of `[E; len]`, and every
-    // element is initialized: `KvElem` types are plain numbers whose all-zero bytes are the value 0.
-    Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }

@@ -3,13 +3,11 @@
 //! bandwidth attention needs. Reads widen to f32 exactly, and axpy accumulates in the same order for
 //! both types (`inline(always)`, so an AVX2 caller vectorizes it in place).
 
+use crate::huge::Plain;
 use crate::model::ops::axpy_lanes;
 
-/// An element type of the KV cache.
-///
-/// # Safety
-/// All-zero bytes must be a valid value of the type (the cache is allocated with `alloc_zeroed`).
-pub unsafe trait KvElem: Copy + Default + Send + Sync + 'static {
+/// An element type of the KV cache (a [`Plain`] number: the cache starts as zeroed memory).
+pub trait KvElem: Plain + Default {
     /// Name for messages and stats ("f32", "f16").
     const NAME: &'static str;
     fn from_f32(x: f32) -> Self;
@@ -18,8 +16,7 @@ pub unsafe trait KvElem: Copy + Default + Send + Sync + 'static {
     fn axpy(out: &mut [f32], w: f32, v: &[Self]);
 }
 
-// SAFETY: all-zero bytes are 0.0.
-unsafe impl KvElem for f32 {
+impl KvElem for f32 {
     const NAME: &'static str = "f32";
 
     fn from_f32(x: f32) -> f32 {
@@ -48,8 +45,10 @@ pub struct F16(pub u16);
 
 const CHUNK: usize = 32;
 
-// SAFETY: all-zero bytes are F16(0), +0.0.
-unsafe impl KvElem for F16 {
+// SAFETY: a transparent `u16`: every bit pattern is a half (all-zero is +0.0).
+unsafe impl Plain for F16 {}
+
+impl KvElem for F16 {
     const NAME: &'static str = "f16";
 
     fn from_f32(x: f32) -> F16 {

@@ -7,6 +7,7 @@
 //! The 32 fp16 scales of the tile-block stay fp16 (same bytes per weight as GGUF).
 
 use super::super::block::{BlockQ1, BLOCK_WEIGHTS};
+use crate::huge::HugeBuf;
 
 /// Rows per tile.
 pub const TILE_ROWS: usize = 32;
@@ -23,9 +24,9 @@ pub struct LutPacked {
     /// 128-blocks per row.
     pub kb: usize,
     /// `tiles * kb * 512` bytes of sign bits (see the module doc).
-    pub bits: Vec<u8>,
+    pub bits: HugeBuf<u8>,
     /// `tiles * kb * 32` fp16 scales as raw bits, row `r` of tile-block `(t, b)` at `(t*kb + b)*32 + r`.
-    pub scales: Vec<u16>,
+    pub scales: HugeBuf<u16>,
 }
 
 impl LutPacked {
@@ -34,8 +35,9 @@ impl LutPacked {
         let kb = cols / BLOCK_WEIGHTS;
         assert_eq!(blocks.len(), rows * kb);
         let tiles = rows.div_ceil(TILE_ROWS);
-        let mut bits = vec![0u8; tiles * kb * TILE_BLOCK_BYTES];
-        let mut scales = vec![0u16; tiles * kb * TILE_ROWS];
+        // On huge pages where the kernel grants them: a GEMV streams through all of it once per token.
+        let mut bits = HugeBuf::zeroed(tiles * kb * TILE_BLOCK_BYTES).expect("out of memory repacking weights");
+        let mut scales = HugeBuf::zeroed(tiles * kb * TILE_ROWS).expect("out of memory repacking weights");
         for row in 0..rows {
             let (t, r) = (row / TILE_ROWS, row % TILE_ROWS);
             for b in 0..kb {
