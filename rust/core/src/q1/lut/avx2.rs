@@ -35,9 +35,11 @@ unsafe fn accumulate_chunk(i0: __m256i, i1: __m256i, tables: *const u8, c: usize
     acc[1] = _mm256_add_epi16(acc[1], hi);
 }
 
-/// Blocks ahead of the current one whose weights are prefetched: the GEMV streams weights once,
-/// and the hardware prefetcher alone left it at about a third of DRAM bandwidth.
-const PREFETCH_BLOCKS: usize = 4;
+/// Blocks ahead of the current one whose weights are prefetched (into L2: the `T1` hint): the GEMV
+/// streams weights once, and the hardware prefetcher alone left it at about a third of DRAM
+/// bandwidth. Into L1 (`T0`) at 4 to 32 blocks ahead it reached ~9.5 GB/s on one Zen 4 core; into L2
+/// at 8 blocks ahead, ~13 GB/s (more misses in flight: L2 tracks more than L1 does).
+const PREFETCH_BLOCKS: usize = 8;
 
 /// Prefetches the bits and scales `PREFETCH_BLOCKS` tile-blocks ahead (possibly in the next tile).
 #[inline(always)]
@@ -46,9 +48,9 @@ pub(super) unsafe fn prefetch_ahead(p: &LutPacked, t: usize, b: usize) {
     if ahead + TILE_BLOCK_BYTES <= p.bits.len() {
         let bits = p.bits.as_ptr().add(ahead);
         for line in 0..TILE_BLOCK_BYTES / 64 {
-            _mm_prefetch::<_MM_HINT_T0>(bits.add(64 * line).cast());
+            _mm_prefetch::<_MM_HINT_T1>(bits.add(64 * line).cast());
         }
-        _mm_prefetch::<_MM_HINT_T0>(p.scales.as_ptr().add(ahead / TILE_BLOCK_BYTES * TILE_ROWS).cast());
+        _mm_prefetch::<_MM_HINT_T1>(p.scales.as_ptr().add(ahead / TILE_BLOCK_BYTES * TILE_ROWS).cast());
     }
 }
 
