@@ -19,7 +19,7 @@ pub const ARRANGED_BYTES: usize = 2 * TABLE_BYTES;
 pub fn arrange_tables(generic: &[u8], out: &mut Vec<u8>) {
     let groups = generic.len() / TABLE_BYTES;
     assert_eq!(groups % 4, 0);
-    out.clear();
+    // Every byte is written below: a reused buffer of the right size needs no clearing.
     out.resize(groups * ARRANGED_BYTES, 0);
     for (src, dst) in generic.chunks_exact(4 * TABLE_BYTES).zip(out.chunks_exact_mut(4 * ARRANGED_BYTES)) {
         let plane = |g: usize, p: usize| &src[g * TABLE_BYTES + 16 * p..][..16];
