@@ -9,6 +9,7 @@ pub mod blocks;
 pub mod cache;
 pub mod elem;
 pub mod hash;
+pub mod idle;
 pub mod prefix;
 pub mod trie;
 

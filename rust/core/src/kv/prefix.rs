@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::blocks::BlockPool;
 use super::cache::BLOCK_TOKENS;
 use super::hash::{BlockKey, SaltTag};
-use super::trie::{BlockTrie, Lookup, Node};
+use super::trie::{BlockTrie, Lookup};
 use crate::error::{Error, Result};
 
 /// The longest cached prefix of a prompt.
@@ -125,12 +125,11 @@ impl PrefixCache {
         let mut m = PrefixMatch::default();
         let tag = SaltTag::of(salt);
         for chunk in tokens.chunks_exact(BLOCK_TOKENS).take(max_blocks) {
-            let Lookup::Hit(key) = self.trie.lookup(m.last_key, chunk, salt, tag) else { break };
-            let node = self.trie.node(key).expect("a hit is cached");
+            let Lookup::Hit(node) = self.trie.lookup(m.last_key, chunk, salt, tag) else { break };
             m.block_ids.push(node.block);
             m.idle_blocks += usize::from(node.idle);
             m.cached_tokens += BLOCK_TOKENS;
-            m.last_key = Some(key);
+            m.last_key = Some(node.key);
         }
         m
     }
@@ -141,7 +140,7 @@ impl PrefixCache {
         self.tick += 1;
         let m = self.lookup(tokens, salt, max_blocks);
         for &block in &m.block_ids {
-            self.take(self.trie.key_of(block).expect("matched blocks are cached"), block);
+            self.take(block);
         }
         self.stats.queries += 1;
         self.stats.hits += u64::from(m.cached_tokens > 0);
@@ -175,36 +174,33 @@ impl PrefixCache {
         }
         self.tick += 1;
         let salt_text = salt.map(|s| &**s);
-        let key = match self.trie.lookup(parent, tokens, salt_text, SaltTag::of(salt_text)) {
-            Lookup::Hit(key) => key,
+        let (key, cached) = match self.trie.lookup(parent, tokens, salt_text, SaltTag::of(salt_text)) {
+            Lookup::Hit(node) => (node.key, node.block),
             Lookup::Collision => return Ok(Inserted::Rejected),
-            Lookup::Miss(_) if parent.is_some_and(|p| self.trie.node(p).is_none()) => return Ok(Inserted::Rejected),
             Lookup::Miss(key) => {
+                let parent = match parent {
+                    None => None,
+                    Some(p) => match self.trie.block_of(p) {
+                        Some(b) => Some((p, b)),
+                        None => return Ok(Inserted::Rejected),
+                    },
+                };
                 self.check_sole_holder(block)?;
                 self.pool.retain(block)?;
-                let node = Node {
-                    parent,
-                    tokens: tokens.try_into().expect("length checked"),
-                    salt: salt.cloned(),
-                    block,
-                    children: 0,
-                    last_used: self.tick,
-                    idle: false,
-                };
-                self.trie.add(key, node);
+                let tokens = tokens.try_into().expect("length checked");
+                self.trie.add(key, parent, tokens, salt.cloned(), block, self.tick);
                 self.stats.inserted_blocks += 1;
                 return Ok(Inserted::Cached { key, block });
             }
         };
-        let cached = self.trie.node(key).expect("a hit is cached").block;
         if cached != block {
             self.check_sole_holder(block)?;
-            self.take(key, cached);
+            self.take(cached);
             self.pool.release(block)?;
         } else if self.users(block) == 0 {
             return Err(Error::Value(format!("block {block} is not held")));
         } else {
-            self.trie.touch(key, self.tick);
+            self.trie.touch(block, self.tick);
         }
         Ok(Inserted::Cached { key, block: cached })
     }
@@ -256,18 +252,23 @@ impl PrefixCache {
         }
         self.tick += 1;
         self.pool.release(block)?;
-        if let Some(key) = self.trie.key_of(block) {
-            if self.pool.ref_count(block) == 1 {
-                self.idle += 1;
-                self.trie.mark_idle(key, self.tick);
-            }
+        if self.pool.ref_count(block) == 1 && self.is_cached(block) {
+            self.idle += 1;
+            self.trie.mark_idle(block, self.tick);
         }
         Ok(())
     }
 
     /// Evicts up to `n` idle blocks (least recently used leaves first); returns them in order.
     pub fn evict(&mut self, n: usize) -> Vec<u32> {
-        std::iter::from_fn(|| self.evict_one()).take(n).collect()
+        let mut blocks = Vec::new();
+        self.trie.pop_lru_many(n, &mut blocks);
+        for &block in &blocks {
+            self.pool.release(block).expect("the trie held the block");
+        }
+        self.idle -= blocks.len();
+        self.stats.evictions += blocks.len() as u64;
+        blocks
     }
 
     /// Drops every idle cached block; blocks in use stay cached. Returns how many were dropped.
@@ -310,13 +311,13 @@ impl PrefixCache {
         Some(block)
     }
 
-    /// Takes one reference on the cached block of `key` for a caller.
-    fn take(&mut self, key: BlockKey, block: u32) {
-        if self.trie.node(key).expect("cached").idle {
+    /// Takes one reference on the cached block `block` for a caller.
+    fn take(&mut self, block: u32) {
+        if self.trie.at(block).expect("cached").idle {
             self.idle -= 1;
-            self.trie.mark_busy(key, self.tick);
+            self.trie.mark_busy(block, self.tick);
         } else {
-            self.trie.touch(key, self.tick);
+            self.trie.touch(block, self.tick);
         }
         self.pool.retain(block).expect("a cached block is allocated");
     }

@@ -1,20 +1,28 @@
-//! `BlockTrie`: the index of cached full blocks. Each node is one 16-token block, found by its
-//! [`BlockKey`] and confirmed by its stored parent key, token ids and salt; it names the physical block
-//! that holds its KV. The trie also keeps the eviction order: an ordered set of the *idle leaves* (no
-//! sequence uses the block, no cached child hangs below it), least recently used first, so a parent can
-//! only be evicted after its children and each eviction costs O(log n).
+//! `BlockTrie`: the index of cached full blocks. Each node is one 16-token block, stored in the slot of
+//! the physical block that holds its KV, found by its [`BlockKey`] (a map from key to block) and
+//! confirmed by its stored parent key, token ids and salt. The trie also keeps the eviction order of
+//! the *idle leaves* (no sequence uses the block, no cached child hangs below it), least recently used
+//! first ([`IdleOrder`]), so a parent can only be evicted after its children; an eviction costs O(1)
+//! and one map removal.
 //! The trie never touches reference counts or the free list; [`super::prefix::PrefixCache`] does and
 //! tells the trie when a node becomes idle or busy.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::cache::BLOCK_TOKENS;
 use super::hash::{block_key, random_seed, BlockKey, KeyMap, SaltTag};
+use super::idle::IdleOrder;
+
+/// No block: a root node's parent.
+const NO_BLOCK: u32 = u32::MAX;
 
 /// One cached block.
 pub struct Node {
+    pub key: BlockKey,
     pub parent: Option<BlockKey>,
+    /// The parent's physical block (`NO_BLOCK` for a root).
+    parent_block: u32,
     pub tokens: [u32; BLOCK_TOKENS],
     pub salt: Option<Arc<str>>,
     pub block: u32,
@@ -27,164 +35,208 @@ pub struct Node {
 }
 
 impl Node {
-    fn lru_entry(&self) -> (u64, u32) {
-        (self.last_used, self.block)
-    }
-
     fn evictable(&self) -> bool {
         self.idle && self.children == 0
     }
 }
 
 /// What a lookup of one block found.
-pub enum Lookup {
+pub enum Lookup<'a> {
     /// A node with exactly this parent, these tokens and this salt.
-    Hit(BlockKey),
+    Hit(&'a Node),
     /// No node under this key.
     Miss(BlockKey),
     /// A node under this key holding something else (a hash collision): never served.
     Collision,
 }
 
-/// Cached blocks by key, by physical block, and in eviction order.
+/// Cached blocks by physical block, their keys, and the eviction order.
 pub struct BlockTrie {
     seed: u64,
-    nodes: KeyMap<Node>,
-    by_block: Vec<Option<BlockKey>>,
-    lru: BTreeSet<(u64, u32)>,
+    blocks: KeyMap<u32>,
+    nodes: Vec<Option<Node>>,
+    order: IdleOrder,
 }
 
 impl BlockTrie {
     pub fn new(num_blocks: usize) -> BlockTrie {
         BlockTrie {
             seed: random_seed(),
-            // Room for every block up front: the map never rehashes as the cache fills (~140 bytes a block).
-            nodes: KeyMap::with_capacity_and_hasher(num_blocks, Default::default()),
-            by_block: vec![None; num_blocks],
-            lru: BTreeSet::new(),
+            // Room for every block up front: the map never rehashes as the cache fills.
+            blocks: KeyMap::with_capacity_and_hasher(num_blocks, Default::default()),
+            nodes: std::iter::repeat_with(|| None).take(num_blocks).collect(),
+            order: IdleOrder::new(num_blocks),
         }
     }
 
     /// Cached blocks.
     pub fn len(&self) -> usize {
-        self.nodes.len()
+        self.blocks.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
+        self.blocks.is_empty()
     }
 
     /// Idle leaves: the blocks that could be evicted right now.
     pub fn num_evictable(&self) -> usize {
-        self.lru.len()
+        self.order.len()
+    }
+
+    /// The node cached in physical block `block`.
+    pub fn at(&self, block: u32) -> Option<&Node> {
+        self.nodes.get(block as usize)?.as_ref()
     }
 
     pub fn key_of(&self, block: u32) -> Option<BlockKey> {
-        self.by_block.get(block as usize).copied().flatten()
+        self.at(block).map(|n| n.key)
+    }
+
+    /// The physical block cached under `key`.
+    pub fn block_of(&self, key: BlockKey) -> Option<u32> {
+        self.blocks.get(&key).copied()
     }
 
     pub fn node(&self, key: BlockKey) -> Option<&Node> {
-        self.nodes.get(&key)
+        self.at(self.block_of(key)?)
     }
 
     /// Finds the block holding `tokens` after `parent` for `salt` (whose tag is `tag`).
-    pub fn lookup(&self, parent: Option<BlockKey>, tokens: &[u32], salt: Option<&str>, tag: SaltTag) -> Lookup {
+    pub fn lookup(&self, parent: Option<BlockKey>, tokens: &[u32], salt: Option<&str>, tag: SaltTag) -> Lookup<'_> {
         let key = block_key(self.seed, parent, tokens, tag);
-        match self.nodes.get(&key) {
+        match self.node(key) {
             None => Lookup::Miss(key),
-            Some(n) if n.parent == parent && n.tokens[..] == *tokens && n.salt.as_deref() == salt => Lookup::Hit(key),
+            Some(n) if n.parent == parent && n.tokens[..] == *tokens && n.salt.as_deref() == salt => Lookup::Hit(n),
             Some(_) => Lookup::Collision,
         }
     }
 
-    /// Adds a busy node under `key`. Its parent, if any, must be cached (and is no longer a leaf).
-    pub fn add(&mut self, key: BlockKey, node: Node) {
-        debug_assert!(!node.idle && self.by_block[node.block as usize].is_none());
-        if let Some(p) = node.parent {
-            let parent = self.nodes.get_mut(&p).expect("the parent of a new node is cached");
-            if parent.evictable() {
-                self.lru.remove(&parent.lru_entry());
+    /// Adds a busy node for `block` under `key`, after the cached node `parent` (whose block is
+    /// `parent_block`); the parent is no longer a leaf.
+    pub fn add(
+        &mut self,
+        key: BlockKey,
+        parent: Option<(BlockKey, u32)>,
+        tokens: [u32; BLOCK_TOKENS],
+        salt: Option<Arc<str>>,
+        block: u32,
+        tick: u64,
+    ) {
+        debug_assert!(self.nodes[block as usize].is_none());
+        let parent_block = parent.map_or(NO_BLOCK, |(_, b)| b);
+        if let Some(p) = parent {
+            let node = self.nodes[p.1 as usize].as_mut().expect("the parent of a new node is cached");
+            debug_assert_eq!(node.key, p.0);
+            if node.evictable() {
+                self.order.remove(p.1);
             }
-            parent.children += 1;
+            node.children += 1;
         }
-        self.by_block[node.block as usize] = Some(key);
-        self.nodes.insert(key, node);
+        self.blocks.insert(key, block);
+        let node = Node {
+            key,
+            parent: parent.map(|p| p.0),
+            parent_block,
+            tokens,
+            salt,
+            block,
+            children: 0,
+            last_used: tick,
+            idle: false,
+        };
+        self.nodes[block as usize] = Some(node);
     }
 
-    /// A sequence started using the node's block.
-    pub fn mark_busy(&mut self, key: BlockKey, tick: u64) {
-        let node = self.nodes.get_mut(&key).expect("cached");
+    /// A sequence started using the cached block `block`.
+    pub fn mark_busy(&mut self, block: u32, tick: u64) {
+        let node = self.nodes[block as usize].as_mut().expect("cached");
         if node.evictable() {
-            self.lru.remove(&node.lru_entry());
+            self.order.remove(block);
         }
         node.idle = false;
         node.last_used = tick;
     }
 
-    /// The last sequence using the node's block let it go.
-    pub fn mark_idle(&mut self, key: BlockKey, tick: u64) {
-        let node = self.nodes.get_mut(&key).expect("cached");
+    /// The last sequence using the cached block `block` let it go.
+    pub fn mark_idle(&mut self, block: u32, tick: u64) {
+        let node = self.nodes[block as usize].as_mut().expect("cached");
         debug_assert!(!node.idle);
         node.idle = true;
         node.last_used = tick;
         if node.evictable() {
-            self.lru.insert(node.lru_entry());
+            self.order.insert(block, tick);
         }
     }
 
-    /// Records a use of a busy node (its order among idle leaves is set when it becomes idle).
-    pub fn touch(&mut self, key: BlockKey, tick: u64) {
-        let node = self.nodes.get_mut(&key).expect("cached");
+    /// Records a use of a busy cached block (its place among idle leaves is set when it becomes idle).
+    pub fn touch(&mut self, block: u32, tick: u64) {
+        let node = self.nodes[block as usize].as_mut().expect("cached");
         debug_assert!(!node.idle);
         node.last_used = tick;
     }
 
     /// Removes the least recently used idle leaf and returns its block; its parent may become one.
     pub fn pop_lru(&mut self) -> Option<u32> {
-        let entry = *self.lru.first()?;
-        let key = self.by_block[entry.1 as usize].take().expect("an LRU entry is cached");
-        let node = self.nodes.remove(&key).expect("cached");
-        if let Some(p) = node.parent {
-            let parent = self.nodes.get_mut(&p).expect("a cached node's parent is cached");
-            parent.children -= 1;
-            if parent.evictable() {
-                self.lru.insert(parent.lru_entry());
-            }
-        }
-        // Removed after the parent went in: evicting a chain never empties the set, which would free
-        // its root node only to allocate a new one for the parent.
-        self.lru.remove(&entry);
-        Some(entry.1)
+        let node = self.take_lru()?;
+        self.blocks.remove(&node.0);
+        Some(node.1)
     }
 
-    /// Checks the trie's own bookkeeping (children counts, the block index, the LRU set); for tests.
-    pub fn check(&self) -> Result<(), String> {
-        let mut children: HashMap<BlockKey, u32> = HashMap::new();
-        for (key, n) in &self.nodes {
-            if self.key_of(n.block) != Some(*key) {
-                return Err(format!("block {} is not indexed under its node", n.block));
-            }
-            if let Some(p) = n.parent {
-                if !self.nodes.contains_key(&p) {
-                    return Err(format!("block {} has an evicted parent", n.block));
-                }
-                *children.entry(p).or_default() += 1;
+    /// Removes up to `n` idle leaves in eviction order and appends their blocks to `out`. Their keys
+    /// leave the map after the walk, where the (independent) removals overlap their cache misses.
+    pub fn pop_lru_many(&mut self, n: usize, out: &mut Vec<u32>) {
+        let mut keys = Vec::with_capacity(n.min(self.order.len()));
+        while keys.len() < n {
+            let Some((key, block)) = self.take_lru() else { break };
+            keys.push(key);
+            out.push(block);
+        }
+        for key in &keys {
+            self.blocks.remove(key);
+        }
+    }
+
+    /// Takes the least recently used idle leaf out of its slot and the eviction order (not the map);
+    /// its parent may become an idle leaf.
+    fn take_lru(&mut self) -> Option<(BlockKey, u32)> {
+        let block = self.order.pop_first()?;
+        let node = self.nodes[block as usize].take().expect("an idle leaf is cached");
+        if node.parent_block != NO_BLOCK {
+            let parent = self.nodes[node.parent_block as usize].as_mut().expect("a cached node's parent is cached");
+            parent.children -= 1;
+            if parent.evictable() {
+                self.order.insert(node.parent_block, parent.last_used);
             }
         }
-        for (key, n) in &self.nodes {
-            if n.children != children.get(key).copied().unwrap_or(0) {
+        Some((node.key, block))
+    }
+
+    /// Checks the trie's own bookkeeping (children counts, the key map, the eviction order); for tests.
+    pub fn check(&self) -> Result<(), String> {
+        let mut children: HashMap<u32, u32> = HashMap::new();
+        for (&key, &block) in &self.blocks {
+            let Some(n) = self.at(block).filter(|n| n.key == key && n.block == block) else {
+                return Err(format!("block {block} is not indexed under its node"));
+            };
+            if let Some(p) = n.parent {
+                if self.block_of(p) != Some(n.parent_block) {
+                    return Err(format!("block {block} has an evicted or misfiled parent"));
+                }
+                *children.entry(n.parent_block).or_default() += 1;
+            }
+        }
+        let nodes = || self.nodes.iter().flatten();
+        if nodes().count() != self.blocks.len() {
+            return Err("the block slots hold nodes that are not indexed".into());
+        }
+        for n in nodes() {
+            if n.children != children.get(&n.block).copied().unwrap_or(0) {
                 return Err(format!("block {} counts {} children", n.block, n.children));
             }
-            if n.evictable() != self.lru.contains(&n.lru_entry()) {
+            if n.evictable() != self.order.contains(n.block) {
                 return Err(format!("block {} is misfiled in the eviction order", n.block));
             }
         }
-        if self.lru.len() != self.nodes.values().filter(|n| n.evictable()).count() {
-            return Err("the eviction order holds blocks that are not cached".into());
-        }
-        if self.by_block.iter().flatten().count() != self.nodes.len() {
-            return Err("the block index names blocks that are not cached".into());
-        }
-        Ok(())
+        self.order.check(nodes().filter(|n| n.evictable()).count())
     }
 }
