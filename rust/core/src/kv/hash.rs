@@ -13,7 +13,7 @@ use xxhash_rust::xxh3::{xxh3_128, xxh3_128_with_seed};
 use super::cache::BLOCK_TOKENS;
 
 /// The key of one full block: a hash of everything the block's KV depends on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockKey(pub u128);
 
 /// The cache salt as it enters keys: 0 for none, an odd hash of the text otherwise (so `None` and

@@ -17,7 +17,8 @@ use super::idle::IdleOrder;
 /// No block: a root node's parent.
 const NO_BLOCK: u32 = u32::MAX;
 
-/// One cached block.
+/// One cached block (or, in a slot whose block is not cached, the leftovers of an evicted one).
+#[derive(Default)]
 pub struct Node {
     pub key: BlockKey,
     pub parent: Option<BlockKey>,
@@ -54,7 +55,11 @@ pub enum Lookup<'a> {
 pub struct BlockTrie {
     seed: u64,
     blocks: KeyMap<u32>,
-    nodes: Vec<Option<Node>>,
+    /// One slot per physical block, valid where `cached` says so; slots are rewritten field by field,
+    /// never moved.
+    nodes: Vec<Node>,
+    /// Whether each block is cached (compact: releasing a block asks, on the pool's hot path).
+    cached: Vec<bool>,
     order: IdleOrder,
 }
 
@@ -64,7 +69,8 @@ impl BlockTrie {
             seed: random_seed(),
             // Room for every block up front: the map never rehashes as the cache fills.
             blocks: KeyMap::with_capacity_and_hasher(num_blocks, Default::default()),
-            nodes: std::iter::repeat_with(|| None).take(num_blocks).collect(),
+            nodes: std::iter::repeat_with(Node::default).take(num_blocks).collect(),
+            cached: vec![false; num_blocks],
             order: IdleOrder::new(num_blocks),
         }
     }
@@ -85,7 +91,11 @@ impl BlockTrie {
 
     /// The node cached in physical block `block`.
     pub fn at(&self, block: u32) -> Option<&Node> {
-        self.nodes.get(block as usize)?.as_ref()
+        self.is_cached(block).then(|| &self.nodes[block as usize])
+    }
+
+    pub fn is_cached(&self, block: u32) -> bool {
+        self.cached.get(block as usize).copied().unwrap_or(false)
     }
 
     pub fn key_of(&self, block: u32) -> Option<BlockKey> {
@@ -122,10 +132,11 @@ impl BlockTrie {
         block: u32,
         tick: u64,
     ) {
-        debug_assert!(self.nodes[block as usize].is_none());
+        debug_assert!(!self.cached[block as usize]);
         let parent_block = parent.map_or(NO_BLOCK, |(_, b)| b);
         if let Some(p) = parent {
-            let node = self.nodes[p.1 as usize].as_mut().expect("the parent of a new node is cached");
+            debug_assert!(self.cached[p.1 as usize], "the parent of a new node is cached");
+            let node = &mut self.nodes[p.1 as usize];
             debug_assert_eq!(node.key, p.0);
             if node.evictable() {
                 self.order.remove(p.1);
@@ -133,23 +144,23 @@ impl BlockTrie {
             node.children += 1;
         }
         self.blocks.insert(key, block);
-        let node = Node {
-            key,
-            parent: parent.map(|p| p.0),
-            parent_block,
-            tokens,
-            salt,
-            block,
-            children: 0,
-            last_used: tick,
-            idle: false,
-        };
-        self.nodes[block as usize] = Some(node);
+        let node = &mut self.nodes[block as usize];
+        node.key = key;
+        node.parent = parent.map(|p| p.0);
+        node.parent_block = parent_block;
+        node.tokens = tokens;
+        node.salt = salt;
+        node.block = block;
+        node.children = 0;
+        node.last_used = tick;
+        node.idle = false;
+        self.cached[block as usize] = true;
     }
 
     /// A sequence started using the cached block `block`.
     pub fn mark_busy(&mut self, block: u32, tick: u64) {
-        let node = self.nodes[block as usize].as_mut().expect("cached");
+        debug_assert!(self.cached[block as usize], "cached");
+        let node = &mut self.nodes[block as usize];
         if node.evictable() {
             self.order.remove(block);
         }
@@ -159,7 +170,8 @@ impl BlockTrie {
 
     /// The last sequence using the cached block `block` let it go.
     pub fn mark_idle(&mut self, block: u32, tick: u64) {
-        let node = self.nodes[block as usize].as_mut().expect("cached");
+        debug_assert!(self.cached[block as usize], "cached");
+        let node = &mut self.nodes[block as usize];
         debug_assert!(!node.idle);
         node.idle = true;
         node.last_used = tick;
@@ -170,7 +182,8 @@ impl BlockTrie {
 
     /// Records a use of a busy cached block (its place among idle leaves is set when it becomes idle).
     pub fn touch(&mut self, block: u32, tick: u64) {
-        let node = self.nodes[block as usize].as_mut().expect("cached");
+        debug_assert!(self.cached[block as usize], "cached");
+        let node = &mut self.nodes[block as usize];
         debug_assert!(!node.idle);
         node.last_used = tick;
     }
@@ -200,15 +213,19 @@ impl BlockTrie {
     /// its parent may become an idle leaf.
     fn take_lru(&mut self) -> Option<(BlockKey, u32)> {
         let block = self.order.pop_first()?;
-        let node = self.nodes[block as usize].take().expect("an idle leaf is cached");
-        if node.parent_block != NO_BLOCK {
-            let parent = self.nodes[node.parent_block as usize].as_mut().expect("a cached node's parent is cached");
+        debug_assert!(self.cached[block as usize], "an idle leaf is cached");
+        self.cached[block as usize] = false;
+        let node = &mut self.nodes[block as usize];
+        let (key, parent_block) = (node.key, node.parent_block);
+        node.salt = None;
+        if parent_block != NO_BLOCK {
+            let parent = &mut self.nodes[parent_block as usize];
             parent.children -= 1;
             if parent.evictable() {
-                self.order.insert(node.parent_block, parent.last_used);
+                self.order.insert(parent_block, parent.last_used);
             }
         }
-        Some((node.key, block))
+        Some((key, block))
     }
 
     /// Checks the trie's own bookkeeping (children counts, the key map, the eviction order); for tests.
@@ -225,7 +242,7 @@ impl BlockTrie {
                 *children.entry(n.parent_block).or_default() += 1;
             }
         }
-        let nodes = || self.nodes.iter().flatten();
+        let nodes = || self.nodes.iter().zip(&self.cached).filter(|(_, &c)| c).map(|(n, _)| n);
         if nodes().count() != self.blocks.len() {
             return Err("the block slots hold nodes that are not indexed".into());
         }
