@@ -116,7 +116,7 @@ impl PrefixCache {
     }
 
     pub fn is_cached(&self, block: u32) -> bool {
-        self.trie.key_of(block).is_some()
+        self.trie.is_cached(block)
     }
 
     /// The longest cached chain of full blocks at the start of `tokens`, at most `max_blocks` blocks.
@@ -137,14 +137,20 @@ impl PrefixCache {
     /// Like [`lookup`](Self::lookup), and takes one reference on each matched block for the caller
     /// (who gives them back with [`release`](Self::release)). Counts the query in the statistics.
     pub fn acquire(&mut self, tokens: &[u32], salt: Option<&str>, max_blocks: usize) -> PrefixMatch {
-        self.tick += 1;
         let m = self.lookup(tokens, salt, max_blocks);
+        self.acquire_found(tokens.len(), m)
+    }
+
+    /// [`acquire`](Self::acquire) for a match [`lookup`](Self::lookup) just returned for a prompt of
+    /// `queried_tokens` tokens, the cache unchanged since: takes its blocks without looking again.
+    pub fn acquire_found(&mut self, queried_tokens: usize, m: PrefixMatch) -> PrefixMatch {
+        self.tick += 1;
         for &block in &m.block_ids {
             self.take(block);
         }
         self.stats.queries += 1;
         self.stats.hits += u64::from(m.cached_tokens > 0);
-        self.stats.queried_tokens += tokens.len() as u64;
+        self.stats.queried_tokens += queried_tokens as u64;
         self.stats.hit_tokens += m.cached_tokens as u64;
         m
     }
