@@ -53,7 +53,10 @@ unsafe fn read_items(
         // an object's type and converting an exact int run no Python code.
         let id = unsafe {
             let obj = item(seq, i);
-            let value = if ffi::Py_TYPE(obj) == int_type { ffi::PyLong_AsLong(obj) } else { -1 };
+            let mut overflow = 0;
+            // Overflow gives -1 and sets no error: `slow_id` raises it.
+            let value =
+                if ffi::Py_TYPE(obj) == int_type { ffi::PyLong_AsLongAndOverflow(obj, &mut overflow) } else { -1 };
             match u32::try_from(value) {
                 Ok(id) => id,
                 Err(_) => slow_id(py, obj)?,
