@@ -54,6 +54,7 @@ impl IdleOrder {
     }
 
     /// Adds `block`, last used at `tick`; it must not be in the order.
+    #[inline]
     pub fn insert(&mut self, block: u32, tick: u64) {
         let slot = &mut self.slots[block as usize];
         debug_assert_eq!(slot.place, Place::Out);
@@ -70,6 +71,7 @@ impl IdleOrder {
     }
 
     /// Takes `block` out of the order (nothing if it is not in it).
+    #[inline]
     pub fn remove(&mut self, block: u32) {
         let slot = self.slots[block as usize];
         match slot.place {
@@ -84,6 +86,13 @@ impl IdleOrder {
 
     /// Removes and returns the least recently used block.
     pub fn pop_first(&mut self) -> Option<u32> {
+        if self.aside.is_empty() && self.head != NIL {
+            // The common case: nothing out of order, the list's head goes.
+            let head = self.head;
+            self.unlink(self.slots[head as usize]);
+            self.slots[head as usize].place = Place::Out;
+            return Some(head);
+        }
         let listed = (self.head != NIL).then(|| self.entry(self.head));
         let first = match (listed, self.aside.first()) {
             (Some(l), Some(&a)) => l.min(a),
