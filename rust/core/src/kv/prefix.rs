@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::blocks::BlockPool;
 use super::cache::BLOCK_TOKENS;
 use super::hash::{BlockKey, SaltTag};
-use super::trie::{BlockTrie, Lookup};
+use super::trie::{BlockTrie, Found, Lookup};
 use crate::error::{Error, Result};
 
 /// The longest cached prefix of a prompt.
@@ -175,32 +175,48 @@ impl PrefixCache {
         salt: Option<&Arc<str>>,
         block: u32,
     ) -> Result<Inserted> {
-        if tokens.len() != BLOCK_TOKENS {
+        let Ok(tokens) = <&[u32; BLOCK_TOKENS]>::try_from(tokens) else {
             return Err(Error::Shape(format!("a cached block holds {BLOCK_TOKENS} tokens, got {}", tokens.len())));
-        }
+        };
+        let parent = match parent {
+            None => None,
+            Some(p) => match self.trie.block_of(p) {
+                Some(b) => Some((p, b)),
+                None => {
+                    // Evicted: nothing can be cached under it.
+                    self.tick += 1;
+                    return Ok(Inserted::Rejected);
+                }
+            },
+        };
+        self.insert_under(parent, tokens, salt, block)
+    }
+
+    /// [`insert`](Self::insert) after a parent known to be cached, with its block.
+    fn insert_under(
+        &mut self,
+        parent: Option<(BlockKey, u32)>,
+        tokens: &[u32; BLOCK_TOKENS],
+        salt: Option<&Arc<str>>,
+        block: u32,
+    ) -> Result<Inserted> {
         self.tick += 1;
-        let salt_text = salt.map(|s| &**s);
-        let (key, cached) = match self.trie.lookup(parent, tokens, salt_text, SaltTag::of(salt_text)) {
-            Lookup::Hit(node) => (node.key, node.block),
-            Lookup::Collision => return Ok(Inserted::Rejected),
-            Lookup::Miss(key) => {
-                let parent = match parent {
-                    None => None,
-                    Some(p) => match self.trie.block_of(p) {
-                        Some(b) => Some((p, b)),
-                        None => return Ok(Inserted::Rejected),
-                    },
-                };
-                self.check_sole_holder(block)?;
-                self.pool.retain(block)?;
-                let tokens = tokens.try_into().expect("length checked");
-                self.trie.add(key, parent, tokens, salt.cloned(), block, self.tick);
+        // Checked up front (it only reads), raised only where the block must be the caller's alone.
+        let sole_holder = self.check_sole_holder(block);
+        let pool = &mut self.pool;
+        let (key, cached) = match self.trie.find_or_add(parent, tokens, salt, block, self.tick, || {
+            sole_holder.clone()?;
+            pool.retain(block)
+        })? {
+            Found::Hit(key, cached) => (key, cached),
+            Found::Collision => return Ok(Inserted::Rejected),
+            Found::Added(key) => {
                 self.stats.inserted_blocks += 1;
                 return Ok(Inserted::Cached { key, block });
             }
         };
         if cached != block {
-            self.check_sole_holder(block)?;
+            sole_holder?;
             self.take(cached);
             self.pool.release(block)?;
         } else if self.users(block) == 0 {
@@ -242,8 +258,9 @@ impl PrefixCache {
         }
         let mut parent = None;
         for (i, (slot, chunk)) in blocks.iter_mut().zip(tokens.chunks_exact(BLOCK_TOKENS)).enumerate() {
-            match self.insert(parent, chunk, salt, *slot)? {
-                Inserted::Cached { key, block } => (parent, *slot) = (Some(key), block),
+            let chunk = chunk.try_into().expect("a full block");
+            match self.insert_under(parent, chunk, salt, *slot)? {
+                Inserted::Cached { key, block } => (parent, *slot) = (Some((key, block)), block),
                 Inserted::Rejected => return Ok(i),
             }
         }

@@ -7,6 +7,7 @@
 //! The trie never touches reference counts or the free list; [`super::prefix::PrefixCache`] does and
 //! tells the trie when a node becomes idle or busy.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -46,9 +47,19 @@ pub enum Lookup<'a> {
     /// A node with exactly this parent, these tokens and this salt.
     Hit(&'a Node),
     /// No node under this key.
-    Miss(BlockKey),
+    Miss,
     /// A node under this key holding something else (a hash collision): never served.
     Collision,
+}
+
+/// What [`BlockTrie::find_or_add`] found or did.
+pub enum Found {
+    /// The same block is cached under this key, in this physical block.
+    Hit(BlockKey, u32),
+    /// Another block is cached under this key (a hash collision): never served, nothing added.
+    Collision,
+    /// Nothing was cached under this key; the caller's block now is.
+    Added(BlockKey),
 }
 
 /// Cached blocks by physical block, their keys, and the eviction order.
@@ -115,46 +126,58 @@ impl BlockTrie {
     pub fn lookup(&self, parent: Option<BlockKey>, tokens: &[u32], salt: Option<&str>, tag: SaltTag) -> Lookup<'_> {
         let key = block_key(self.seed, parent, tokens, tag);
         match self.node(key) {
-            None => Lookup::Miss(key),
+            None => Lookup::Miss,
             Some(n) if n.parent == parent && n.tokens[..] == *tokens && n.salt.as_deref() == salt => Lookup::Hit(n),
             Some(_) => Lookup::Collision,
         }
     }
 
-    /// Adds a busy node for `block` under `key`, after the cached node `parent` (whose block is
-    /// `parent_block`); the parent is no longer a leaf.
-    pub fn add(
+    /// Finds the block holding `tokens` after the cached node `parent` (its key and block) for `salt`,
+    /// or, when nothing is cached under its key and `admit` agrees, caches it as a busy node in
+    /// `block`, last used at `tick` (the parent is no longer a leaf). One probe of the key map.
+    pub fn find_or_add<E>(
         &mut self,
-        key: BlockKey,
         parent: Option<(BlockKey, u32)>,
-        tokens: [u32; BLOCK_TOKENS],
-        salt: Option<Arc<str>>,
+        tokens: &[u32; BLOCK_TOKENS],
+        salt: Option<&Arc<str>>,
         block: u32,
         tick: u64,
-    ) {
+        admit: impl FnOnce() -> Result<(), E>,
+    ) -> Result<Found, E> {
+        let parent_key = parent.map(|p| p.0);
+        let salt_text = salt.map(|s| &**s);
+        let key = block_key(self.seed, parent_key, tokens, SaltTag::of(salt_text));
+        let vacant = match self.blocks.entry(key) {
+            Entry::Occupied(e) => {
+                let n = &self.nodes[*e.get() as usize];
+                let same = n.parent == parent_key && n.tokens == *tokens && n.salt.as_deref() == salt_text;
+                return Ok(if same { Found::Hit(key, n.block) } else { Found::Collision });
+            }
+            Entry::Vacant(v) => v,
+        };
+        admit()?;
         debug_assert!(!self.cached[block as usize]);
-        let parent_block = parent.map_or(NO_BLOCK, |(_, b)| b);
-        if let Some(p) = parent {
-            debug_assert!(self.cached[p.1 as usize], "the parent of a new node is cached");
-            let node = &mut self.nodes[p.1 as usize];
-            debug_assert_eq!(node.key, p.0);
+        vacant.insert(block);
+        if let Some((_, pb)) = parent {
+            debug_assert!(self.cached[pb as usize], "the parent of a new node is cached");
+            let node = &mut self.nodes[pb as usize];
             if node.evictable() {
-                self.order.remove(p.1);
+                self.order.remove(pb);
             }
             node.children += 1;
         }
-        self.blocks.insert(key, block);
         let node = &mut self.nodes[block as usize];
         node.key = key;
-        node.parent = parent.map(|p| p.0);
-        node.parent_block = parent_block;
-        node.tokens = tokens;
-        node.salt = salt;
+        node.parent = parent_key;
+        node.parent_block = parent.map_or(NO_BLOCK, |p| p.1);
+        node.tokens = *tokens;
+        node.salt = salt.cloned();
         node.block = block;
         node.children = 0;
         node.last_used = tick;
         node.idle = false;
         self.cached[block as usize] = true;
+        Ok(Found::Added(key))
     }
 
     /// A sequence started using the cached block `block`.
