@@ -122,7 +122,9 @@ impl PrefixCache {
     /// The longest cached chain of full blocks at the start of `tokens`, at most `max_blocks` blocks.
     /// Changes nothing.
     pub fn lookup(&self, tokens: &[u32], salt: Option<&str>, max_blocks: usize) -> PrefixMatch {
-        let mut m = PrefixMatch::default();
+        // Room for the longest possible match up front (no regrowth as it is found).
+        let most = (tokens.len() / BLOCK_TOKENS).min(max_blocks).min(self.trie.len());
+        let mut m = PrefixMatch { block_ids: Vec::with_capacity(most), ..PrefixMatch::default() };
         let tag = SaltTag::of(salt);
         for chunk in tokens.chunks_exact(BLOCK_TOKENS).take(max_blocks) {
             let Lookup::Hit(node) = self.trie.lookup(m.last_key, chunk, salt, tag) else { break };
@@ -284,7 +286,7 @@ impl PrefixCache {
 
     /// Evicts up to `n` idle blocks (least recently used leaves first); returns them in order.
     pub fn evict(&mut self, n: usize) -> Vec<u32> {
-        let mut blocks = Vec::new();
+        let mut blocks = Vec::with_capacity(n.min(self.trie.num_evictable()));
         self.trie.pop_lru_many(n, &mut blocks);
         for &block in &blocks {
             self.pool.release(block).expect("the trie held the block");
