@@ -17,7 +17,8 @@ use pyo3::types::PyDict;
 
 use crate::errors::to_py;
 use crate::gil::without_gil;
-use crate::prefix::{stats_dict, token_ids};
+use crate::prefix::stats_dict;
+use crate::token_ids::token_ids;
 
 /// A Qwen3 model loaded from GGUF, its paged KV cache, and the sequences being generated.
 #[pyclass(frozen, module = "oxibonsai._core")]

@@ -3,33 +3,13 @@
 
 use std::sync::Arc;
 
-use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use oxibonsai_core::kv::{CacheStats, PrefixCache as CoreCache, BLOCK_TOKENS};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::PyDict;
 
 use crate::errors::to_py;
-
-/// Token ids from a list of ints (the common case, read item by item into a sized `Vec`), a numpy
-/// uint32 array (copied in one go), or any other sequence of ints.
-pub fn token_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
-    if let Ok(list) = obj.cast_exact::<PyList>() {
-        let mut ids = Vec::with_capacity(list.len());
-        for item in list.iter() {
-            ids.push(item.extract::<u32>()?);
-        }
-        return Ok(ids);
-    }
-    if let Ok(array) = obj.cast::<PyArray1<u32>>() {
-        let view = array.readonly();
-        if view.is_c_contiguous() {
-            return Ok(view.as_slice()?.to_vec());
-        }
-        return Ok(view.as_array().to_vec());
-    }
-    obj.extract()
-}
+use crate::token_ids::token_ids;
 
 /// The statistics as a dict (counters, then gauges).
 pub fn stats_dict<'py>(py: Python<'py>, s: &CacheStats) -> PyResult<Bound<'py, PyDict>> {

@@ -16,7 +16,7 @@ use pyo3::types::PyDict;
 use crate::errors::to_py;
 use crate::gil::without_gil;
 use crate::model::Model;
-use crate::prefix::token_ids;
+use crate::token_ids::token_ids;
 
 /// Where the scheduler's blocks live.
 enum Backend {

@@ -3,12 +3,13 @@
 //! mapping a sequence's positions to physical blocks. A block id names the same slot range in every
 //! layer, so sharing a block (the prefix cache) shares it for the whole model. The prefix cache
 //! ([`prefix::PrefixCache`]) owns the pool and the trie of cached full blocks ([`trie::BlockTrie`],
-//! keyed by [`hash::BlockKey`]).
+//! keyed by [`hash::BlockKey`], its idle leaves in eviction order in [`idle::IdleOrder`]).
 
 pub mod blocks;
 pub mod cache;
 pub mod elem;
 pub mod hash;
+pub mod idle;
 pub mod prefix;
 pub mod trie;
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::blocks::BlockPool;
 use super::cache::BLOCK_TOKENS;
 use super::hash::{BlockKey, SaltTag};
-use super::trie::{BlockTrie, Lookup, Node};
+use super::trie::{BlockTrie, Found, Lookup};
 use crate::error::{Error, Result};
 
 /// The longest cached prefix of a prompt.
@@ -116,21 +116,22 @@ impl PrefixCache {
     }
 
     pub fn is_cached(&self, block: u32) -> bool {
-        self.trie.key_of(block).is_some()
+        self.trie.is_cached(block)
     }
 
     /// The longest cached chain of full blocks at the start of `tokens`, at most `max_blocks` blocks.
     /// Changes nothing.
     pub fn lookup(&self, tokens: &[u32], salt: Option<&str>, max_blocks: usize) -> PrefixMatch {
-        let mut m = PrefixMatch::default();
+        // Room for the longest possible match up front (no regrowth as it is found).
+        let most = (tokens.len() / BLOCK_TOKENS).min(max_blocks).min(self.trie.len());
+        let mut m = PrefixMatch { block_ids: Vec::with_capacity(most), ..PrefixMatch::default() };
         let tag = SaltTag::of(salt);
         for chunk in tokens.chunks_exact(BLOCK_TOKENS).take(max_blocks) {
-            let Lookup::Hit(key) = self.trie.lookup(m.last_key, chunk, salt, tag) else { break };
-            let node = self.trie.node(key).expect("a hit is cached");
+            let Lookup::Hit(node) = self.trie.lookup(m.last_key, chunk, salt, tag) else { break };
             m.block_ids.push(node.block);
             m.idle_blocks += usize::from(node.idle);
             m.cached_tokens += BLOCK_TOKENS;
-            m.last_key = Some(key);
+            m.last_key = Some(node.key);
         }
         m
     }
@@ -138,14 +139,20 @@ impl PrefixCache {
     /// Like [`lookup`](Self::lookup), and takes one reference on each matched block for the caller
     /// (who gives them back with [`release`](Self::release)). Counts the query in the statistics.
     pub fn acquire(&mut self, tokens: &[u32], salt: Option<&str>, max_blocks: usize) -> PrefixMatch {
-        self.tick += 1;
         let m = self.lookup(tokens, salt, max_blocks);
+        self.acquire_found(tokens.len(), m)
+    }
+
+    /// [`acquire`](Self::acquire) for a match [`lookup`](Self::lookup) just returned for a prompt of
+    /// `queried_tokens` tokens, the cache unchanged since: takes its blocks without looking again.
+    pub fn acquire_found(&mut self, queried_tokens: usize, m: PrefixMatch) -> PrefixMatch {
+        self.tick += 1;
         for &block in &m.block_ids {
-            self.take(self.trie.key_of(block).expect("matched blocks are cached"), block);
+            self.take(block);
         }
         self.stats.queries += 1;
         self.stats.hits += u64::from(m.cached_tokens > 0);
-        self.stats.queried_tokens += tokens.len() as u64;
+        self.stats.queried_tokens += queried_tokens as u64;
         self.stats.hit_tokens += m.cached_tokens as u64;
         m
     }
@@ -170,41 +177,54 @@ impl PrefixCache {
         salt: Option<&Arc<str>>,
         block: u32,
     ) -> Result<Inserted> {
-        if tokens.len() != BLOCK_TOKENS {
+        let Ok(tokens) = <&[u32; BLOCK_TOKENS]>::try_from(tokens) else {
             return Err(Error::Shape(format!("a cached block holds {BLOCK_TOKENS} tokens, got {}", tokens.len())));
-        }
+        };
+        let parent = match parent {
+            None => None,
+            Some(p) => match self.trie.block_of(p) {
+                Some(b) => Some((p, b)),
+                None => {
+                    // Evicted: nothing can be cached under it.
+                    self.tick += 1;
+                    return Ok(Inserted::Rejected);
+                }
+            },
+        };
+        self.insert_under(parent, tokens, salt, block)
+    }
+
+    /// [`insert`](Self::insert) after a parent known to be cached, with its block.
+    fn insert_under(
+        &mut self,
+        parent: Option<(BlockKey, u32)>,
+        tokens: &[u32; BLOCK_TOKENS],
+        salt: Option<&Arc<str>>,
+        block: u32,
+    ) -> Result<Inserted> {
         self.tick += 1;
-        let salt_text = salt.map(|s| &**s);
-        let key = match self.trie.lookup(parent, tokens, salt_text, SaltTag::of(salt_text)) {
-            Lookup::Hit(key) => key,
-            Lookup::Collision => return Ok(Inserted::Rejected),
-            Lookup::Miss(_) if parent.is_some_and(|p| self.trie.node(p).is_none()) => return Ok(Inserted::Rejected),
-            Lookup::Miss(key) => {
-                self.check_sole_holder(block)?;
-                self.pool.retain(block)?;
-                let node = Node {
-                    parent,
-                    tokens: tokens.try_into().expect("length checked"),
-                    salt: salt.cloned(),
-                    block,
-                    children: 0,
-                    last_used: self.tick,
-                    idle: false,
-                };
-                self.trie.add(key, node);
+        // Checked up front (it only reads), raised only where the block must be the caller's alone.
+        let sole_holder = self.check_sole_holder(block);
+        let pool = &mut self.pool;
+        let (key, cached) = match self.trie.find_or_add(parent, tokens, salt, block, self.tick, || {
+            sole_holder.clone()?;
+            pool.retain(block)
+        })? {
+            Found::Hit(key, cached) => (key, cached),
+            Found::Collision => return Ok(Inserted::Rejected),
+            Found::Added(key) => {
                 self.stats.inserted_blocks += 1;
                 return Ok(Inserted::Cached { key, block });
             }
         };
-        let cached = self.trie.node(key).expect("a hit is cached").block;
         if cached != block {
-            self.check_sole_holder(block)?;
-            self.take(key, cached);
+            sole_holder?;
+            self.take(cached);
             self.pool.release(block)?;
         } else if self.users(block) == 0 {
             return Err(Error::Value(format!("block {block} is not held")));
         } else {
-            self.trie.touch(key, self.tick);
+            self.trie.touch(block, self.tick);
         }
         Ok(Inserted::Cached { key, block: cached })
     }
@@ -240,8 +260,9 @@ impl PrefixCache {
         }
         let mut parent = None;
         for (i, (slot, chunk)) in blocks.iter_mut().zip(tokens.chunks_exact(BLOCK_TOKENS)).enumerate() {
-            match self.insert(parent, chunk, salt, *slot)? {
-                Inserted::Cached { key, block } => (parent, *slot) = (Some(key), block),
+            let chunk = chunk.try_into().expect("a full block");
+            match self.insert_under(parent, chunk, salt, *slot)? {
+                Inserted::Cached { key, block } => (parent, *slot) = (Some((key, block)), block),
                 Inserted::Rejected => return Ok(i),
             }
         }
@@ -256,18 +277,23 @@ impl PrefixCache {
         }
         self.tick += 1;
         self.pool.release(block)?;
-        if let Some(key) = self.trie.key_of(block) {
-            if self.pool.ref_count(block) == 1 {
-                self.idle += 1;
-                self.trie.mark_idle(key, self.tick);
-            }
+        if self.pool.ref_count(block) == 1 && self.is_cached(block) {
+            self.idle += 1;
+            self.trie.mark_idle(block, self.tick);
         }
         Ok(())
     }
 
     /// Evicts up to `n` idle blocks (least recently used leaves first); returns them in order.
     pub fn evict(&mut self, n: usize) -> Vec<u32> {
-        std::iter::from_fn(|| self.evict_one()).take(n).collect()
+        let mut blocks = Vec::with_capacity(n.min(self.trie.num_evictable()));
+        self.trie.pop_lru_many(n, &mut blocks);
+        for &block in &blocks {
+            self.pool.release(block).expect("the trie held the block");
+        }
+        self.idle -= blocks.len();
+        self.stats.evictions += blocks.len() as u64;
+        blocks
     }
 
     /// Drops every idle cached block; blocks in use stay cached. Returns how many were dropped.
@@ -310,13 +336,13 @@ impl PrefixCache {
         Some(block)
     }
 
-    /// Takes one reference on the cached block of `key` for a caller.
-    fn take(&mut self, key: BlockKey, block: u32) {
-        if self.trie.node(key).expect("cached").idle {
+    /// Takes one reference on the cached block `block` for a caller.
+    fn take(&mut self, block: u32) {
+        if self.trie.at(block).expect("cached").idle {
             self.idle -= 1;
-            self.trie.mark_busy(key, self.tick);
+            self.trie.mark_busy(block, self.tick);
         } else {
-            self.trie.touch(key, self.tick);
+            self.trie.touch(block, self.tick);
         }
         self.pool.retain(block).expect("a cached block is allocated");
     }

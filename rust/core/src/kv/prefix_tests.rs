@@ -166,3 +166,19 @@ fn random_traffic_keeps_every_invariant_and_leaks_nothing() {
     cache.reset();
     assert_eq!(cache.num_free(), cache.capacity());
 }
+
+/// A parent becomes an idle leaf with a tick between the other leaves' (it was released after one
+/// chain and before another): it is still evicted in exact least-recently-used order.
+#[test]
+fn a_parent_freed_by_eviction_takes_its_place_in_the_order() {
+    let mut cache = PrefixCache::new(8, 0);
+    let a = run(&mut cache, &prompt(2, 1), None);
+    let b = run(&mut cache, &prompt(1, 2), None);
+    let c = run(&mut cache, &prompt(1, 3), None);
+    release_all(&mut cache, &[a[1], b[0], a[0], c[0]]);
+    assert_eq!(cache.evict(1), [a[1]]);
+    cache.check().unwrap();
+    assert_eq!(cache.evict(3), [b[0], a[0], c[0]]);
+    cache.check().unwrap();
+    assert_eq!(cache.num_cached(), 0);
+}

@@ -1,20 +1,30 @@
-//! `BlockTrie`: the index of cached full blocks. Each node is one 16-token block, found by its
-//! [`BlockKey`] and confirmed by its stored parent key, token ids and salt; it names the physical block
-//! that holds its KV. The trie also keeps the eviction order: an ordered set of the *idle leaves* (no
-//! sequence uses the block, no cached child hangs below it), least recently used first, so a parent can
-//! only be evicted after its children and each eviction costs O(log n).
+//! `BlockTrie`: the index of cached full blocks. Each node is one 16-token block, stored in the slot of
+//! the physical block that holds its KV, found by its [`BlockKey`] (a map from key to block) and
+//! confirmed by its stored parent key, token ids and salt. The trie also keeps the eviction order of
+//! the *idle leaves* (no sequence uses the block, no cached child hangs below it), least recently used
+//! first ([`IdleOrder`]), so a parent can only be evicted after its children; an eviction costs O(1)
+//! and one map removal.
 //! The trie never touches reference counts or the free list; [`super::prefix::PrefixCache`] does and
 //! tells the trie when a node becomes idle or busy.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::cache::BLOCK_TOKENS;
 use super::hash::{block_key, random_seed, BlockKey, KeyMap, SaltTag};
+use super::idle::IdleOrder;
 
-/// One cached block.
+/// No block: a root node's parent.
+const NO_BLOCK: u32 = u32::MAX;
+
+/// One cached block (or, in a slot whose block is not cached, the leftovers of an evicted one).
+#[derive(Default)]
 pub struct Node {
+    pub key: BlockKey,
     pub parent: Option<BlockKey>,
+    /// The parent's physical block (`NO_BLOCK` for a root).
+    parent_block: u32,
     pub tokens: [u32; BLOCK_TOKENS],
     pub salt: Option<Arc<str>>,
     pub block: u32,
@@ -27,164 +37,246 @@ pub struct Node {
 }
 
 impl Node {
-    fn lru_entry(&self) -> (u64, u32) {
-        (self.last_used, self.block)
-    }
-
     fn evictable(&self) -> bool {
         self.idle && self.children == 0
     }
 }
 
 /// What a lookup of one block found.
-pub enum Lookup {
+pub enum Lookup<'a> {
     /// A node with exactly this parent, these tokens and this salt.
-    Hit(BlockKey),
+    Hit(&'a Node),
     /// No node under this key.
-    Miss(BlockKey),
+    Miss,
     /// A node under this key holding something else (a hash collision): never served.
     Collision,
 }
 
-/// Cached blocks by key, by physical block, and in eviction order.
+/// What [`BlockTrie::find_or_add`] found or did.
+pub enum Found {
+    /// The same block is cached under this key, in this physical block.
+    Hit(BlockKey, u32),
+    /// Another block is cached under this key (a hash collision): never served, nothing added.
+    Collision,
+    /// Nothing was cached under this key; the caller's block now is.
+    Added(BlockKey),
+}
+
+/// Cached blocks by physical block, their keys, and the eviction order.
 pub struct BlockTrie {
     seed: u64,
-    nodes: KeyMap<Node>,
-    by_block: Vec<Option<BlockKey>>,
-    lru: BTreeSet<(u64, u32)>,
+    blocks: KeyMap<u32>,
+    /// One slot per physical block, valid where `cached` says so; slots are rewritten field by field,
+    /// never moved.
+    nodes: Vec<Node>,
+    /// Whether each block is cached (compact: releasing a block asks, on the pool's hot path).
+    cached: Vec<bool>,
+    order: IdleOrder,
 }
 
 impl BlockTrie {
     pub fn new(num_blocks: usize) -> BlockTrie {
         BlockTrie {
             seed: random_seed(),
-            // Room for every block up front: the map never rehashes as the cache fills (~140 bytes a block).
-            nodes: KeyMap::with_capacity_and_hasher(num_blocks, Default::default()),
-            by_block: vec![None; num_blocks],
-            lru: BTreeSet::new(),
+            // Room for every block up front: the map never rehashes as the cache fills.
+            blocks: KeyMap::with_capacity_and_hasher(num_blocks, Default::default()),
+            nodes: std::iter::repeat_with(Node::default).take(num_blocks).collect(),
+            cached: vec![false; num_blocks],
+            order: IdleOrder::new(num_blocks),
         }
     }
 
     /// Cached blocks.
     pub fn len(&self) -> usize {
-        self.nodes.len()
+        self.blocks.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
+        self.blocks.is_empty()
     }
 
     /// Idle leaves: the blocks that could be evicted right now.
     pub fn num_evictable(&self) -> usize {
-        self.lru.len()
+        self.order.len()
+    }
+
+    /// The node cached in physical block `block`.
+    pub fn at(&self, block: u32) -> Option<&Node> {
+        self.is_cached(block).then(|| &self.nodes[block as usize])
+    }
+
+    pub fn is_cached(&self, block: u32) -> bool {
+        self.cached.get(block as usize).copied().unwrap_or(false)
     }
 
     pub fn key_of(&self, block: u32) -> Option<BlockKey> {
-        self.by_block.get(block as usize).copied().flatten()
+        self.at(block).map(|n| n.key)
+    }
+
+    /// The physical block cached under `key`.
+    pub fn block_of(&self, key: BlockKey) -> Option<u32> {
+        self.blocks.get(&key).copied()
     }
 
     pub fn node(&self, key: BlockKey) -> Option<&Node> {
-        self.nodes.get(&key)
+        self.at(self.block_of(key)?)
     }
 
     /// Finds the block holding `tokens` after `parent` for `salt` (whose tag is `tag`).
-    pub fn lookup(&self, parent: Option<BlockKey>, tokens: &[u32], salt: Option<&str>, tag: SaltTag) -> Lookup {
+    pub fn lookup(&self, parent: Option<BlockKey>, tokens: &[u32], salt: Option<&str>, tag: SaltTag) -> Lookup<'_> {
         let key = block_key(self.seed, parent, tokens, tag);
-        match self.nodes.get(&key) {
-            None => Lookup::Miss(key),
-            Some(n) if n.parent == parent && n.tokens[..] == *tokens && n.salt.as_deref() == salt => Lookup::Hit(key),
+        match self.node(key) {
+            None => Lookup::Miss,
+            Some(n) if n.parent == parent && n.tokens[..] == *tokens && n.salt.as_deref() == salt => Lookup::Hit(n),
             Some(_) => Lookup::Collision,
         }
     }
 
-    /// Adds a busy node under `key`. Its parent, if any, must be cached (and is no longer a leaf).
-    pub fn add(&mut self, key: BlockKey, node: Node) {
-        debug_assert!(!node.idle && self.by_block[node.block as usize].is_none());
-        if let Some(p) = node.parent {
-            let parent = self.nodes.get_mut(&p).expect("the parent of a new node is cached");
-            if parent.evictable() {
-                self.lru.remove(&parent.lru_entry());
+    /// Finds the block holding `tokens` after the cached node `parent` (its key and block) for `salt`,
+    /// or, when nothing is cached under its key and `admit` agrees, caches it as a busy node in
+    /// `block`, last used at `tick` (the parent is no longer a leaf). One probe of the key map.
+    pub fn find_or_add<E>(
+        &mut self,
+        parent: Option<(BlockKey, u32)>,
+        tokens: &[u32; BLOCK_TOKENS],
+        salt: Option<&Arc<str>>,
+        block: u32,
+        tick: u64,
+        admit: impl FnOnce() -> Result<(), E>,
+    ) -> Result<Found, E> {
+        let parent_key = parent.map(|p| p.0);
+        let salt_text = salt.map(|s| &**s);
+        let key = block_key(self.seed, parent_key, tokens, SaltTag::of(salt_text));
+        let vacant = match self.blocks.entry(key) {
+            Entry::Occupied(e) => {
+                let n = &self.nodes[*e.get() as usize];
+                let same = n.parent == parent_key && n.tokens == *tokens && n.salt.as_deref() == salt_text;
+                return Ok(if same { Found::Hit(key, n.block) } else { Found::Collision });
             }
-            parent.children += 1;
+            Entry::Vacant(v) => v,
+        };
+        admit()?;
+        debug_assert!(!self.cached[block as usize]);
+        vacant.insert(block);
+        if let Some((_, pb)) = parent {
+            debug_assert!(self.cached[pb as usize], "the parent of a new node is cached");
+            let node = &mut self.nodes[pb as usize];
+            if node.evictable() {
+                self.order.remove(pb);
+            }
+            node.children += 1;
         }
-        self.by_block[node.block as usize] = Some(key);
-        self.nodes.insert(key, node);
+        let node = &mut self.nodes[block as usize];
+        node.key = key;
+        node.parent = parent_key;
+        node.parent_block = parent.map_or(NO_BLOCK, |p| p.1);
+        node.tokens = *tokens;
+        node.salt = salt.cloned();
+        node.block = block;
+        node.children = 0;
+        node.last_used = tick;
+        node.idle = false;
+        self.cached[block as usize] = true;
+        Ok(Found::Added(key))
     }
 
-    /// A sequence started using the node's block.
-    pub fn mark_busy(&mut self, key: BlockKey, tick: u64) {
-        let node = self.nodes.get_mut(&key).expect("cached");
+    /// A sequence started using the cached block `block`.
+    pub fn mark_busy(&mut self, block: u32, tick: u64) {
+        debug_assert!(self.cached[block as usize], "cached");
+        let node = &mut self.nodes[block as usize];
         if node.evictable() {
-            self.lru.remove(&node.lru_entry());
+            self.order.remove(block);
         }
         node.idle = false;
         node.last_used = tick;
     }
 
-    /// The last sequence using the node's block let it go.
-    pub fn mark_idle(&mut self, key: BlockKey, tick: u64) {
-        let node = self.nodes.get_mut(&key).expect("cached");
+    /// The last sequence using the cached block `block` let it go.
+    pub fn mark_idle(&mut self, block: u32, tick: u64) {
+        debug_assert!(self.cached[block as usize], "cached");
+        let node = &mut self.nodes[block as usize];
         debug_assert!(!node.idle);
         node.idle = true;
         node.last_used = tick;
         if node.evictable() {
-            self.lru.insert(node.lru_entry());
+            self.order.insert(block, tick);
         }
     }
 
-    /// Records a use of a busy node (its order among idle leaves is set when it becomes idle).
-    pub fn touch(&mut self, key: BlockKey, tick: u64) {
-        let node = self.nodes.get_mut(&key).expect("cached");
+    /// Records a use of a busy cached block (its place among idle leaves is set when it becomes idle).
+    pub fn touch(&mut self, block: u32, tick: u64) {
+        debug_assert!(self.cached[block as usize], "cached");
+        let node = &mut self.nodes[block as usize];
         debug_assert!(!node.idle);
         node.last_used = tick;
     }
 
     /// Removes the least recently used idle leaf and returns its block; its parent may become one.
     pub fn pop_lru(&mut self) -> Option<u32> {
-        let entry = *self.lru.first()?;
-        let key = self.by_block[entry.1 as usize].take().expect("an LRU entry is cached");
-        let node = self.nodes.remove(&key).expect("cached");
-        if let Some(p) = node.parent {
-            let parent = self.nodes.get_mut(&p).expect("a cached node's parent is cached");
-            parent.children -= 1;
-            if parent.evictable() {
-                self.lru.insert(parent.lru_entry());
-            }
-        }
-        // Removed after the parent went in: evicting a chain never empties the set, which would free
-        // its root node only to allocate a new one for the parent.
-        self.lru.remove(&entry);
-        Some(entry.1)
+        let node = self.take_lru()?;
+        self.blocks.remove(&node.0);
+        Some(node.1)
     }
 
-    /// Checks the trie's own bookkeeping (children counts, the block index, the LRU set); for tests.
-    pub fn check(&self) -> Result<(), String> {
-        let mut children: HashMap<BlockKey, u32> = HashMap::new();
-        for (key, n) in &self.nodes {
-            if self.key_of(n.block) != Some(*key) {
-                return Err(format!("block {} is not indexed under its node", n.block));
-            }
-            if let Some(p) = n.parent {
-                if !self.nodes.contains_key(&p) {
-                    return Err(format!("block {} has an evicted parent", n.block));
-                }
-                *children.entry(p).or_default() += 1;
+    /// Removes up to `n` idle leaves in eviction order and appends their blocks to `out`. Their keys
+    /// leave the map after the walk, where the (independent) removals overlap their cache misses.
+    pub fn pop_lru_many(&mut self, n: usize, out: &mut Vec<u32>) {
+        let mut keys = Vec::with_capacity(n.min(self.order.len()));
+        while keys.len() < n {
+            let Some((key, block)) = self.take_lru() else { break };
+            keys.push(key);
+            out.push(block);
+        }
+        for key in &keys {
+            self.blocks.remove(key);
+        }
+    }
+
+    /// Takes the least recently used idle leaf out of its slot and the eviction order (not the map);
+    /// its parent may become an idle leaf.
+    fn take_lru(&mut self) -> Option<(BlockKey, u32)> {
+        let block = self.order.pop_first()?;
+        debug_assert!(self.cached[block as usize], "an idle leaf is cached");
+        self.cached[block as usize] = false;
+        let node = &mut self.nodes[block as usize];
+        let (key, parent_block) = (node.key, node.parent_block);
+        node.salt = None;
+        if parent_block != NO_BLOCK {
+            let parent = &mut self.nodes[parent_block as usize];
+            parent.children -= 1;
+            if parent.evictable() {
+                self.order.insert(parent_block, parent.last_used);
             }
         }
-        for (key, n) in &self.nodes {
-            if n.children != children.get(key).copied().unwrap_or(0) {
+        Some((key, block))
+    }
+
+    /// Checks the trie's own bookkeeping (children counts, the key map, the eviction order); for tests.
+    pub fn check(&self) -> Result<(), String> {
+        let mut children: HashMap<u32, u32> = HashMap::new();
+        for (&key, &block) in &self.blocks {
+            let Some(n) = self.at(block).filter(|n| n.key == key && n.block == block) else {
+                return Err(format!("block {block} is not indexed under its node"));
+            };
+            if let Some(p) = n.parent {
+                if self.block_of(p) != Some(n.parent_block) {
+                    return Err(format!("block {block} has an evicted or misfiled parent"));
+                }
+                *children.entry(n.parent_block).or_default() += 1;
+            }
+        }
+        let nodes = || self.nodes.iter().zip(&self.cached).filter(|(_, &c)| c).map(|(n, _)| n);
+        if nodes().count() != self.blocks.len() {
+            return Err("the block slots hold nodes that are not indexed".into());
+        }
+        for n in nodes() {
+            if n.children != children.get(&n.block).copied().unwrap_or(0) {
                 return Err(format!("block {} counts {} children", n.block, n.children));
             }
-            if n.evictable() != self.lru.contains(&n.lru_entry()) {
+            if n.evictable() != self.order.contains(n.block) {
                 return Err(format!("block {} is misfiled in the eviction order", n.block));
             }
         }
-        if self.lru.len() != self.nodes.values().filter(|n| n.evictable()).count() {
-            return Err("the eviction order holds blocks that are not cached".into());
-        }
-        if self.by_block.iter().flatten().count() != self.nodes.len() {
-            return Err("the block index names blocks that are not cached".into());
-        }
-        Ok(())
+        self.order.check(nodes().filter(|n| n.evictable()).count())
     }
 }

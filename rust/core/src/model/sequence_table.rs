@@ -105,6 +105,18 @@ impl SequenceTable {
         (self.insert_sequence(Sequence::from_prefix(prompt, salt, m)), cached)
     }
 
+    /// [`add_sequence_cached`](Self::add_sequence_cached) on the match
+    /// [`cached_prefix`](Self::cached_prefix) just returned for the same prompt and salt (the table
+    /// unchanged since), without looking the prompt up again.
+    pub fn add_sequence_found(&mut self, prompt: &[u32], salt: Option<&str>, m: PrefixMatch) -> (u64, usize) {
+        if !self.prefix_caching {
+            return (self.add_sequence(), 0);
+        }
+        let m = self.blocks.acquire_found(prompt.len(), m);
+        let cached = m.cached_tokens;
+        (self.insert_sequence(Sequence::from_prefix(prompt, salt, m)), cached)
+    }
+
     fn insert_sequence(&mut self, seq: Sequence) -> u64 {
         self.seqs.insert(seq)
     }

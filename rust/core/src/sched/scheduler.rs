@@ -2,7 +2,7 @@
 //! [`crate::sched`]).
 
 use crate::error::{Error, Result};
-use crate::kv::BLOCK_TOKENS;
+use crate::kv::{PrefixMatch, BLOCK_TOKENS};
 use crate::model::{blocks_for, SequenceTable};
 
 use super::config::{Policy, SchedulerConfig, LONGEST_PREFIX_WINDOW};
@@ -237,7 +237,7 @@ impl Scheduler {
             if new_blocks + m.idle_blocks > kv.num_available_blocks().saturating_sub(budget.reserved) {
                 return;
             }
-            self.start(slot, kv);
+            self.start(slot, kv, m);
             self.push_item(slot, n, budget, new_blocks, out);
         }
     }
@@ -259,11 +259,11 @@ impl Scheduler {
         }
     }
 
-    /// Moves a waiting request into the running set, on its cached prefix.
-    fn start(&mut self, slot: u32, kv: &mut SequenceTable) {
+    /// Moves a waiting request into the running set, on its cached prefix `m` (just looked up).
+    fn start(&mut self, slot: u32, kv: &mut SequenceTable, m: PrefixMatch) {
         let r = self.requests.at_mut(slot);
         self.waiting.remove(r.key, r.arrival, r.id);
-        let (seq, cached) = kv.add_sequence_cached(&r.tokens, r.salt.as_deref());
+        let (seq, cached) = kv.add_sequence_found(&r.tokens, r.salt.as_deref(), m);
         r.seq = Some(seq);
         r.num_computed = cached;
         self.admissions += 1;

@@ -1,0 +1,86 @@
+//! Token ids in from Python, fast: an exact `list` or `tuple` of ints is read through the public
+//! CPython C API (no per-item PyO3 extraction), a numpy uint32 array is copied in one go, and anything
+//! else goes through PyO3's generic sequence extraction. Every path raises the same errors: `TypeError`
+//! for a non-int item, `OverflowError` for a negative or too large one.
+
+use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+/// Token ids from a list, tuple or numpy uint32 array of ints, or any other sequence of ints.
+pub fn token_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    if let Ok(list) = obj.cast_exact::<PyList>() {
+        // SAFETY: `list` is an exact list, alive for the call, and the GIL is held.
+        return unsafe { read_items(obj.py(), list.as_ptr(), ffi::PyList_GET_SIZE, ffi::PyList_GET_ITEM) };
+    }
+    if let Ok(tuple) = obj.cast_exact::<PyTuple>() {
+        // SAFETY: `tuple` is an exact tuple, alive for the call, and the GIL is held.
+        return unsafe { read_items(obj.py(), tuple.as_ptr(), ffi::PyTuple_GET_SIZE, ffi::PyTuple_GET_ITEM) };
+    }
+    if let Ok(array) = obj.cast::<PyArray1<u32>>() {
+        let view = array.readonly();
+        if view.is_c_contiguous() {
+            return Ok(view.as_slice()?.to_vec());
+        }
+        return Ok(view.as_array().to_vec());
+    }
+    obj.extract()
+}
+
+/// Reads every item of the list or tuple `seq` with the given size and item accessors: exact ints in
+/// `0..2**32` inline, anything else through [`slow_id`].
+///
+/// # Safety
+/// `seq` must be a live exact list (with the list accessors) or tuple (with the tuple accessors), and
+/// the GIL must be held.
+#[inline(always)]
+unsafe fn read_items(
+    py: Python<'_>,
+    seq: *mut ffi::PyObject,
+    size: unsafe fn(*mut ffi::PyObject) -> ffi::Py_ssize_t,
+    item: unsafe fn(*mut ffi::PyObject, ffi::Py_ssize_t) -> *mut ffi::PyObject,
+) -> PyResult<Vec<u32>> {
+    // SAFETY: the caller's contract: `seq` is a live list or tuple matching `size`.
+    let mut ids = Vec::with_capacity(unsafe { size(seq) }.max(0) as usize);
+    let int_type = &raw mut ffi::PyLong_Type;
+    let mut i = 0;
+    // The size is read again every round: a non-int item's `__index__` runs Python code, which may
+    // change the list.
+    // SAFETY: as above.
+    while i < unsafe { size(seq) } {
+        // SAFETY: `i` is below the current size, so the slot holds a live borrowed reference; reading
+        // an object's type and converting an exact int run no Python code.
+        let id = unsafe {
+            let obj = item(seq, i);
+            let mut overflow = 0;
+            // Overflow gives -1 and sets no error: `slow_id` raises it.
+            let value =
+                if ffi::Py_TYPE(obj) == int_type { ffi::PyLong_AsLongAndOverflow(obj, &mut overflow) } else { -1 };
+            match u32::try_from(value) {
+                Ok(id) => id,
+                Err(_) => slow_id(py, obj)?,
+            }
+        };
+        ids.push(id);
+        i += 1;
+    }
+    Ok(ids)
+}
+
+/// One token id from an object that is not an exact int in `0..2**32`: PyO3 converts it (a bool, a
+/// numpy integer, anything with `__index__`) or raises its error, holding its own reference while
+/// Python code may run.
+///
+/// # Safety
+/// `obj` must be a live object and the GIL must be held.
+#[cold]
+#[inline(never)]
+unsafe fn slow_id(py: Python<'_>, obj: *mut ffi::PyObject) -> PyResult<u32> {
+    // SAFETY: the caller's contract; `from_borrowed_ptr` takes a new reference. A pending error of a
+    // failed `PyLong_AsLong` is replaced by converting again here.
+    unsafe {
+        drop(PyErr::take(py));
+        Bound::from_borrowed_ptr(py, obj).extract::<u32>()
+    }
+}
