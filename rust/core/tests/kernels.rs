@@ -72,6 +72,58 @@ fn gemm_matches_lut_gemms_bit_for_bit_on_random_shapes() {
     }
 }
 
+/// `matmul_shared` (one quantization, one GEMV job over every matrix) gives each matrix exactly what
+/// `matmul` gives it alone, for random row counts (tile ranges of a task then straddle matrices),
+/// every kernel, ISA and 1 or several activation rows.
+#[test]
+fn shared_matmul_equals_separate_matmuls_bit_for_bit() {
+    let mut rng = Rng::fresh("shared matmul");
+    for threads in [1, 3] {
+        let pool = Pool::new(threads);
+        for _ in 0..6 {
+            let cols = 128 * (1 + (rng.next_u64() % 4) as usize);
+            let count = 1 + (rng.next_u64() % 3) as usize;
+            let rows: Vec<usize> = (0..count).map(|_| 1 + (rng.next_u64() % 200) as usize).collect();
+            let mats: Vec<Q1Matrix> =
+                rows.iter().map(|&r| Q1Matrix::quantize(&rng.weights(r * cols), r, cols).unwrap()).collect();
+            let refs: Vec<&Q1Matrix> = mats.iter().collect();
+            for n in [1, 2, 5] {
+                let x = rng.activations(n * cols);
+                for isa in Isa::available() {
+                    for kernel in INT8_KERNELS.into_iter().chain([Kernel::Reference]) {
+                        let mut outs: Vec<Vec<f32>> = rows.iter().map(|r| vec![f32::NAN; n * r]).collect();
+                        let mut views: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                        Q1Matrix::matmul_shared(&refs, &x, n, &mut views, kernel, isa, &pool).unwrap();
+                        for (m, got) in mats.iter().zip(&outs) {
+                            let want = run(m, &x, n, kernel, isa, &pool);
+                            assert_eq!(got, &want, "{isa} {kernel:?} rows {rows:?} cols {cols} n={n}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn shared_matmul_rejects_mismatched_shapes() {
+    let mut rng = Rng::fresh("shared shapes");
+    let pool = Pool::new(1);
+    let (a, b) = (
+        Q1Matrix::quantize(&rng.weights(4 * 128), 4, 128).unwrap(),
+        Q1Matrix::quantize(&rng.weights(4 * 256), 4, 256).unwrap(),
+    );
+    let x = rng.activations(128);
+    let (mut o1, mut o2) = (vec![0.0; 4], vec![0.0; 4]);
+    assert!(
+        Q1Matrix::matmul_shared(&[&a, &b], &x, 1, &mut [&mut o1, &mut o2], Kernel::Auto, Isa::Scalar, &pool).is_err()
+    );
+    assert!(Q1Matrix::matmul_shared(&[&a, &a], &x, 1, &mut [&mut o1], Kernel::Auto, Isa::Scalar, &pool).is_err());
+    let mut short = vec![0.0; 3];
+    assert!(Q1Matrix::matmul_shared(&[&a, &a], &x, 1, &mut [&mut o1, &mut short], Kernel::Auto, Isa::Scalar, &pool)
+        .is_err());
+}
+
 #[test]
 fn gemm_name_reports_the_vnni_kernel_where_it_runs() {
     for isa in Isa::available() {

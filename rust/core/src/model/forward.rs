@@ -9,7 +9,7 @@ use crate::pool::Pool;
 
 use super::attention::{attend, AttendElem, AttentionShape, TokenSlot};
 use super::config::Qwen3Config;
-use super::linear::MatmulPlan;
+use super::linear::{Linear, MatmulPlan};
 use super::ops::{rms_norm, rms_norm_in_place, swiglu_in_place, RopeTable};
 use super::weights::{LayerWeights, Qwen3Weights};
 
@@ -80,9 +80,7 @@ impl Qwen3Model {
     ) -> Result<()> {
         let (c, n, plan) = (&self.config, batch.n, self.plan);
         self.norm_rows(&s.x, &w.attn_norm, &mut s.h, pool);
-        w.wq.forward(&s.h, n, &mut s.q, plan, pool)?;
-        w.wk.forward(&s.h, n, &mut s.k, plan, pool)?;
-        w.wv.forward(&s.h, n, &mut s.v, plan, pool)?;
+        Linear::forward_shared(&[&w.wq, &w.wk, &w.wv], &s.h, n, &mut [&mut s.q, &mut s.k, &mut s.v], plan, pool)?;
         self.qk_norm_rope(&mut s.q, &w.q_norm, batch, pool);
         self.qk_norm_rope(&mut s.k, &w.k_norm, batch, pool);
         let kv = c.kv_dim();
@@ -96,8 +94,7 @@ impl Qwen3Model {
         add(&mut s.x, &s.out);
 
         self.norm_rows(&s.x, &w.ffn_norm, &mut s.h, pool);
-        w.w_gate.forward(&s.h, n, &mut s.gate, plan, pool)?;
-        w.w_up.forward(&s.h, n, &mut s.up, plan, pool)?;
+        Linear::forward_shared(&[&w.w_gate, &w.w_up], &s.h, n, &mut [&mut s.gate, &mut s.up], plan, pool)?;
         let (ffn, up) = (c.ffn, &s.up);
         pool.for_each_row_mut(&mut s.gate, ffn, 8, |r, row| swiglu_in_place(row, &up[r * ffn..(r + 1) * ffn]));
         w.w_down.forward(&s.gate, n, &mut s.out, plan, pool)?;

@@ -51,6 +51,25 @@ impl Linear {
         }
     }
 
+    /// [`Linear::forward`] of several matrices over the same `x`, each into its own output; Q1
+    /// matrices share one activation quantization and, for a single row, one GEMV job
+    /// ([`Q1Matrix::matmul_shared`]). The outputs are those of separate `forward` calls.
+    pub fn forward_shared(
+        ls: &[&Linear],
+        x: &[f32],
+        n: usize,
+        outs: &mut [&mut [f32]],
+        plan: MatmulPlan,
+        pool: &Pool,
+    ) -> Result<()> {
+        let q1: Option<Vec<&Q1Matrix>> =
+            ls.iter().map(|l| if let Linear::Q1(m) = l { Some(m) } else { None }).collect();
+        match q1 {
+            Some(mats) => Q1Matrix::matmul_shared(&mats, x, n, outs, plan.kernel, plan.isa, pool),
+            None => ls.iter().zip(outs.iter_mut()).try_for_each(|(l, out)| l.forward(x, n, out, plan, pool)),
+        }
+    }
+
     /// Row `r` as f32 (the embedding lookup), without touching any other row.
     pub fn row(&self, r: usize, out: &mut [f32]) {
         match self {

@@ -122,28 +122,56 @@ impl Q1Matrix {
     /// `out[i, r] = sum_k w[r, k] * x[i, k]` for `n` activation rows `x` (`n * cols` values) into
     /// `out` (`n * rows` values).
     pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32], kernel: Kernel, isa: Isa, pool: &Pool) -> Result<()> {
-        expect_len("activations", x.len(), n * self.cols)?;
-        expect_len("output", out.len(), n * self.rows)?;
+        Q1Matrix::matmul_shared(&[self], x, n, &mut [out], kernel, isa, pool)
+    }
+
+    /// [`Q1Matrix::matmul`] of several matrices with the same columns against the same activations
+    /// (a layer's q, k and v projections, say), each into its own output: the activations are
+    /// quantized once and, for one row, the GEMV's tables are built once and one pool job runs every
+    /// matrix. Each output is exactly what `matmul` gives alone.
+    pub fn matmul_shared(
+        mats: &[&Q1Matrix],
+        x: &[f32],
+        n: usize,
+        outs: &mut [&mut [f32]],
+        kernel: Kernel,
+        isa: Isa,
+        pool: &Pool,
+    ) -> Result<()> {
+        let cols = mats.first().map_or(0, |m| m.cols);
+        if mats.len() != outs.len() || mats.iter().any(|m| m.cols != cols) {
+            return Err(Error::Shape("shared matmul: one output per matrix, all of the same columns".into()));
+        }
+        expect_len("activations", x.len(), n * cols)?;
+        for (m, out) in mats.iter().zip(outs.iter()) {
+            expect_len("output", out.len(), n * m.rows)?;
+        }
         if !Isa::available().contains(&isa) {
             return Err(Error::Unsupported(format!("this CPU does not support the {isa} kernels")));
         }
-        if n == 0 {
+        if n == 0 || mats.is_empty() {
             return Ok(());
         }
         if kernel == Kernel::Reference {
-            check_finite(x, self.cols)?;
-            reference::gemv_f32(self.blocks(), self.rows, self.cols, x, n, out, pool);
+            check_finite(x, cols)?;
+            for (m, out) in mats.iter().zip(outs.iter_mut()) {
+                reference::gemv_f32(m.blocks(), m.rows, cols, x, n, out, pool);
+            }
             return Ok(());
         }
-        let acts = quantize_acts(x, n, self.cols, isa)?;
-        match kernel {
-            Kernel::SignFlip => signflip::gemv(self.blocks(), self.rows, &acts, out, isa, pool),
-            Kernel::Lut => lut::gemv(self.packed(), &acts, out, isa, pool),
-            Kernel::Gemm => lut::gemm(self.packed(), &acts, out, isa, pool),
-            Kernel::LutGemm => lut::lut_gemm(self.packed(), &acts, out, isa, pool),
-            Kernel::Auto if n == 1 => lut::gemv(self.packed(), &acts, out, isa, pool),
-            Kernel::Auto => lut::gemm(self.packed(), &acts, out, isa, pool),
-            Kernel::Reference => unreachable!("handled above"),
+        let acts = quantize_acts(x, n, cols, isa)?;
+        if matches!(kernel, Kernel::Lut) || (kernel == Kernel::Auto && n == 1) {
+            let packed: Vec<&LutPacked> = mats.iter().map(|m| m.packed()).collect();
+            lut::gemv_shared(&packed, &acts, outs, isa, pool);
+            return Ok(());
+        }
+        for (m, out) in mats.iter().zip(outs.iter_mut()) {
+            match kernel {
+                Kernel::SignFlip => signflip::gemv(m.blocks(), m.rows, &acts, out, isa, pool),
+                Kernel::Gemm | Kernel::Auto => lut::gemm(m.packed(), &acts, out, isa, pool),
+                Kernel::LutGemm => lut::lut_gemm(m.packed(), &acts, out, isa, pool),
+                Kernel::Reference | Kernel::Lut => unreachable!("handled above"),
+            }
         }
         Ok(())
     }

@@ -29,13 +29,43 @@ use super::act::QuantizedActs;
 use super::par::SharedOut;
 use super::Isa;
 use crate::pool::Pool;
+use std::ops::Range;
 
 /// Columns of activations one GEMM pass handles together.
 pub const GEMM_MAX_COLS: usize = 64;
 
 /// `out[i, r] = sum_k w[r, k] * x[i, k]` for every activation row `i` separately (GEMV per row).
 pub fn gemv(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa, pool: &Pool) {
-    TABLES.with_borrow_mut(|(generic, arranged)| gemv_with(p, acts, out, isa, pool, generic, arranged));
+    gemv_shared(&[p], acts, &mut [out], isa, pool)
+}
+
+/// [`gemv`] of several matrices with the same columns against the same activations (a layer's q, k
+/// and v projections, say): the tables are built once per activation row and one pool job covers the
+/// tiles of every matrix. Each output is exactly what [`gemv`] gives alone.
+pub fn gemv_shared(ps: &[&LutPacked], acts: &QuantizedActs, outs: &mut [&mut [f32]], isa: Isa, pool: &Pool) {
+    assert_eq!(ps.len(), outs.len());
+    assert!(ps.iter().all(|p| p.kb == acts.blocks_per_row()), "matrices of different widths");
+    TABLES.with_borrow_mut(|(generic, arranged)| {
+        generic.resize(acts.k / 4 * TABLE_BYTES, 0);
+        for i in 0..acts.n {
+            build_tables(acts.row(i), &mut generic[..], isa);
+            let tables = gemv_tables(generic, arranged, isa);
+            let scales = &acts.scale[i * acts.blocks_per_row()..(i + 1) * acts.blocks_per_row()];
+            let rows: Vec<SharedOut> =
+                ps.iter().zip(outs.iter_mut()).map(|(p, o)| SharedOut::new(&mut o[i * p.rows..][..p.rows])).collect();
+            let first_tile: Vec<usize> = ps.iter().scan(0, |n, p| Some(std::mem::replace(n, *n + p.tiles))).collect();
+            let total = ps.iter().map(|p| p.tiles).sum();
+            pool.for_each_range(total, 1, |tiles| {
+                for (m, p) in ps.iter().enumerate() {
+                    let local = tiles.start.max(first_tile[m])..tiles.end.min(first_tile[m] + p.tiles);
+                    if !local.is_empty() {
+                        let local = local.start - first_tile[m]..local.end - first_tile[m];
+                        gemv_tiles_into(p, local, tables, scales, &rows[m], isa);
+                    }
+                }
+            });
+        }
+    })
 }
 
 thread_local! {
@@ -45,30 +75,13 @@ thread_local! {
     static TABLES: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
-fn gemv_with(
-    p: &LutPacked,
-    acts: &QuantizedActs,
-    out: &mut [f32],
-    isa: Isa,
-    pool: &Pool,
-    generic: &mut Vec<u8>,
-    arranged: &mut Vec<u8>,
-) {
-    let groups = acts.k / 4;
-    generic.resize(groups * TABLE_BYTES, 0);
-    for i in 0..acts.n {
-        build_tables(acts.row(i), &mut generic[..], isa);
-        let tables = gemv_tables(generic, arranged, isa);
-        let scales = &acts.scale[i * p.kb..(i + 1) * p.kb];
-        let out_row = SharedOut::new(&mut out[i * p.rows..(i + 1) * p.rows]);
-        pool.for_each_range(p.tiles, 1, |tiles| {
-            let mut buf = vec![0f32; tiles.len() * TILE_ROWS];
-            gemv_tiles(p, tiles.clone(), tables, scales, &mut buf, isa);
-            let end = (tiles.end * TILE_ROWS).min(p.rows);
-            // SAFETY: each task owns the rows of its own tiles.
-            unsafe { out_row.write(tiles.start * TILE_ROWS, &buf[..end - tiles.start * TILE_ROWS]) };
-        });
-    }
+/// Tiles `tiles` of `p` into their rows of `out_row` (one activation row's output).
+fn gemv_tiles_into(p: &LutPacked, tiles: Range<usize>, tables: &[u8], scales: &[f32], out_row: &SharedOut, isa: Isa) {
+    let mut buf = vec![0f32; tiles.len() * TILE_ROWS];
+    gemv_tiles(p, tiles.clone(), tables, scales, &mut buf, isa);
+    let end = (tiles.end * TILE_ROWS).min(p.rows);
+    // SAFETY: each task owns the rows of its own tiles.
+    unsafe { out_row.write(tiles.start * TILE_ROWS, &buf[..end - tiles.start * TILE_ROWS]) };
 }
 
 /// The tables in the layout the GEMV kernel of `isa` reads.
