@@ -97,12 +97,8 @@ impl SequenceTable {
     /// full blocks reuses at most `k - 1` of them and recomputes the last block (no copy-on-write).
     /// With prefix caching off this is `add_sequence` and 0.
     pub fn add_sequence_cached(&mut self, prompt: &[u32], salt: Option<&str>) -> (u64, usize) {
-        if !self.prefix_caching {
-            return (self.add_sequence(), 0);
-        }
-        let m = self.blocks.acquire(prompt, salt, max_cached_blocks(prompt.len()));
-        let cached = m.cached_tokens;
-        (self.insert_sequence(Sequence::from_prefix(prompt, salt, m)), cached)
+        let m = self.cached_prefix(prompt, salt);
+        self.add_sequence_found(prompt, salt, m)
     }
 
     /// [`add_sequence_cached`](Self::add_sequence_cached) on the match

@@ -45,6 +45,9 @@ pub fn gemv(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa, pool
 pub fn gemv_shared(ps: &[&LutPacked], acts: &QuantizedActs, outs: &mut [&mut [f32]], isa: Isa, pool: &Pool) {
     assert_eq!(ps.len(), outs.len());
     assert!(ps.iter().all(|p| p.kb == acts.blocks_per_row()), "matrices of different widths");
+    // Tile `first_tile[m] + t` of the job is tile `t` of matrix `m`.
+    let first_tile: Vec<usize> = ps.iter().scan(0, |n, p| Some(std::mem::replace(n, *n + p.tiles))).collect();
+    let total = ps.iter().map(|p| p.tiles).sum();
     TABLES.with_borrow_mut(|(generic, arranged)| {
         generic.resize(acts.k / 4 * TABLE_BYTES, 0);
         for i in 0..acts.n {
@@ -53,8 +56,6 @@ pub fn gemv_shared(ps: &[&LutPacked], acts: &QuantizedActs, outs: &mut [&mut [f3
             let scales = &acts.scale[i * acts.blocks_per_row()..(i + 1) * acts.blocks_per_row()];
             let rows: Vec<SharedOut> =
                 ps.iter().zip(outs.iter_mut()).map(|(p, o)| SharedOut::new(&mut o[i * p.rows..][..p.rows])).collect();
-            let first_tile: Vec<usize> = ps.iter().scan(0, |n, p| Some(std::mem::replace(n, *n + p.tiles))).collect();
-            let total = ps.iter().map(|p| p.tiles).sum();
             pool.for_each_range(total, 1, |tiles| {
                 for (m, p) in ps.iter().enumerate() {
                     let local = tiles.start.max(first_tile[m])..tiles.end.min(first_tile[m] + p.tiles);

@@ -35,7 +35,7 @@ impl LutPacked {
         let kb = cols / BLOCK_WEIGHTS;
         assert_eq!(blocks.len(), rows * kb);
         let tiles = rows.div_ceil(TILE_ROWS);
-        // On huge pages where the kernel grants them: a GEMV streams through all of it once per token.
+        // A large matrix (2 MiB of bits or more) gets huge pages where the kernel grants them.
         let mut bits = HugeBuf::zeroed(tiles * kb * TILE_BLOCK_BYTES).expect("out of memory repacking weights");
         let mut scales = HugeBuf::zeroed(tiles * kb * TILE_ROWS).expect("out of memory repacking weights");
         for row in 0..rows {
