@@ -48,6 +48,18 @@ def test_every_form_reads_the_same_ids(ids: list[int]) -> None:
         assert read(form) == ids
 
 
+def test_ints_at_cpython_digit_boundaries_read_exactly(rng: np.random.Generator) -> None:
+    """Small ints are read from the object's 30-bit digits (``small_int.rs``): zero, one and two digits."""
+    edges = [0, 1, 2**30 - 1, 2**30, 2**30 + 1, 2**31, 2**32 - 2, U32_MAX]
+    ids = edges + rng.integers(0, U32_MAX, 200, endpoint=True).tolist()
+    rng.shuffle(ids)
+    assert read(ids) == ids
+    assert read(tuple(ids)) == ids
+    for bad in (2**32, 2**60, -1, -(2**30)):
+        with pytest.raises(OverflowError):
+            read([*ids, bad])
+
+
 def test_strided_arrays_and_numpy_items_read_as_ints(rng: np.random.Generator) -> None:
     ids = rng.integers(0, U32_MAX, 64, dtype=np.uint32, endpoint=True)
     assert read(ids[::2]) == ids[::2].tolist()

@@ -11,6 +11,7 @@ mod q1;
 mod runtime;
 mod sample;
 mod sched;
+mod small_int;
 mod token_ids;
 
 use pyo3::prelude::*;

@@ -8,6 +8,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
+use crate::small_int;
+
 /// Token ids from a list, tuple or numpy uint32 array of ints, or any other sequence of ints.
 pub fn token_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     if let Ok(list) = obj.cast_exact::<PyList>() {
@@ -29,7 +31,7 @@ pub fn token_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 }
 
 /// Reads every item of the list or tuple `seq` with the given size and item accessors: exact ints in
-/// `0..2**32` inline, anything else through [`slow_id`].
+/// `0..2**32` from the object ([`small_int::read`]), anything else through [`slow_id`].
 ///
 /// # Safety
 /// `seq` must be a live exact list (with the list accessors) or tuple (with the tuple accessors), and
@@ -44,28 +46,78 @@ unsafe fn read_items(
     // SAFETY: the caller's contract: `seq` is a live list or tuple matching `size`.
     let mut ids = Vec::with_capacity(unsafe { size(seq) }.max(0) as usize);
     let int_type = &raw mut ffi::PyLong_Type;
-    let mut i = 0;
-    // The size is read again every round: a non-int item's `__index__` runs Python code, which may
-    // change the list.
+    let direct = small_int::usable();
+    // SAFETY: as above.
+    let mut i = if direct { unsafe { read_small_ints(seq, size(seq), item, &mut ids) } } else { 0 };
+    // From the first item the fast loop declined on: the size is read again every round, as a non-int
+    // item's `__index__` runs Python code, which may change the list.
     // SAFETY: as above.
     while i < unsafe { size(seq) } {
         // SAFETY: `i` is below the current size, so the slot holds a live borrowed reference; reading
         // an object's type and converting an exact int run no Python code.
         let id = unsafe {
             let obj = item(seq, i);
-            let mut overflow = 0;
-            // Overflow gives -1 and sets no error: `slow_id` raises it.
-            let value =
-                if ffi::Py_TYPE(obj) == int_type { ffi::PyLong_AsLongAndOverflow(obj, &mut overflow) } else { -1 };
-            match u32::try_from(value) {
-                Ok(id) => id,
-                Err(_) => slow_id(py, obj)?,
+            let exact = match (ffi::Py_TYPE(obj) == int_type, direct) {
+                (true, true) => small_int::read(obj),
+                (true, false) => api_u32(obj),
+                (false, _) => None,
+            };
+            match exact {
+                Some(id) => id,
+                None => slow_id(py, obj)?,
             }
         };
         ids.push(id);
         i += 1;
     }
     Ok(ids)
+}
+
+/// Appends the ids of the leading run of exact ints in `0..2**32` among the first `n` items of `seq`
+/// to `ids` (whose spare capacity holds `n`), and returns how many it read. Runs no Python code, so
+/// the sequence cannot change under it.
+///
+/// # Safety
+/// As for [`read_items`]; `n` is the sequence's size, `ids` is empty with capacity `n`, and
+/// [`small_int::usable`] said yes.
+#[inline(always)]
+unsafe fn read_small_ints(
+    seq: *mut ffi::PyObject,
+    n: ffi::Py_ssize_t,
+    item: unsafe fn(*mut ffi::PyObject, ffi::Py_ssize_t) -> *mut ffi::PyObject,
+    ids: &mut Vec<u32>,
+) -> ffi::Py_ssize_t {
+    let int_type = &raw mut ffi::PyLong_Type;
+    let spare = ids.spare_capacity_mut();
+    let mut i = 0;
+    while i < n {
+        // SAFETY: `i < n`, the size, so the slot holds a live borrowed reference (the caller's
+        // contract); only exact ints are read, by `small_int::read`, whose contract the caller met.
+        let id = unsafe {
+            let obj = item(seq, i);
+            if ffi::Py_TYPE(obj) != int_type {
+                break;
+            }
+            small_int::read(obj)
+        };
+        let Some(id) = id else { break };
+        spare[i as usize].write(id);
+        i += 1;
+    }
+    // SAFETY: the first `i` slots were just written.
+    unsafe { ids.set_len(i as usize) };
+    i
+}
+
+/// An exact int in `0..2**32` through the C API (where [`small_int::read`] is not usable).
+///
+/// # Safety
+/// `obj` must be a live exact `int` and the GIL must be held.
+#[inline(always)]
+unsafe fn api_u32(obj: *mut ffi::PyObject) -> Option<u32> {
+    let mut overflow = 0;
+    // SAFETY: the caller's contract. Overflow gives -1 and sets no error; `slow_id` raises it.
+    u32::try_from(unsafe { ffi::PyLong_AsLongAndOverflow(obj, &mut overflow) }).ok()
 }
 
 /// One token id from an object that is not an exact int in `0..2**32`: PyO3 converts it (a bool, a

@@ -16,6 +16,9 @@ use super::hash::{BlockKey, SaltTag};
 use super::trie::{BlockTrie, Found, Lookup};
 use crate::error::{Error, Result};
 
+/// Blocks whose keys [`PrefixCache::lookup`] hashes before confirming them.
+const LOOKAHEAD: usize = 8;
+
 /// The longest cached prefix of a prompt.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PrefixMatch {
@@ -121,17 +124,32 @@ impl PrefixCache {
 
     /// The longest cached chain of full blocks at the start of `tokens`, at most `max_blocks` blocks.
     /// Changes nothing.
+    ///
+    /// Keys are hashed [`LOOKAHEAD`] blocks at a time, then confirmed: a key depends only on the
+    /// previous key, so the map and node reads of a batch overlap instead of each waiting for the
+    /// hash before it (a miss wastes at most `LOOKAHEAD - 1` hashes).
     pub fn lookup(&self, tokens: &[u32], salt: Option<&str>, max_blocks: usize) -> PrefixMatch {
+        let blocks = (tokens.len() / BLOCK_TOKENS).min(max_blocks);
         // Room for the longest possible match up front (no regrowth as it is found).
-        let most = (tokens.len() / BLOCK_TOKENS).min(max_blocks).min(self.trie.len());
-        let mut m = PrefixMatch { block_ids: Vec::with_capacity(most), ..PrefixMatch::default() };
+        let mut m =
+            PrefixMatch { block_ids: Vec::with_capacity(blocks.min(self.trie.len())), ..PrefixMatch::default() };
         let tag = SaltTag::of(salt);
-        for chunk in tokens.chunks_exact(BLOCK_TOKENS).take(max_blocks) {
-            let Lookup::Hit(node) = self.trie.lookup(m.last_key, chunk, salt, tag) else { break };
-            m.block_ids.push(node.block);
-            m.idle_blocks += usize::from(node.idle);
-            m.cached_tokens += BLOCK_TOKENS;
-            m.last_key = Some(node.key);
+        let block = |i: usize| &tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS];
+        let mut keys = [BlockKey::default(); LOOKAHEAD];
+        for first in (0..blocks).step_by(LOOKAHEAD) {
+            let batch = first..(first + LOOKAHEAD).min(blocks);
+            let mut parent = m.last_key;
+            for (key, i) in keys.iter_mut().zip(batch.clone()) {
+                *key = self.trie.key(parent, block(i), tag);
+                parent = Some(*key);
+            }
+            for (&key, i) in keys.iter().zip(batch) {
+                let Lookup::Hit(node) = self.trie.confirm(key, m.last_key, block(i), salt) else { return m };
+                m.block_ids.push(node.block);
+                m.idle_blocks += usize::from(node.idle);
+                m.cached_tokens += BLOCK_TOKENS;
+                m.last_key = Some(key);
+            }
         }
         m
     }

@@ -122,9 +122,14 @@ impl BlockTrie {
         self.at(self.block_of(key)?)
     }
 
-    /// Finds the block holding `tokens` after `parent` for `salt` (whose tag is `tag`).
-    pub fn lookup(&self, parent: Option<BlockKey>, tokens: &[u32], salt: Option<&str>, tag: SaltTag) -> Lookup<'_> {
-        let key = block_key(self.seed, parent, tokens, tag);
+    /// The key of the block holding `tokens` after `parent`, for the salt whose tag is `tag`.
+    pub fn key(&self, parent: Option<BlockKey>, tokens: &[u32], tag: SaltTag) -> BlockKey {
+        block_key(self.seed, parent, tokens, tag)
+    }
+
+    /// What is cached under `key` (from [`key`](Self::key)): the block holding `tokens` after
+    /// `parent` for `salt`, nothing, or something else.
+    pub fn confirm(&self, key: BlockKey, parent: Option<BlockKey>, tokens: &[u32], salt: Option<&str>) -> Lookup<'_> {
         match self.node(key) {
             None => Lookup::Miss,
             Some(n) if n.parent == parent && n.tokens[..] == *tokens && n.salt.as_deref() == salt => Lookup::Hit(n),
