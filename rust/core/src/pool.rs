@@ -49,6 +49,10 @@ struct Shared {
     closed: AtomicBool,
     shutdown: AtomicBool,
     panicked: AtomicBool,
+    /// Workers asleep on `wake` (or about to be: counted under `wake_lock` before their last look at
+    /// `epoch`). A job wakes the condition variable only when this is non-zero: between the steps of
+    /// a forward pass the workers are still spinning, and a notify is a system call.
+    sleepers: AtomicUsize,
     wake_lock: Mutex<()>,
     wake: Condvar,
 }
@@ -76,6 +80,7 @@ impl Pool {
             closed: AtomicBool::new(true),
             shutdown: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
             wake_lock: Mutex::new(()),
             wake: Condvar::new(),
         });
@@ -111,9 +116,12 @@ impl Pool {
         sh.next.store(0, Ordering::SeqCst);
         sh.finished.store(0, Ordering::SeqCst);
         sh.closed.store(false, Ordering::SeqCst);
-        {
+        sh.epoch.fetch_add(1, Ordering::SeqCst);
+        // A worker about to sleep counts itself before it looks at the epoch one last time (both
+        // sequentially consistent): either it sees the new epoch, or we see it counted and notify
+        // under the lock it holds until it waits, so no wake-up is lost.
+        if sh.sleepers.load(Ordering::SeqCst) > 0 {
             let _lock = sh.wake_lock.lock().unwrap();
-            sh.epoch.fetch_add(1, Ordering::SeqCst);
             sh.wake.notify_all();
         }
         // SAFETY: `f` is alive for the whole of this call.
@@ -250,15 +258,18 @@ fn wait_for_epoch(sh: &Shared, seen: u64) -> bool {
         std::hint::spin_loop();
     }
     let mut lock = sh.wake_lock.lock().unwrap();
-    loop {
+    sh.sleepers.fetch_add(1, Ordering::SeqCst);
+    let woken = loop {
         if sh.shutdown.load(Ordering::SeqCst) {
-            return false;
+            break false;
         }
         if sh.epoch.load(Ordering::SeqCst) != seen {
-            return true;
+            break true;
         }
         lock = sh.wake.wait(lock).unwrap();
-    }
+    };
+    sh.sleepers.fetch_sub(1, Ordering::SeqCst);
+    woken
 }
 
 static GLOBAL: RwLock<Option<Arc<Pool>>> = RwLock::new(None);
@@ -344,6 +355,29 @@ mod tests {
             .collect();
         handles.into_iter().for_each(|h| h.join().unwrap());
         assert_eq!(total.load(Ordering::SeqCst), 4 * 50 * 4 * 2);
+    }
+
+    /// Each task waits (up to a few seconds) for the other one to start: the job finishes quickly only
+    /// if the worker, asleep after the pause, was woken for it.
+    #[test]
+    fn sleeping_workers_are_woken_for_the_next_job() {
+        let pool = Pool::new(2);
+        for _ in 0..10 {
+            std::thread::sleep(SPIN * 3);
+            let started = AtomicUsize::new(0);
+            let met = AtomicUsize::new(0);
+            pool.run(2, &|_| {
+                started.fetch_add(1, Ordering::SeqCst);
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while started.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+                    std::hint::spin_loop();
+                }
+                if started.load(Ordering::SeqCst) == 2 {
+                    met.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+            assert_eq!(met.load(Ordering::SeqCst), 2, "the sleeping worker was not woken");
+        }
     }
 
     #[test]
