@@ -31,6 +31,10 @@ pub enum Kernel {
     Gemm,
     /// The LUT small GEMM on every ISA (the VNNI machines' previous GEMM, kept for comparison).
     LutGemm,
+    /// The VNNI small GEMM where the CPU has AVX-512 VNNI, else the LUT one (for comparison).
+    VnniGemm,
+    /// The 6-bit lookup (`vpermt2w`) small GEMM where the CPU has AVX-512, else the LUT one.
+    PermGemm,
 }
 
 impl Kernel {
@@ -42,10 +46,12 @@ impl Kernel {
             "lut" => Kernel::Lut,
             "gemm" => Kernel::Gemm,
             "lut-gemm" => Kernel::LutGemm,
+            "vnni-gemm" => Kernel::VnniGemm,
+            "perm-gemm" => Kernel::PermGemm,
             _ => {
                 return Err(Error::Value(format!(
                     "unknown kernel {name:?}; expected one of 'auto', 'reference', 'signflip', 'lut', 'gemm', \
-                     'lut-gemm'"
+                     'lut-gemm', 'vnni-gemm', 'perm-gemm'"
                 )))
             }
         })
@@ -170,6 +176,8 @@ impl Q1Matrix {
                 Kernel::SignFlip => signflip::gemv(m.blocks(), m.rows, &acts, out, isa, pool),
                 Kernel::Gemm | Kernel::Auto => lut::gemm(m.packed(), &acts, out, isa, pool),
                 Kernel::LutGemm => lut::lut_gemm(m.packed(), &acts, out, isa, pool),
+                Kernel::VnniGemm => lut::vnni_gemm(m.packed(), &acts, out, isa, pool),
+                Kernel::PermGemm => lut::perm_gemm(m.packed(), &acts, out, isa, pool),
                 Kernel::Reference | Kernel::Lut => unreachable!("handled above"),
             }
         }

@@ -17,6 +17,8 @@ mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod pack;
+#[cfg(target_arch = "x86_64")]
+mod perm;
 mod scalar;
 mod tables;
 #[cfg(target_arch = "x86_64")]
@@ -117,11 +119,30 @@ fn gemv_tiles(p: &LutPacked, tiles: std::ops::Range<usize>, tables: &[u8], scale
 /// Small GEMM: like [`gemv`], but each tile of weights is decoded once for many activation rows:
 /// [`vnni`]'s kernel where the CPU has AVX-512 VNNI, else [`lut_gemm`].
 pub fn gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa, pool: &Pool) {
+    vnni_gemm(p, acts, out, isa, pool)
+}
+
+/// The VNNI small GEMM ([`vnni`]) where the CPU has AVX-512 VNNI, else [`lut_gemm`].
+pub fn vnni_gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa, pool: &Pool) {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx512_vnni() {
         for (cols, out) in column_chunks(p.rows, acts.n, out) {
             let chunk = vnni::BlockMajorActs::new(acts, cols.clone());
             split_tiles(p, cols.len(), out, pool, |tiles, buf| vnni::gemm_tiles(p, tiles, &chunk, buf));
+        }
+        return;
+    }
+    lut_gemm(p, acts, out, isa, pool)
+}
+
+/// The 6-bit lookup small GEMM ([`perm`], `vpermt2w`) where the CPU has AVX-512 F/BW, else
+/// [`lut_gemm`].
+pub fn perm_gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa, pool: &Pool) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx512() {
+        for (cols, out) in column_chunks(p.rows, acts.n, out) {
+            let tables = perm::PermTables::build(acts, cols.clone());
+            split_tiles(p, cols.len(), out, pool, |tiles, buf| perm::gemm_tiles(p, tiles, &tables, buf));
         }
         return;
     }

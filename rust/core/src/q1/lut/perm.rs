@@ -1,0 +1,233 @@
+//! AVX-512 small GEMM by 6-bit table lookup: one `vpermt2w` looks up 6 weights of 32 rows at once
+//! (192 weight-activation products, 3x a `vpdpbusd`). This module owns the kernel, its tables
+//! ([`PermTables`]) and the index extraction; it reads the [`LutPacked`] bits as they are (no weight
+//! copy).
+//!
+//! A 128-block splits into [`GROUPS`] = 22 groups: 21 of 6 weights (`6k..6k+5`) and one of 2 (126,
+//! 127; its 4 missing activations count as 0). Group `k`'s table, per activation row and block, is the
+//! 64 int16 entries `T_k[b] = sum_{j<6} (bit j of b ? +a_{6k+j} : -a_{6k+j})`, `|T| <= 6 * 127 = 762`,
+//! held as two zmm (entries 0..31, 32..63). The index of a weight row is its 6 sign bits of the group:
+//! with `W_c = qs[c] | qs[c+1] << 8` (one 16-bit lane per row), group `k`'s index vector is
+//! `W_{6k/8} >> (6k % 8)`; `vpermt2w` reads only bits 5..0 of each lane, so nothing is masked.
+//!
+//! Bounds: a block's int16 accumulator adds 22 table entries, each the signed sum of its group's
+//! activations, so it always equals the partial exact sum `sum_i s_i q_i` over the groups added so
+//! far, with `|.| <= (number of activations so far) * 127 <= 128 * 127 = 16256 < 32767`: no int16
+//! overflow at any step. Each block's exact sum is widened to i32, converted to f32 and scaled as
+//! `acc = fma(isum, d_w * d_a, acc)` in block order from 0, the same operations in the same order as
+//! every other int8 kernel, so the results agree bit for bit.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::super::act::QuantizedActs;
+use super::super::block::BLOCK_WEIGHTS;
+use super::avx2::prefetch_ahead;
+use super::{LutPacked, TILE_ROWS};
+
+/// Table groups per 128-block: 21 of 6 weights and one of 2.
+pub const GROUPS: usize = 22;
+
+/// Most weight tiles one pass holds index vectors for.
+const PASS_TILES: usize = 4;
+/// Most activation rows one pass holds accumulators for.
+const PASS_ROWS: usize = 4;
+
+/// 64 bytes, aligned for zmm loads: half of one group's table (32 int16 entries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C, align(64))]
+pub struct Half(pub [i16; 32]);
+
+/// The lookup tables of some activation rows: row `j`, block `b`, group `k`'s entries `0..32` at
+/// `halves[((j * kb + b) * GROUPS + k) * 2]` and `32..64` right after; `scale[j * kb + b]` the
+/// activation scales.
+pub struct PermTables {
+    pub n: usize,
+    pub kb: usize,
+    pub halves: Vec<Half>,
+    pub scale: Vec<f32>,
+}
+
+impl PermTables {
+    /// The tables of activation rows `cols` of `acts`. The caller checked AVX-512 F/BW
+    /// (`Isa::has_avx512`).
+    pub fn build(acts: &QuantizedActs, cols: Range<usize>) -> PermTables {
+        let kb = acts.blocks_per_row();
+        let per_row = kb * GROUPS * 2;
+        let mut halves = vec![Half([0; 32]); cols.len() * per_row];
+        for (j, row) in halves.chunks_exact_mut(per_row).enumerate() {
+            let q = acts.row(cols.start + j);
+            for (block, out) in q.chunks_exact(BLOCK_WEIGHTS).zip(row.chunks_exact_mut(GROUPS * 2)) {
+                // SAFETY: the caller checked AVX-512 F/BW; `block` holds 128 values, `out` 44 halves.
+                unsafe { build_block(block, out) };
+            }
+        }
+        let scale = acts.scale[cols.start * kb..cols.end * kb].to_vec();
+        PermTables { n: cols.len(), kb, halves, scale }
+    }
+}
+
+/// Lane masks of the sign bits: lane `b` of a table half has bit `j` of `b` set.
+const BIT_LANES: [u32; 5] = [0xaaaa_aaaa, 0xcccc_cccc, 0xf0f0_f0f0, 0xff00_ff00, 0xffff_0000];
+
+/// The 22 tables (44 halves) of one 128-block of int8 activations.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn build_block(block: &[i8], out: &mut [Half]) {
+    assert!(block.len() == BLOCK_WEIGHTS && out.len() == GROUPS * 2);
+    let mut a = [0i16; GROUPS * 6];
+    for (w, &q) in a.iter_mut().zip(block) {
+        *w = i16::from(q);
+    }
+    for (g, pair) in a.chunks_exact(6).zip(out.chunks_exact_mut(2)) {
+        // Lane b of the low half: sum of +-a_j (j < 5) by the bits of b, and -a_5.
+        let mut low = _mm512_set1_epi16(-g.iter().sum::<i16>());
+        for (j, &mask) in BIT_LANES.iter().enumerate() {
+            low = _mm512_mask_add_epi16(low, mask, low, _mm512_set1_epi16(2 * g[j]));
+        }
+        let high = _mm512_add_epi16(low, _mm512_set1_epi16(2 * g[5]));
+        // SAFETY: `Half` is 64 bytes, 64-byte aligned.
+        _mm512_store_si512(pair[0].0.as_mut_ptr().cast(), low);
+        _mm512_store_si512(pair[1].0.as_mut_ptr().cast(), high);
+    }
+}
+
+/// The 22 index vectors of one tile-block (`bits`: its 512 bytes, byte `32c + r` = `qs[c]` of row
+/// `r`): lane `r` of vector `k` holds row `r`'s signs of weights `6k..6k+6` in bits 5..0.
+#[inline(always)]
+unsafe fn tile_block_indices(bits: *const u8, out: &mut [__m512i; GROUPS]) {
+    let z = |c: usize| widen_column(bits, c);
+    let w = |low: __m512i, high: __m512i| or_shifted(low, high);
+    // Every 4 groups take 3 bytes: offsets 0, 6, 12 and 18 bits into byte 3q.
+    for q in 0..5 {
+        let (z0, z1, z2) = (z(3 * q), z(3 * q + 1), z(3 * q + 2));
+        out[4 * q] = z0;
+        out[4 * q + 1] = _mm512_srli_epi16::<6>(w(z0, z1));
+        out[4 * q + 2] = _mm512_srli_epi16::<4>(w(z1, z2));
+        out[4 * q + 3] = _mm512_srli_epi16::<2>(z2);
+    }
+    // Groups 20 (weights 120..125) and 21 (126, 127; bits 2..5 zero as the high byte is zero).
+    let z15 = z(15);
+    out[20] = z15;
+    out[21] = _mm512_srli_epi16::<6>(z15);
+}
+
+/// Byte column `c` of a tile-block (`qs[c]` of its 32 rows), one 16-bit lane per row.
+#[inline(always)]
+unsafe fn widen_column(bits: *const u8, c: usize) -> __m512i {
+    _mm512_cvtepu8_epi16(_mm256_loadu_si256(bits.add(32 * c).cast()))
+}
+
+/// `low | high << 8` per 16-bit lane.
+#[inline(always)]
+unsafe fn or_shifted(low: __m512i, high: __m512i) -> __m512i {
+    _mm512_or_si512(low, _mm512_slli_epi16::<8>(high))
+}
+
+/// Exact block sums (int16, lane = weight row) of `J` activation rows, whose tables of this block start
+/// at `tab` (rows `stride` halves apart), against `T` tiles (`idx[t]`): `sums[j][t]`.
+#[inline(always)]
+unsafe fn block_sums<const T: usize, const J: usize>(
+    idx: &[[__m512i; GROUPS]; T],
+    tab: *const Half,
+    stride: usize,
+) -> [[__m512i; T]; J] {
+    let mut acc = [[_mm512_setzero_si512(); T]; J];
+    for k in 0..GROUPS {
+        for (j, row) in acc.iter_mut().enumerate() {
+            let pair = tab.add(j * stride + 2 * k);
+            let (low, high) = (_mm512_load_si512(pair.cast()), _mm512_load_si512(pair.add(1).cast()));
+            for (a, tile) in row.iter_mut().zip(idx) {
+                *a = _mm512_add_epi16(*a, _mm512_permutex2var_epi16(low, tile[k], high));
+            }
+        }
+    }
+    acc
+}
+
+/// One block of tiles `idx` against activation rows `j0..j0 + J`: `facc[(t * n + j) * 32 + r] =
+/// fma(isum, d_w * d_a, facc[..])`, with `dw[t]` the tile's 32 weight scales as two f32 vectors.
+#[inline(always)]
+unsafe fn pass<const T: usize, const J: usize>(
+    idx: &[[__m512i; GROUPS]; T],
+    dw: &[[__m512; 2]; T],
+    tables: &PermTables,
+    b: usize,
+    j0: usize,
+    facc: *mut f32,
+) {
+    let stride = tables.kb * GROUPS * 2;
+    let sums = block_sums::<T, J>(idx, tables.halves.as_ptr().add(j0 * stride + b * GROUPS * 2), stride);
+    for (j, row) in sums.iter().enumerate() {
+        for (t, s) in row.iter().enumerate() {
+            let da = _mm512_set1_ps(*tables.scale.get_unchecked((j0 + j) * tables.kb + b));
+            let f = facc.add((t * tables.n + j0 + j) * TILE_ROWS);
+            let halves = [_mm512_castsi512_si256(*s), _mm512_extracti64x4_epi64::<1>(*s)];
+            for (h, s16) in halves.into_iter().enumerate() {
+                let isum = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(s16));
+                let scale = _mm512_mul_ps(dw[t][h], da);
+                let f = f.add(16 * h);
+                _mm512_storeu_ps(f, _mm512_fmadd_ps(isum, scale, _mm512_loadu_ps(f)));
+            }
+        }
+    }
+}
+
+/// Tiles `t0..t0 + T` against every row of `tables`, into `facc` (`T * n * 32` values, zeroed).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn tile_group<const T: usize>(p: &LutPacked, t0: usize, tables: &PermTables, facc: &mut [f32]) {
+    assert!(t0 + T <= p.tiles && tables.kb == p.kb && facc.len() >= T * tables.n * TILE_ROWS);
+    let mut idx = [[_mm512_setzero_si512(); GROUPS]; T];
+    let mut dw = [[_mm512_setzero_ps(); 2]; T];
+    for b in 0..p.kb {
+        for t in 0..T {
+            prefetch_ahead(p, t0 + t, b);
+            tile_block_indices(p.tile_block_bits(t0 + t, b).as_ptr(), &mut idx[t]);
+            let scales = p.tile_block_scales(t0 + t, b).as_ptr();
+            dw[t] = [
+                _mm512_cvtph_ps(_mm256_loadu_si256(scales.cast())),
+                _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(16).cast())),
+            ];
+        }
+        let mut j0 = 0;
+        while j0 < tables.n {
+            let f = facc.as_mut_ptr();
+            match tables.n - j0 {
+                1 => pass::<T, 1>(&idx, &dw, tables, b, j0, f),
+                2 => pass::<T, 2>(&idx, &dw, tables, b, j0, f),
+                3 => pass::<T, 3>(&idx, &dw, tables, b, j0, f),
+                _ => pass::<T, PASS_ROWS>(&idx, &dw, tables, b, j0, f),
+            }
+            j0 += PASS_ROWS;
+        }
+    }
+}
+
+/// `out[j * rows + r]` for the `tables.n` activation rows against `tiles` (`rows = tiles.len() * 32`).
+pub fn gemm_tiles(p: &LutPacked, tiles: Range<usize>, tables: &PermTables, out: &mut [f32]) {
+    let (n, rows) = (tables.n, tiles.len() * TILE_ROWS);
+    assert!(tiles.end <= p.tiles && tables.kb == p.kb && out.len() >= n * rows);
+    let mut facc = vec![0f32; PASS_TILES * n * TILE_ROWS];
+    let mut t0 = tiles.start;
+    while t0 < tiles.end {
+        let count = (tiles.end - t0).min(PASS_TILES);
+        facc.fill(0.0);
+        // SAFETY: the caller checked AVX-512 F/BW/VL and AVX2/FMA/F16C (`Isa::has_avx512`); the tiles
+        // `t0..t0 + count` are in range and `facc` holds `count * n * 32` values (asserted inside).
+        unsafe {
+            match count {
+                1 => tile_group::<1>(p, t0, tables, &mut facc),
+                2 => tile_group::<2>(p, t0, tables, &mut facc),
+                3 => tile_group::<3>(p, t0, tables, &mut facc),
+                _ => tile_group::<PASS_TILES>(p, t0, tables, &mut facc),
+            }
+        }
+        for t in 0..count {
+            let col = (t0 - tiles.start + t) * TILE_ROWS;
+            for j in 0..n {
+                let from = &facc[(t * n + j) * TILE_ROWS..][..TILE_ROWS];
+                out[j * rows + col..][..TILE_ROWS].copy_from_slice(from);
+            }
+        }
+        t0 += count;
+    }
+}
