@@ -2,9 +2,9 @@
 //! memory-resident Q1_0 matrices (`MIB`, default 128 MiB of distinct copies; `MIB=0`: one matrix,
 //! cache-resident), kernels taken in turn round by round, best of `REPS` (default 7) laps each; prints
 //! µs per call and the per-row cost over the n = 1 GEMV. The Python-free counterpart of
-//! `benches/gemm_ab.py`.
+//! `benches/gemm_ab.py`. `KERNELS=perm-gemm,vnni-gemm` times only those.
 //!
-//!     [MIB=128] [REPS=7] cargo run --release -p oxibonsai-core --example gemm_speed -- rows cols threads n...
+//!     [MIB=128] [REPS=7] [KERNELS=...] cargo run --release -p oxibonsai-core --example gemm_speed -- rows cols threads n...
 
 use std::time::Instant;
 
@@ -32,8 +32,11 @@ fn main() {
     let x: Vec<f32> = (0..max_n * cols).map(|i| ((i as f32) * 0.37).cos()).collect();
     let mut out = vec![0.0f32; max_n * rows];
     let (isa, pool) = (Isa::detect(), Pool::new(threads));
+    let only = std::env::var("KERNELS").unwrap_or_default();
+    let chosen: Vec<_> =
+        KERNELS.iter().filter(|(name, _)| only.is_empty() || only.split(',').any(|o| o == *name)).collect();
     let mut combos = vec![(1, "lut", Kernel::Lut)];
-    combos.extend(ns.iter().flat_map(|&n| KERNELS.iter().map(move |&(name, k)| (n, name, k))));
+    combos.extend(ns.iter().flat_map(|&n| chosen.iter().map(move |&&(name, k)| (n, name, k))));
     let mut best = vec![f64::INFINITY; combos.len()];
     let calls = 32usize.div_ceil(count);
     for _ in 0..env("REPS", 7) {

@@ -78,6 +78,12 @@ thread_local! {
     static TABLES: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// [`perm_gemm`]'s tables, reused across calls like [`TABLES`] (rebuilt in full for every call).
+    static PERM_TABLES: std::cell::RefCell<Vec<perm::Half>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Tiles `tiles` of `p` into their rows of `out_row` (one activation row's output).
 fn gemv_tiles_into(p: &LutPacked, tiles: Range<usize>, tables: &[u8], scales: &[f32], out_row: &SharedOut, isa: Isa) {
     let mut buf = vec![0f32; tiles.len() * TILE_ROWS];
@@ -140,11 +146,12 @@ pub fn vnni_gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa,
 pub fn perm_gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa, pool: &Pool) {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx512() {
-        for (cols, out) in column_chunks(p.rows, acts.n, out) {
-            let tables = perm::PermTables::build(acts, cols.clone());
-            split_tiles(p, cols.len(), out, pool, |tiles, buf| perm::gemm_tiles(p, tiles, &tables, buf));
-        }
-        return;
+        return PERM_TABLES.with_borrow_mut(|buf| {
+            for (cols, out) in column_chunks(p.rows, acts.n, out) {
+                let tables = perm::PermTables::build(acts, cols.clone(), buf, pool);
+                split_tiles(p, cols.len(), out, pool, |tiles, buf| perm::gemm_tiles(p, tiles, &tables, buf));
+            }
+        });
     }
     lut_gemm(p, acts, out, isa, pool)
 }
