@@ -26,12 +26,13 @@ pub enum Kernel {
     SignFlip,
     /// The LUT GEMV, once per activation row.
     Lut,
-    /// The small GEMM: each weight tile decoded once for many activation rows (the VNNI kernel where
-    /// the CPU has AVX-512 VNNI, else the LUT one).
+    /// The small GEMM: each weight tile decoded once for many activation rows (the 6-bit lookup
+    /// kernel where the CPU has AVX-512, else the LUT one).
     Gemm,
-    /// The LUT small GEMM on every ISA (the VNNI machines' previous GEMM, kept for comparison).
+    /// The LUT small GEMM on every ISA (kept for comparison).
     LutGemm,
-    /// The VNNI small GEMM where the CPU has AVX-512 VNNI, else the LUT one (for comparison).
+    /// The VNNI small GEMM where the CPU has AVX-512 VNNI, else the LUT one (AVX-512 machines'
+    /// previous GEMM, kept for comparison).
     VnniGemm,
     /// The 6-bit lookup (`vpermt2w`) small GEMM where the CPU has AVX-512, else the LUT one.
     PermGemm,

@@ -224,9 +224,7 @@ unsafe fn pass_dyn<const T: usize>(
         1 => pass::<T, 1>(idx, dw, tables, b, j0, facc),
         2 => pass::<T, 2>(idx, dw, tables, b, j0, facc),
         3 => pass::<T, 3>(idx, dw, tables, b, j0, facc),
-        4 => pass::<T, 4>(idx, dw, tables, b, j0, facc),
-        5 => pass::<T, 5>(idx, dw, tables, b, j0, facc),
-        6 => pass::<T, 6>(idx, dw, tables, b, j0, facc),
+        PASS_ROWS => pass::<T, PASS_ROWS>(idx, dw, tables, b, j0, facc),
         _ => unreachable!("a pass holds 1..={PASS_ROWS} rows, got {rows}"),
     }
 }
@@ -247,10 +245,7 @@ pub fn gemm_tiles(p: &LutPacked, tiles: Range<usize>, tables: &PermTables, out: 
                 1 => tile_group::<1>(p, t0, tables, &mut facc),
                 2 => tile_group::<2>(p, t0, tables, &mut facc),
                 3 => tile_group::<3>(p, t0, tables, &mut facc),
-                4 => tile_group::<4>(p, t0, tables, &mut facc),
-                5 => tile_group::<5>(p, t0, tables, &mut facc),
-                6 => tile_group::<6>(p, t0, tables, &mut facc),
-                _ => unreachable!("a group holds 1..={PASS_TILES} tiles"),
+                _ => tile_group::<PASS_TILES>(p, t0, tables, &mut facc),
             }
         }
         for t in 0..count {
@@ -261,5 +256,89 @@ pub fn gemm_tiles(p: &LutPacked, tiles: Range<usize>, tables: &PermTables, out: 
             }
         }
         t0 += count;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn avx512() -> bool {
+        let ok = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
+        if !ok {
+            println!("skipped: this CPU lacks AVX-512 F/BW");
+        }
+        ok
+    }
+
+    /// A fresh pseudo-random byte stream (seed printed).
+    fn bytes(len: usize, what: &str) -> Vec<u8> {
+        let mut x = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+        println!("{what}: seed {x}");
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tables_hold_every_signed_sum_of_their_six_activations() {
+        if !avx512() {
+            return;
+        }
+        let raw = bytes(BLOCK_WEIGHTS, "tables");
+        // Random values, with the extremes +-127 (never -128) at both ends.
+        let mut block: Vec<i8> = raw.iter().map(|&b| (b as i8).max(-127)).collect();
+        block[..6].copy_from_slice(&[127, -127, 127, 127, -127, -127]);
+        block[126..].copy_from_slice(&[-127, 127]);
+        let mut out = vec![Half([0; 32]); GROUPS * 2];
+        // SAFETY: AVX-512 F/BW checked above.
+        unsafe { build_block(&block, &mut out) };
+        for k in 0..GROUPS {
+            for b in 0..64 {
+                let want: i32 = (0..6)
+                    .map(|j| {
+                        let a = block.get(6 * k + j).map_or(0, |&a| i32::from(a));
+                        if b >> j & 1 == 1 {
+                            a
+                        } else {
+                            -a
+                        }
+                    })
+                    .sum();
+                assert_eq!(i32::from(out[2 * k + b / 32].0[b % 32]), want, "group {k} entry {b}");
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn indices_of(bits: &[u8]) -> [[u16; 32]; GROUPS] {
+        assert_eq!(bits.len(), TILE_ROWS * 16);
+        let mut idx = [_mm512_setzero_si512(); GROUPS];
+        tile_block_indices(bits.as_ptr(), &mut idx);
+        idx.map(|v| std::mem::transmute::<__m512i, [u16; 32]>(v))
+    }
+
+    #[test]
+    fn index_lanes_hold_each_rows_six_sign_bits_of_every_group() {
+        if !avx512() {
+            return;
+        }
+        let bits = bytes(TILE_ROWS * 16, "indices");
+        // SAFETY: AVX-512 F/BW checked above; `bits` is one tile-block.
+        let idx = unsafe { indices_of(&bits) };
+        for (k, lanes) in idx.iter().enumerate() {
+            for (r, &lane) in lanes.iter().enumerate() {
+                // Weight i of row r: bit i % 8 of qs[i / 8], at byte 32 * (i / 8) + r (0 past the block).
+                let bit =
+                    |i: usize| if i < BLOCK_WEIGHTS { u16::from(bits[32 * (i / 8) + r] >> (i % 8) & 1) } else { 0 };
+                let want: u16 = (0..6).map(|j| bit(6 * k + j) << j).sum();
+                assert_eq!(lane & 63, want, "group {k} row {r}");
+            }
+        }
     }
 }
