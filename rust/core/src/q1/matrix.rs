@@ -134,8 +134,9 @@ impl Q1Matrix {
 
     /// [`Q1Matrix::matmul`] of several matrices with the same columns against the same activations
     /// (a layer's q, k and v projections, say), each into its own output: the activations are
-    /// quantized once and, for one row, the GEMV's tables are built once and one pool job runs every
-    /// matrix. Each output is exactly what `matmul` gives alone.
+    /// quantized once; for one row the GEMV's tables are built once and one pool job runs every
+    /// matrix, for several rows (`Gemm`, `Auto`) the small GEMM's lookup tables are built once. Each
+    /// output is exactly what `matmul` gives alone.
     pub fn matmul_shared(
         mats: &[&Q1Matrix],
         x: &[f32],
@@ -167,19 +168,22 @@ impl Q1Matrix {
             return Ok(());
         }
         let acts = quantize_acts(x, n, cols, isa)?;
+        let packed = || mats.iter().map(|m| m.packed()).collect::<Vec<&LutPacked>>();
         if matches!(kernel, Kernel::Lut) || (kernel == Kernel::Auto && n == 1) {
-            let packed: Vec<&LutPacked> = mats.iter().map(|m| m.packed()).collect();
-            lut::gemv_shared(&packed, &acts, outs, isa, pool);
+            lut::gemv_shared(&packed(), &acts, outs, isa, pool);
+            return Ok(());
+        }
+        if matches!(kernel, Kernel::Gemm | Kernel::Auto) {
+            lut::gemm_shared(&packed(), &acts, outs, isa, pool);
             return Ok(());
         }
         for (m, out) in mats.iter().zip(outs.iter_mut()) {
             match kernel {
                 Kernel::SignFlip => signflip::gemv(m.blocks(), m.rows, &acts, out, isa, pool),
-                Kernel::Gemm | Kernel::Auto => lut::gemm(m.packed(), &acts, out, isa, pool),
                 Kernel::LutGemm => lut::lut_gemm(m.packed(), &acts, out, isa, pool),
                 Kernel::VnniGemm => lut::vnni_gemm(m.packed(), &acts, out, isa, pool),
                 Kernel::PermGemm => lut::perm_gemm(m.packed(), &acts, out, isa, pool),
-                Kernel::Reference | Kernel::Lut => unreachable!("handled above"),
+                Kernel::Reference | Kernel::Lut | Kernel::Gemm | Kernel::Auto => unreachable!("handled above"),
             }
         }
         Ok(())

@@ -130,6 +130,20 @@ pub fn gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa, pool
     perm_gemm(p, acts, out, isa, pool)
 }
 
+/// [`gemm`] of several matrices with the same columns against the same activations (a layer's q, k
+/// and v projections, say): on AVX-512 the lookup tables are built once per call for all of them.
+/// Each output is exactly what [`gemm`] gives alone.
+pub fn gemm_shared(ps: &[&LutPacked], acts: &QuantizedActs, outs: &mut [&mut [f32]], isa: Isa, pool: &Pool) {
+    assert_eq!(ps.len(), outs.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx512() {
+        return perm_gemm_shared(ps, acts, outs, pool);
+    }
+    for (p, out) in ps.iter().zip(outs.iter_mut()) {
+        lut_gemm(p, acts, out, isa, pool);
+    }
+}
+
 /// The VNNI small GEMM ([`vnni`]) where the CPU has AVX-512 VNNI, else [`lut_gemm`].
 pub fn vnni_gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa, pool: &Pool) {
     #[cfg(target_arch = "x86_64")]
@@ -146,16 +160,23 @@ pub fn vnni_gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa,
 /// The 6-bit lookup small GEMM ([`perm`], `vpermt2w`) where the CPU has AVX-512 F/BW, else
 /// [`lut_gemm`].
 pub fn perm_gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa, pool: &Pool) {
-    #[cfg(target_arch = "x86_64")]
-    if isa.has_avx512() {
-        return PERM_TABLES.with_borrow_mut(|buf| {
-            for (cols, out) in column_chunks(p.rows, acts.n, out) {
-                let tables = perm::PermTables::build(acts, cols.clone(), buf, pool);
+    gemm_shared(&[p], acts, &mut [out], isa, pool)
+}
+
+/// [`perm`]'s GEMM of every matrix of `ps`, the tables built once per run of [`GEMM_MAX_COLS`]
+/// activation rows. The caller checked AVX-512 (`Isa::has_avx512`).
+#[cfg(target_arch = "x86_64")]
+fn perm_gemm_shared(ps: &[&LutPacked], acts: &QuantizedActs, outs: &mut [&mut [f32]], pool: &Pool) {
+    PERM_TABLES.with_borrow_mut(|buf| {
+        for first in (0..acts.n).step_by(GEMM_MAX_COLS) {
+            let cols = first..(first + GEMM_MAX_COLS).min(acts.n);
+            let tables = perm::PermTables::build(acts, cols.clone(), buf, pool);
+            for (p, out) in ps.iter().zip(outs.iter_mut()) {
+                let out = &mut out[cols.start * p.rows..cols.end * p.rows];
                 split_tiles(p, cols.len(), out, pool, |tiles, buf| perm::gemm_tiles(p, tiles, &tables, buf));
             }
-        });
-    }
-    lut_gemm(p, acts, out, isa, pool)
+        }
+    })
 }
 
 /// The LUT small GEMM: like [`gemv`], but each tile of weights is decoded once for up to
