@@ -2,9 +2,9 @@
 
 pytest-benchmark times each benchmark in one stretch, so on a shared machine a neighbour's load can
 land on one kernel and not the other. This script alternates the kernels round by round and keeps each
-one's best lap, so both see the same conditions. It prints a markdown table: for every shape and n,
-`lut-gemm` and `gemm` (kernel= names) in µs per call, their per-row cost over `lut` at n=1, and the
-speed-up of `gemm` over `lut-gemm`.
+one's best lap, so all see the same conditions. It prints a markdown table: for every shape and n,
+`lut-gemm`, `vnni-gemm` and `perm-gemm` (kernel= names; `gemm` is `perm-gemm` on AVX-512) in µs per
+call, their per-row cost over `lut` at n=1, and the speed-up of `perm-gemm` over `vnni-gemm`.
 
     python benches/gemm_ab.py --threads 1 --residency memory --reps 7
 """
@@ -20,6 +20,7 @@ from baselines import random_q1_bytes
 import oxibonsai as ob
 
 SHAPES = ((2048, 2048), (6144, 2048), (2048, 6144))
+KERNELS = ("lut-gemm", "vnni-gemm", "perm-gemm")
 POOL_BYTES = 128 << 20
 
 
@@ -63,22 +64,19 @@ def main() -> None:
     rng = np.random.default_rng()
     info = ob.kernel_info()
     print(f"threads={args.threads}, {args.residency}-resident, best of {args.reps}; gemm={info['gemm']}\n")
-    print("| shape | n | lut-gemm µs | gemm µs | lut-gemm row/n1 | gemm row/n1 | gemm speed-up |")
-    print("|---|--:|--:|--:|--:|--:|--:|")
+    heads = [f"{k} µs" for k in KERNELS] + [f"{k} row/n1" for k in KERNELS] + ["perm/vnni speed-up"]
+    print("| shape | n | " + " | ".join(heads) + " |")
+    print("|---|--:|" + "--:|" * len(heads))
     for rows, cols in SHAPES:
-        combos = [("lut", 1)] + [(k, n) for n in args.n for k in ("lut-gemm", "gemm")]
+        combos = [("lut", 1)] + [(k, n) for n in args.n for k in KERNELS]
         best = best_laps(pool(rng, rows, cols, args.residency), combos, args.reps)
         base = best[("lut", 1)]
         for n in args.n:
-            old, new = best[("lut-gemm", n)], best[("gemm", n)]
-            cells = [
-                f"{old * 1e6:,.1f}",
-                f"{new * 1e6:,.1f}",
-                f"{old / n / base:.2f}",
-                f"{new / n / base:.2f}",
-            ]
-            print(f"| {rows}x{cols} | {n} | " + " | ".join(cells) + f" | {old / new:.2f}x |")
-        print(f"| {rows}x{cols} | 1 (lut) | {base * 1e6:,.1f} | | | | |")
+            secs = [best[(k, n)] for k in KERNELS]
+            cells = [f"{t * 1e6:,.1f}" for t in secs] + [f"{t / n / base:.2f}" for t in secs]
+            speedup = best[("vnni-gemm", n)] / best[("perm-gemm", n)]
+            print(f"| {rows}x{cols} | {n} | " + " | ".join(cells) + f" | {speedup:.2f}x |")
+        print(f"| {rows}x{cols} | 1 (lut) | {base * 1e6:,.1f} |" + " |" * (len(heads) - 1))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ use oxibonsai_core::q1::lut::{build_tables, gemm_name};
 use oxibonsai_core::q1::reference::exact_int8;
 use oxibonsai_core::q1::{Isa, Kernel, Q1Matrix};
 
-const INT8_KERNELS: [Kernel; 5] = [Kernel::Lut, Kernel::Gemm, Kernel::LutGemm, Kernel::SignFlip, Kernel::Auto];
+const INT8_KERNELS: [Kernel; 7] =
+    [Kernel::Lut, Kernel::Gemm, Kernel::LutGemm, Kernel::VnniGemm, Kernel::PermGemm, Kernel::SignFlip, Kernel::Auto];
 
 fn rel_err(y: &[f32], exact: &[f64]) -> f64 {
     let num: f64 = y.iter().zip(exact).map(|(&a, &b)| (f64::from(a) - b).powi(2)).sum();
@@ -46,9 +47,9 @@ fn int8_kernels_match_exact_reference_and_each_other_on_odd_shapes() {
     }
 }
 
-/// The small GEMM (VNNI on CPUs that have it) against the exact value and, bit for bit, the scalar and
-/// AVX2 LUT GEMMs, for random shapes: rows rarely a multiple of 32, 2..=70 activation rows (across the
-/// 64-row chunks and the 16-row passes).
+/// The small GEMMs (6-bit lookup on AVX-512, VNNI where the CPU has it) against the exact value and,
+/// bit for bit, the scalar and AVX2 LUT GEMMs, for random shapes: rows rarely a multiple of 32, 2..=70
+/// activation rows (across the 64-row chunks and the 16-row passes).
 #[test]
 fn gemm_matches_lut_gemms_bit_for_bit_on_random_shapes() {
     let mut rng = Rng::fresh("gemm shapes");
@@ -64,7 +65,7 @@ fn gemm_matches_lut_gemms_bit_for_bit_on_random_shapes() {
         let want = run(&m, &x, n, Kernel::LutGemm, Isa::Scalar, &pool);
         assert!(rel_err(&want, &exact) < 1e-5, "scalar ({rows}, {cols}) n={n}");
         for &isa in &isas {
-            for kernel in [Kernel::Gemm, Kernel::LutGemm, Kernel::Auto] {
+            for kernel in [Kernel::Gemm, Kernel::LutGemm, Kernel::VnniGemm, Kernel::PermGemm, Kernel::Auto] {
                 let y = run(&m, &x, n, kernel, isa, &pool);
                 assert_eq!(y, want, "{isa} {kernel:?} ({rows}, {cols}) n={n} differs from the scalar LUT GEMM");
             }
@@ -125,13 +126,13 @@ fn shared_matmul_rejects_mismatched_shapes() {
 }
 
 #[test]
-fn gemm_name_reports_the_vnni_kernel_where_it_runs() {
+fn gemm_name_reports_the_perm_kernel_where_it_runs() {
     for isa in Isa::available() {
         let name = gemm_name(isa);
-        assert_eq!(name.starts_with("vnni-gemm-"), isa.has_avx512_vnni(), "{isa}: {name}");
+        assert_eq!(name.starts_with("perm-gemm-"), isa.has_avx512(), "{isa}: {name}");
     }
-    if cfg!(target_arch = "x86_64") && std::is_x86_feature_detected!("avx512vnni") && Isa::detect() == Isa::Avx512 {
-        assert_eq!(gemm_name(Isa::detect()), "vnni-gemm-avx512");
+    if Isa::detect() == Isa::Avx512 {
+        assert_eq!(gemm_name(Isa::detect()), "perm-gemm-avx512");
     }
 }
 
@@ -159,7 +160,7 @@ fn results_are_bit_identical_for_any_thread_count() {
     let (rows, cols, n) = (1000, 1024, 5);
     let m = Q1Matrix::quantize(&rng.weights(rows * cols), rows, cols).unwrap();
     let x = rng.activations(n * cols);
-    for kernel in [Kernel::Lut, Kernel::Gemm, Kernel::LutGemm, Kernel::SignFlip, Kernel::Reference] {
+    for kernel in INT8_KERNELS.into_iter().chain([Kernel::Reference]) {
         let one = run(&m, &x, n, kernel, Isa::detect(), &Pool::new(1));
         for threads in [2, 3, 4] {
             assert_eq!(one, run(&m, &x, n, kernel, Isa::detect(), &Pool::new(threads)), "{kernel:?} x{threads}");
@@ -191,7 +192,7 @@ fn activation_quantization_and_tables_are_identical_on_every_isa() {
 fn non_finite_activations_are_rejected_by_every_kernel() {
     let m = Q1Matrix::quantize(&vec![0.5; 4 * 256], 4, 256).unwrap();
     for isa in Isa::available() {
-        for kernel in [Kernel::Lut, Kernel::Gemm, Kernel::LutGemm, Kernel::SignFlip, Kernel::Reference] {
+        for kernel in INT8_KERNELS.into_iter().chain([Kernel::Reference]) {
             for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
                 let mut x = vec![1.0; 2 * 256];
                 x[256 + 200] = bad;

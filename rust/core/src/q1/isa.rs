@@ -2,8 +2,8 @@
 //!
 //! Dispatch order: AVX-512 (F, BW, VL) -> AVX2 (with FMA and F16C) -> scalar on x86-64; NEON on
 //! aarch64. The scalar path always compiles and is what every fast path is tested against.
-//! Within AVX-512, VNNI (`vpdpbusd`) is an extension the small GEMM uses when present
-//! ([`Isa::has_avx512_vnni`]); forcing the other GEMM goes through `Kernel::LutGemm`, not an ISA.
+//! Within AVX-512, VNNI (`vpdpbusd`) is an extension the VNNI small GEMM (`Kernel::VnniGemm`) needs
+//! ([`Isa::has_avx512_vnni`]); choosing among the GEMMs goes through `Kernel`, not an ISA.
 
 use std::fmt;
 

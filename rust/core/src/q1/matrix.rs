@@ -26,11 +26,16 @@ pub enum Kernel {
     SignFlip,
     /// The LUT GEMV, once per activation row.
     Lut,
-    /// The small GEMM: each weight tile decoded once for many activation rows (the VNNI kernel where
-    /// the CPU has AVX-512 VNNI, else the LUT one).
+    /// The small GEMM: each weight tile decoded once for many activation rows (the 6-bit lookup
+    /// kernel where the CPU has AVX-512, else the LUT one).
     Gemm,
-    /// The LUT small GEMM on every ISA (the VNNI machines' previous GEMM, kept for comparison).
+    /// The LUT small GEMM on every ISA (kept for comparison).
     LutGemm,
+    /// The VNNI small GEMM where the CPU has AVX-512 VNNI, else the LUT one (AVX-512 machines'
+    /// previous GEMM, kept for comparison).
+    VnniGemm,
+    /// The 6-bit lookup (`vpermt2w`) small GEMM where the CPU has AVX-512, else the LUT one.
+    PermGemm,
 }
 
 impl Kernel {
@@ -42,10 +47,12 @@ impl Kernel {
             "lut" => Kernel::Lut,
             "gemm" => Kernel::Gemm,
             "lut-gemm" => Kernel::LutGemm,
+            "vnni-gemm" => Kernel::VnniGemm,
+            "perm-gemm" => Kernel::PermGemm,
             _ => {
                 return Err(Error::Value(format!(
                     "unknown kernel {name:?}; expected one of 'auto', 'reference', 'signflip', 'lut', 'gemm', \
-                     'lut-gemm'"
+                     'lut-gemm', 'vnni-gemm', 'perm-gemm'"
                 )))
             }
         })
@@ -127,8 +134,9 @@ impl Q1Matrix {
 
     /// [`Q1Matrix::matmul`] of several matrices with the same columns against the same activations
     /// (a layer's q, k and v projections, say), each into its own output: the activations are
-    /// quantized once and, for one row, the GEMV's tables are built once and one pool job runs every
-    /// matrix. Each output is exactly what `matmul` gives alone.
+    /// quantized once; for one row the GEMV's tables are built once and one pool job runs every
+    /// matrix, for several rows (`Gemm`, `Auto`) the small GEMM's lookup tables are built once. Each
+    /// output is exactly what `matmul` gives alone.
     pub fn matmul_shared(
         mats: &[&Q1Matrix],
         x: &[f32],
@@ -160,17 +168,22 @@ impl Q1Matrix {
             return Ok(());
         }
         let acts = quantize_acts(x, n, cols, isa)?;
+        let packed = || mats.iter().map(|m| m.packed()).collect::<Vec<&LutPacked>>();
         if matches!(kernel, Kernel::Lut) || (kernel == Kernel::Auto && n == 1) {
-            let packed: Vec<&LutPacked> = mats.iter().map(|m| m.packed()).collect();
-            lut::gemv_shared(&packed, &acts, outs, isa, pool);
+            lut::gemv_shared(&packed(), &acts, outs, isa, pool);
+            return Ok(());
+        }
+        if matches!(kernel, Kernel::Gemm | Kernel::Auto) {
+            lut::gemm_shared(&packed(), &acts, outs, isa, pool);
             return Ok(());
         }
         for (m, out) in mats.iter().zip(outs.iter_mut()) {
             match kernel {
                 Kernel::SignFlip => signflip::gemv(m.blocks(), m.rows, &acts, out, isa, pool),
-                Kernel::Gemm | Kernel::Auto => lut::gemm(m.packed(), &acts, out, isa, pool),
                 Kernel::LutGemm => lut::lut_gemm(m.packed(), &acts, out, isa, pool),
-                Kernel::Reference | Kernel::Lut => unreachable!("handled above"),
+                Kernel::VnniGemm => lut::vnni_gemm(m.packed(), &acts, out, isa, pool),
+                Kernel::PermGemm => lut::perm_gemm(m.packed(), &acts, out, isa, pool),
+                Kernel::Reference | Kernel::Lut | Kernel::Gemm | Kernel::Auto => unreachable!("handled above"),
             }
         }
         Ok(())
