@@ -34,7 +34,8 @@ pub enum Kernel {
     /// The VNNI small GEMM where the CPU has AVX-512 VNNI, else the LUT one (AVX-512 machines'
     /// previous GEMM, kept for comparison).
     VnniGemm,
-    /// The 6-bit lookup (`vpermt2w`) small GEMM where the CPU has AVX-512, else the LUT one.
+    /// The 6-bit lookup (`vpermt2w`) small GEMM where the CPU has AVX-512, else the LUT one: what
+    /// `Gemm` runs today, named so an A/B keeps meaning the same kernel if `Gemm`'s choice changes.
     PermGemm,
 }
 
@@ -173,7 +174,7 @@ impl Q1Matrix {
             lut::gemv_shared(&packed(), &acts, outs, isa, pool);
             return Ok(());
         }
-        if matches!(kernel, Kernel::Gemm | Kernel::Auto) {
+        if matches!(kernel, Kernel::Gemm | Kernel::Auto | Kernel::PermGemm) {
             lut::gemm_shared(&packed(), &acts, outs, isa, pool);
             return Ok(());
         }
@@ -182,8 +183,9 @@ impl Q1Matrix {
                 Kernel::SignFlip => signflip::gemv(m.blocks(), m.rows, &acts, out, isa, pool),
                 Kernel::LutGemm => lut::lut_gemm(m.packed(), &acts, out, isa, pool),
                 Kernel::VnniGemm => lut::vnni_gemm(m.packed(), &acts, out, isa, pool),
-                Kernel::PermGemm => lut::perm_gemm(m.packed(), &acts, out, isa, pool),
-                Kernel::Reference | Kernel::Lut | Kernel::Gemm | Kernel::Auto => unreachable!("handled above"),
+                Kernel::Reference | Kernel::Lut | Kernel::Gemm | Kernel::Auto | Kernel::PermGemm => {
+                    unreachable!("handled above")
+                }
             }
         }
         Ok(())

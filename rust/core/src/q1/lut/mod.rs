@@ -82,7 +82,7 @@ thread_local! {
 
 #[cfg(target_arch = "x86_64")]
 thread_local! {
-    /// [`perm_gemm`]'s tables, reused across calls like [`TABLES`] (rebuilt in full for every call).
+    /// [`perm`]'s GEMM tables, reused across calls like [`TABLES`] (rebuilt in full for every call).
     static PERM_TABLES: std::cell::RefCell<Vec<perm::Half>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -125,9 +125,9 @@ fn gemv_tiles(p: &LutPacked, tiles: std::ops::Range<usize>, tables: &[u8], scale
 }
 
 /// Small GEMM: like [`gemv`], but each tile of weights is decoded once for many activation rows:
-/// [`perm_gemm`] where the CPU has AVX-512, else [`lut_gemm`].
+/// [`perm`]'s 6-bit lookup kernel where the CPU has AVX-512, else [`lut_gemm`].
 pub fn gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa, pool: &Pool) {
-    perm_gemm(p, acts, out, isa, pool)
+    gemm_shared(&[p], acts, &mut [out], isa, pool)
 }
 
 /// [`gemm`] of several matrices with the same columns against the same activations (a layer's q, k
@@ -155,12 +155,6 @@ pub fn vnni_gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa,
         return;
     }
     lut_gemm(p, acts, out, isa, pool)
-}
-
-/// The 6-bit lookup small GEMM ([`perm`], `vpermt2w`) where the CPU has AVX-512 F/BW, else
-/// [`lut_gemm`].
-pub fn perm_gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa, pool: &Pool) {
-    gemm_shared(&[p], acts, &mut [out], isa, pool)
 }
 
 /// [`perm`]'s GEMM of every matrix of `ps`, the tables built once per run of [`GEMM_MAX_COLS`]
@@ -192,6 +186,14 @@ pub fn lut_gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa, 
         let scales = &acts.scale[cols.start * p.kb..cols.end * p.kb];
         split_tiles(p, n, out, pool, |tiles, buf| gemm_tiles(p, tiles, n, &tables, scales, buf, isa));
     }
+}
+
+/// Splits `0..n` into the fewest runs of at most `most`, as equal as possible (the GEMM kernels' passes
+/// over activation rows: balanced, so no pass is left with one row).
+#[cfg(target_arch = "x86_64")]
+fn balanced_runs(n: usize, most: usize) -> impl Iterator<Item = Range<usize>> {
+    let count = n.div_ceil(most);
+    (0..count).map(move |i| i * n / count..(i + 1) * n / count)
 }
 
 /// Runs of at most [`GEMM_MAX_COLS`] activation rows and their part of `out` (`rows` per row).
@@ -266,4 +268,24 @@ pub fn gemm_name(isa: Isa) -> String {
 pub fn lut_gemm_name(isa: Isa) -> String {
     let code = if isa == Isa::Avx512 { Isa::Avx2 } else { isa };
     format!("lut-gemm-{code}")
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::balanced_runs;
+
+    #[test]
+    fn balanced_runs_cover_the_range_in_near_equal_runs_of_at_most_most() {
+        for most in [4, 16] {
+            for n in 1..=70 {
+                let runs: Vec<_> = balanced_runs(n, most).collect();
+                assert_eq!(runs.len(), n.div_ceil(most));
+                assert_eq!(runs.first().unwrap().start, 0);
+                assert_eq!(runs.last().unwrap().end, n);
+                assert!(runs.windows(2).all(|w| w[0].end == w[1].start));
+                let (min, max) = (runs.iter().map(|r| r.len()).min(), runs.iter().map(|r| r.len()).max());
+                assert!(max.unwrap() <= most && max.unwrap() - min.unwrap() <= 1, "{n}/{most}: {runs:?}");
+            }
+        }
+    }
 }

@@ -23,7 +23,7 @@ use std::ops::Range;
 use super::super::act::QuantizedActs;
 use super::super::block::BLOCK_WEIGHTS;
 use super::avx2::prefetch_ahead;
-use super::{LutPacked, TILE_ROWS};
+use super::{balanced_runs, LutPacked, TILE_ROWS};
 use crate::pool::Pool;
 
 /// Table groups per 128-block: 21 of 6 weights and one of 2 (an even count: the kernel takes pairs).
@@ -197,16 +197,10 @@ unsafe fn tile_group<const T: usize>(p: &LutPacked, t0: usize, tables: &PermTabl
                 _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(16).cast())),
             ];
         }
-        for rows in passes(tables.n) {
+        for rows in balanced_runs(tables.n, PASS_ROWS) {
             pass_dyn::<T>(rows.len(), &idx, &dw, tables, b, rows.start, facc.as_mut_ptr());
         }
     }
-}
-
-/// Splits `n` activation rows into the fewest passes of at most [`PASS_ROWS`], as equal as possible.
-fn passes(n: usize) -> impl Iterator<Item = Range<usize>> {
-    let count = n.div_ceil(PASS_ROWS);
-    (0..count).map(move |i| i * n / count..(i + 1) * n / count)
 }
 
 /// [`pass`] for a run-time row count `rows` in `1..=PASS_ROWS`.

@@ -20,7 +20,7 @@ use std::ops::Range;
 use super::super::act::QuantizedActs;
 use super::super::block::BLOCK_WEIGHTS;
 use super::avx2::prefetch_ahead;
-use super::{LutPacked, TILE_ROWS};
+use super::{balanced_runs, LutPacked, TILE_ROWS};
 
 /// Most activation rows one pass over a tile keeps in accumulators (one zmm each per half tile).
 pub const PASS_ROWS: usize = 16;
@@ -165,18 +165,12 @@ unsafe fn tile_pass<const NA: usize>(
     }
 }
 
-/// Splits `cols` into the fewest passes of at most [`PASS_ROWS`] rows, as equal as possible.
-fn passes(cols: usize) -> impl Iterator<Item = Range<usize>> {
-    let count = cols.div_ceil(PASS_ROWS);
-    (0..count).map(move |i| i * cols / count..(i + 1) * cols / count)
-}
-
 /// `out[j * rows + r]` for the `acts.n` activation rows against `tiles` (`rows = tiles.len() * 32`).
 pub fn gemm_tiles(p: &LutPacked, tiles: Range<usize>, acts: &BlockMajorActs, out: &mut [f32]) {
     let rows = tiles.len() * TILE_ROWS;
     assert!(tiles.end <= p.tiles && acts.kb() == p.kb && out.len() >= acts.n * rows);
     for (ti, t) in tiles.enumerate() {
-        for pass in passes(acts.n) {
+        for pass in balanced_runs(acts.n, PASS_ROWS) {
             let o = out[pass.start * rows + ti * TILE_ROWS..].as_mut_ptr();
             // SAFETY: the caller checked AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C (`Isa::has_avx512_vnni`);
             // the pass reads rows `pass` of `acts` and blocks of tile `t` (asserted in range), and writes
@@ -209,23 +203,5 @@ unsafe fn tile_pass_dyn(na: usize, p: &LutPacked, t: usize, a: &BlockMajorActs, 
         15 => tile_pass::<15>(p, t, a, j0, o, s),
         16 => tile_pass::<16>(p, t, a, j0, o, s),
         _ => unreachable!("a pass holds 1..={PASS_ROWS} rows, got {na}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::passes;
-
-    #[test]
-    fn passes_cover_the_columns_in_balanced_runs_of_at_most_16() {
-        for cols in 1..=70 {
-            let runs: Vec<_> = passes(cols).collect();
-            assert_eq!(runs.len(), cols.div_ceil(16));
-            assert_eq!(runs.first().unwrap().start, 0);
-            assert_eq!(runs.last().unwrap().end, cols);
-            assert!(runs.windows(2).all(|w| w[0].end == w[1].start));
-            let (min, max) = (runs.iter().map(|r| r.len()).min(), runs.iter().map(|r| r.len()).max());
-            assert!(max.unwrap() <= 16 && max.unwrap() - min.unwrap() <= 1, "{cols}: {runs:?}");
-        }
     }
 }
