@@ -223,17 +223,12 @@ impl BlockTrie {
         Some(node.1)
     }
 
-    /// Removes up to `n` idle leaves in eviction order and appends their blocks to `out`. Their keys
-    /// leave the map after the walk, where the (independent) removals overlap their cache misses.
+    /// Removes up to `n` idle leaves in eviction order and appends their blocks to `out`.
     pub fn pop_lru_many(&mut self, n: usize, out: &mut Vec<u32>) {
-        let mut keys = Vec::with_capacity(n.min(self.order.len()));
-        while keys.len() < n {
+        for _ in 0..n {
             let Some((key, block)) = self.take_lru() else { break };
-            keys.push(key);
+            self.blocks.remove(&key);
             out.push(block);
-        }
-        for key in &keys {
-            self.blocks.remove(key);
         }
     }
 
