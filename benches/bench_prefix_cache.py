@@ -45,7 +45,7 @@ def filled(impl: str, blocks: int, tokens: Any) -> Any:
 
 
 def rounds(blocks: int) -> int:
-    return max(5, 20_000 // blocks)
+    return max(20, 20_000 // blocks)
 
 
 def run(benchmark: Any, setup: Callable[[], Any], op: Callable[[Any], object], blocks: int) -> None:

@@ -120,14 +120,22 @@ impl PrefixCache {
     /// Caches the chain `blocks` (block i holds `tokens[16*i:16*(i+1)]`) and returns the blocks the caller
     /// now holds: a block whose contents were already cached is replaced by the cached one.
     #[pyo3(signature = (tokens, blocks, salt=None))]
-    fn insert(&mut self, tokens: &Bound<'_, PyAny>, mut blocks: Vec<u32>, salt: Option<&str>) -> PyResult<Vec<u32>> {
+    fn insert(
+        &mut self,
+        tokens: &Bound<'_, PyAny>,
+        blocks: &Bound<'_, PyAny>,
+        salt: Option<&str>,
+    ) -> PyResult<Vec<u32>> {
         let tokens = token_ids(tokens)?;
+        // Block ids are read like token ids (a long list of ints, the fast path).
+        let mut blocks = token_ids(blocks)?;
         self.inner.insert_chain(&tokens, &mut blocks, salt_arc(salt).as_ref()).map_err(to_py)?;
         Ok(blocks)
     }
 
     /// Gives back one hold on each block (all checked first).
-    fn release(&mut self, blocks: Vec<u32>) -> PyResult<()> {
+    fn release(&mut self, blocks: &Bound<'_, PyAny>) -> PyResult<()> {
+        let blocks = token_ids(blocks)?;
         let mut counts = std::collections::HashMap::<u32, u32>::new();
         for &b in &blocks {
             *counts.entry(b).or_default() += 1;
