@@ -146,7 +146,26 @@ def test_bad_calls_raise_and_change_nothing(rng):
         cache.release([a, a])
     with pytest.raises(ValueError):
         PrefixCache(0)
+    with pytest.raises(TypeError):
+        cache.insert(tokens, [a, "b"])
+    with pytest.raises(OverflowError):
+        cache.release([a, -1])
+    with pytest.raises(TypeError):
+        cache.release("ab")
     assert cache.num_cached == 0 and cache.users(a) == cache.users(b) == 1
+    cache.check()
+
+
+def test_block_ids_may_be_a_list_a_tuple_or_a_uint32_array(rng):
+    cache = PrefixCache(12)
+    chains = []
+    for form in (list, tuple, lambda ids: np.array(ids, dtype=np.uint32)):
+        tokens = rng.integers(0, 50_000, 2 * BLOCK).tolist()
+        held = [cache.allocate(), cache.allocate()]
+        assert cache.insert(tokens, form(held)) == held
+        cache.release(form(held))
+        chains.append(held)
+    assert cache.num_cached == 6 and all(cache.users(b) == 0 for c in chains for b in c)
     cache.check()
 
 
