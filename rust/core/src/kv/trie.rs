@@ -225,11 +225,7 @@ impl BlockTrie {
 
     /// Removes up to `n` idle leaves in eviction order and appends their blocks to `out`.
     pub fn pop_lru_many(&mut self, n: usize, out: &mut Vec<u32>) {
-        for _ in 0..n {
-            let Some((key, block)) = self.take_lru() else { break };
-            self.blocks.remove(&key);
-            out.push(block);
-        }
+        out.extend((0..n).map_while(|_| self.pop_lru()));
     }
 
     /// Takes the least recently used idle leaf out of its slot and the eviction order (not the map);
