@@ -15,8 +15,10 @@ use super::{LutPacked, TABLE_BYTES, TILE_BLOCK_BYTES, TILE_ROWS};
 /// Bytes of arranged tables per group.
 pub const ARRANGED_BYTES: usize = 2 * TABLE_BYTES;
 
-/// Rearranges generic tables (see `tables.rs`) into this kernel's layout.
-pub fn arrange_tables(generic: &[u8], out: &mut Vec<u8>) {
+/// Rearranges generic tables (see `tables.rs`) into this kernel's layout: the definition of the
+/// layout, against which `tables::build_arranged_tables` (what the GEMV runs) is tested.
+#[cfg(test)]
+fn arrange_tables(generic: &[u8], out: &mut Vec<u8>) {
     let groups = generic.len() / TABLE_BYTES;
     assert_eq!(groups % 4, 0);
     // Every byte is written below: a reused buffer of the right size needs no clearing.
@@ -85,5 +87,35 @@ pub fn gemv_tiles(p: &LutPacked, tiles: Range<usize>, tables: &[u8], scales: &[f
     for (ti, t) in tiles.enumerate() {
         // SAFETY: the caller checked AVX-512 F/BW and AVX2/FMA/F16C; reads are within the asserted lengths.
         unsafe { gemv_tile(p, t, tables.as_ptr(), &scales[..p.kb], &mut out[ti * TILE_ROWS..][..TILE_ROWS]) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tables::{build_arranged_tables, build_tables};
+    use super::*;
+    use crate::kv::hash::random_seed;
+    use crate::q1::Isa;
+    use crate::sample::Rng;
+
+    #[test]
+    fn arranged_tables_are_the_generic_ones_rearranged() {
+        let isa = Isa::detect();
+        if !isa.has_avx2() {
+            return;
+        }
+        let mut rng = Rng::new(random_seed());
+        for k in [16usize, 128, 2048] {
+            let mut q: Vec<i8> = (0..k).map(|_| (rng.next_u64() % 255) as i8 - 127).collect();
+            q[0] = 127;
+            q[k - 1] = -127;
+            let mut generic = vec![0u8; k / 4 * TABLE_BYTES];
+            build_tables(&q, &mut generic, Isa::Scalar);
+            let mut want = Vec::new();
+            arrange_tables(&generic, &mut want);
+            let mut got = vec![0u8; k / 4 * ARRANGED_BYTES];
+            build_arranged_tables(&q, &mut got, isa);
+            assert!(got == want, "k = {k}");
+        }
     }
 }

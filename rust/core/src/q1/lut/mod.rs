@@ -52,11 +52,9 @@ pub fn gemv_shared(ps: &[&LutPacked], acts: &QuantizedActs, outs: &mut [&mut [f3
     // Tile `first_tile[m] + t` of the job is tile `t` of matrix `m`.
     let first_tile: Vec<usize> = ps.iter().scan(0, |n, p| Some(std::mem::replace(n, *n + p.tiles))).collect();
     let total = ps.iter().map(|p| p.tiles).sum();
-    TABLES.with_borrow_mut(|(generic, arranged)| {
-        generic.resize(acts.k / 4 * TABLE_BYTES, 0);
+    TABLES.with_borrow_mut(|buf| {
         for i in 0..acts.n {
-            build_tables(acts.row(i), &mut generic[..], isa);
-            let tables = gemv_tables(generic, arranged, isa);
+            let tables = gemv_tables(acts.row(i), buf, isa);
             let scales = &acts.scale[i * acts.blocks_per_row()..(i + 1) * acts.blocks_per_row()];
             let rows: Vec<SharedOut> =
                 ps.iter().zip(outs.iter_mut()).map(|(p, o)| SharedOut::new(&mut o[i * p.rows..][..p.rows])).collect();
@@ -74,10 +72,10 @@ pub fn gemv_shared(ps: &[&LutPacked], acts: &QuantizedActs, outs: &mut [&mut [f3
 }
 
 thread_local! {
-    /// The GEMV's tables (generic, arranged), reused across calls. They are rebuilt in full for every
-    /// activation row, so only growing them writes zeros: fresh zeroed buffers per call were ~25 MB
-    /// of memset per token of a 1.7B model (3% of a 2-thread decode step).
-    static TABLES: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// The GEMV's tables, reused across calls. They are rebuilt in full for every activation row, so
+    /// only growing them writes zeros: fresh zeroed buffers per call were ~25 MB of memset per token
+    /// of a 1.7B model (3% of a 2-thread decode step).
+    static TABLES: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -86,24 +84,31 @@ thread_local! {
     static PERM_TABLES: std::cell::RefCell<Vec<perm::Half>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Tiles `tiles` of `p` into their rows of `out_row` (one activation row's output).
+/// Tiles `tiles` of `p` into their rows of `out_row` (one activation row's output), one tile at a time
+/// through a stack buffer (the last tile may have fewer real rows).
 fn gemv_tiles_into(p: &LutPacked, tiles: Range<usize>, tables: &[u8], scales: &[f32], out_row: &SharedOut, isa: Isa) {
-    let mut buf = vec![0f32; tiles.len() * TILE_ROWS];
-    gemv_tiles(p, tiles.clone(), tables, scales, &mut buf, isa);
-    let end = (tiles.end * TILE_ROWS).min(p.rows);
-    // SAFETY: each task owns the rows of its own tiles.
-    unsafe { out_row.write(tiles.start * TILE_ROWS, &buf[..end - tiles.start * TILE_ROWS]) };
+    let mut buf = [0f32; TILE_ROWS];
+    for t in tiles {
+        gemv_tiles(p, t..t + 1, tables, scales, &mut buf, isa);
+        let (start, end) = (t * TILE_ROWS, ((t + 1) * TILE_ROWS).min(p.rows));
+        // SAFETY: each task owns the rows of its own tiles.
+        unsafe { out_row.write(start, &buf[..end - start]) };
+    }
 }
 
-/// The tables in the layout the GEMV kernel of `isa` reads.
-fn gemv_tables<'a>(generic: &'a [u8], arranged: &'a mut Vec<u8>, isa: Isa) -> &'a [u8] {
+/// The tables of one activation row `q`, built in `buf` in the layout the GEMV kernel of `isa` reads.
+fn gemv_tables<'a>(q: &[i8], buf: &'a mut Vec<u8>, isa: Isa) -> &'a [u8] {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx512() {
-        avx512::arrange_tables(generic, arranged);
-        return arranged;
+        let len = q.len() / 4 * avx512::ARRANGED_BYTES;
+        buf.resize(buf.len().max(len), 0);
+        tables::build_arranged_tables(q, &mut buf[..len], isa);
+        return &buf[..len];
     }
-    let _ = (isa, arranged);
-    generic
+    let len = q.len() / 4 * TABLE_BYTES;
+    buf.resize(buf.len().max(len), 0);
+    build_tables(q, &mut buf[..len], isa);
+    &buf[..len]
 }
 
 fn gemv_tiles(p: &LutPacked, tiles: std::ops::Range<usize>, tables: &[u8], scales: &[f32], out: &mut [f32], isa: Isa) {

@@ -41,6 +41,16 @@ pub fn build_tables(q: &[i8], out: &mut [u8], isa: Isa) {
     build_tables_scalar(q, out)
 }
 
+/// [`build_tables`] in the AVX-512 GEMV's layout (`q.len() % 16 == 0`, `out`: `q.len() / 4 * 64`
+/// bytes), on CPUs with AVX2 (every AVX-512 one).
+#[cfg(target_arch = "x86_64")]
+pub fn build_arranged_tables(q: &[i8], out: &mut [u8], isa: Isa) {
+    assert!(q.len().is_multiple_of(16) && out.len() == q.len() / 4 * 2 * TABLE_BYTES);
+    assert!(isa.has_avx2(), "the arranged tables need AVX2");
+    // SAFETY: AVX2 is present (checked by `has_avx2`).
+    unsafe { x86::build_arranged_tables(q, out) }
+}
+
 fn build_tables_scalar(q: &[i8], out: &mut [u8]) {
     for (a, table) in q.chunks_exact(4).zip(out.chunks_exact_mut(TABLE_BYTES)) {
         for (c, e) in group_entries(a).iter().enumerate() {
@@ -57,10 +67,9 @@ mod x86 {
 
     use super::TABLE_BYTES;
 
-    /// Entry `c` = `2 * sum_{i: bit i of c} a_i - sum_i a_i`, eight entries per 128-bit half.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn build_tables(q: &[i8], out: &mut [u8]) {
-        // Lane c of mask i is all ones when bit i of c is set (c = 0..16 across the two halves).
+    /// Lane `c` of mask `i` is all ones when bit `i` of `c` is set (c = 0..16 across the two halves).
+    #[inline(always)]
+    unsafe fn bit_masks() -> [__m256i; 4] {
         let bit = |i: i32| {
             let lane = |c: i32| if c >> i & 1 == 1 { -1i16 } else { 0 };
             _mm256_setr_epi16(
@@ -82,21 +91,46 @@ mod x86 {
                 lane(15),
             )
         };
-        let masks = [bit(0), bit(1), bit(2), bit(3)];
-        let low_byte = _mm256_set1_epi16(0xff);
+        [bit(0), bit(1), bit(2), bit(3)]
+    }
+
+    /// One group's table (`a`: its 4 activations) as [16 low bytes | 16 high bytes]: entry `c` =
+    /// `2 * sum_{i: bit i of c} a_i - sum_i a_i`.
+    #[inline(always)]
+    unsafe fn group_planes(a: &[i8], masks: &[__m256i; 4]) -> __m256i {
+        let mut set = _mm256_setzero_si256();
+        for (m, &v) in masks.iter().zip(a) {
+            set = _mm256_add_epi16(set, _mm256_and_si256(*m, _mm256_set1_epi16(i16::from(v))));
+        }
+        let all = _mm256_set1_epi16(a.iter().map(|&v| i16::from(v)).sum());
+        let t = _mm256_sub_epi16(_mm256_add_epi16(set, set), all);
+        let lo = _mm256_and_si256(t, _mm256_set1_epi16(0xff));
+        let hi = _mm256_srli_epi16::<8>(t);
+        // packus works per 128-bit half: [lo 0..8, hi 0..8 | lo 8..16, hi 8..16].
+        _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(lo, hi))
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn build_tables(q: &[i8], out: &mut [u8]) {
+        let masks = bit_masks();
         for (a, table) in q.chunks_exact(4).zip(out.chunks_exact_mut(TABLE_BYTES)) {
-            let mut set = _mm256_setzero_si256();
-            for (m, &v) in masks.iter().zip(a) {
-                set = _mm256_add_epi16(set, _mm256_and_si256(*m, _mm256_set1_epi16(i16::from(v))));
+            _mm256_storeu_si256(table.as_mut_ptr().cast(), group_planes(a, &masks));
+        }
+    }
+
+    /// The tables of `q` straight in the AVX-512 GEMV's layout (see `avx512::arrange_tables`): per 4
+    /// groups, 4 vectors of 64 bytes, vector `2 * (j % 2) + plane` holding group `j`'s plane twice at
+    /// byte `32 * (j / 2)`.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn build_arranged_tables(q: &[i8], out: &mut [u8]) {
+        let masks = bit_masks();
+        for (a, dst) in q.chunks_exact(16).zip(out.chunks_exact_mut(4 * 2 * TABLE_BYTES)) {
+            for (j, a) in a.chunks_exact(4).enumerate() {
+                let planes = group_planes(a, &masks);
+                let at = dst.as_mut_ptr().add(2 * (j % 2) * 64 + 32 * (j / 2));
+                _mm256_storeu_si256(at.cast(), _mm256_permute4x64_epi64::<0b01_00_01_00>(planes));
+                _mm256_storeu_si256(at.add(64).cast(), _mm256_permute4x64_epi64::<0b11_10_11_10>(planes));
             }
-            let all = _mm256_set1_epi16(a.iter().map(|&v| i16::from(v)).sum());
-            let t = _mm256_sub_epi16(_mm256_add_epi16(set, set), all);
-            let lo = _mm256_and_si256(t, low_byte);
-            let hi = _mm256_srli_epi16::<8>(t);
-            // packus/packs work per 128-bit half: [lo 0..8, hi 0..8 | lo 8..16, hi 8..16].
-            let lo = _mm256_packus_epi16(lo, hi);
-            let planes = _mm256_permute4x64_epi64::<0b11_01_10_00>(lo);
-            _mm256_storeu_si256(table.as_mut_ptr().cast(), planes);
         }
     }
 }
