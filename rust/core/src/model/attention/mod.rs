@@ -51,7 +51,7 @@ pub fn attend<E: AttendElem>(
     let group_len = shape.group * shape.head_dim;
     let kv_heads = shape.n_heads / shape.group;
     let scale = 1.0 / (shape.head_dim as f32).sqrt();
-    pool.for_each_row_mut(out, group_len, 2, |unit, out_group| {
+    pool.for_each_row_mut(out, group_len, 1, |unit, out_group| {
         let (t, kv_head) = (unit / kv_heads, unit % kv_heads);
         let q = &q[unit * group_len..(unit + 1) * group_len];
         E::attend_group(&Head { layer, kv_head, q, slot: &slots[t], scale, cache }, out_group);
