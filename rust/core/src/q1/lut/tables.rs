@@ -42,12 +42,12 @@ pub fn build_tables(q: &[i8], out: &mut [u8], isa: Isa) {
 }
 
 /// [`build_tables`] in the AVX-512 GEMV's layout (`q.len() % 16 == 0`, `out`: `q.len() / 4 * 64`
-/// bytes), on CPUs with AVX2 (every AVX-512 one).
+/// bytes), for CPUs with AVX-512 F/BW.
 #[cfg(target_arch = "x86_64")]
 pub fn build_arranged_tables(q: &[i8], out: &mut [u8], isa: Isa) {
     assert!(q.len().is_multiple_of(16) && out.len() == q.len() / 4 * 2 * TABLE_BYTES);
-    assert!(isa.has_avx2(), "the arranged tables need AVX2");
-    // SAFETY: AVX2 is present (checked by `has_avx2`).
+    assert!(isa.has_avx512(), "the arranged tables need AVX-512 F/BW");
+    // SAFETY: AVX-512 F/BW are present (checked by `has_avx512`).
     unsafe { x86::build_arranged_tables(q, out) }
 }
 
@@ -118,19 +118,55 @@ mod x86 {
         }
     }
 
+    /// Byte `2w + j` (`j` = 0, 1) of `bits(i)`: bit `i + j` of entry `w % 16`, as 0 or 1: the
+    /// unsigned side of `vpmaddubsw` picking activations `i` and `i + 1` of each entry.
+    fn bits(i: usize) -> [u8; 64] {
+        std::array::from_fn(|b| ((b / 2 % 16) >> (i + b % 2) & 1) as u8)
+    }
+
+    /// Byte control of `vpshufb` giving each 16-bit lane of 128-bit lane `l` the activations `i, i + 1`
+    /// of group `l / 2` of a pair (bytes `4 (l / 2) + i` and `+ 1` of the broadcast 8 bytes).
+    fn pick(i: usize) -> [u8; 64] {
+        std::array::from_fn(|b| (4 * (b / 32) + i + b % 2) as u8)
+    }
+
+    /// The entries of two groups (`pair`: their 8 activations) as int16: lanes 0..16 group 0, 16..32
+    /// group 1. `P_c = sum_{bit i of c} a_i` by two `vpmaddubsw` (0/1 times int8: exact), then
+    /// `T_c = 2 P_c - P_15`.
+    #[inline(always)]
+    unsafe fn pair_entries(pair: &[i8], k: &[__m512i; 5]) -> __m512i {
+        let a = _mm512_set1_epi64(i64::from_le_bytes(std::array::from_fn(|i| pair[i] as u8)));
+        let p01 = _mm512_maddubs_epi16(k[0], _mm512_shuffle_epi8(a, k[2]));
+        let p23 = _mm512_maddubs_epi16(k[1], _mm512_shuffle_epi8(a, k[3]));
+        let p = _mm512_add_epi16(p01, p23);
+        _mm512_sub_epi16(_mm512_add_epi16(p, p), _mm512_permutexvar_epi16(k[4], p))
+    }
+
     /// The tables of `q` straight in the AVX-512 GEMV's layout (see `avx512::arrange_tables`): per 4
     /// groups, 4 vectors of 64 bytes, vector `2 * (j % 2) + plane` holding group `j`'s plane twice at
     /// byte `32 * (j / 2)`.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx512f,avx512bw")]
     pub unsafe fn build_arranged_tables(q: &[i8], out: &mut [u8]) {
-        let masks = bit_masks();
+        let load = |b: [u8; 64]| _mm512_loadu_si512(b.as_ptr().cast());
+        let last: [u16; 32] = std::array::from_fn(|w| (16 * (w / 16) + 15) as u16);
+        let k = [load(bits(0)), load(bits(2)), load(pick(0)), load(pick(2)), _mm512_loadu_si512(last.as_ptr().cast())];
         for (a, dst) in q.chunks_exact(16).zip(out.chunks_exact_mut(4 * 2 * TABLE_BYTES)) {
-            for (j, a) in a.chunks_exact(4).enumerate() {
-                let planes = group_planes(a, &masks);
-                let at = dst.as_mut_ptr().add(2 * (j % 2) * 64 + 32 * (j / 2));
-                _mm256_storeu_si256(at.cast(), _mm256_permute4x64_epi64::<0b01_00_01_00>(planes));
-                _mm256_storeu_si256(at.add(64).cast(), _mm256_permute4x64_epi64::<0b11_10_11_10>(planes));
-            }
+            let (t01, t23) = (pair_entries(&a[..8], &k), pair_entries(&a[8..], &k));
+            let planes = |t01: __m512i, t23: __m512i| {
+                // [g0, g1, g2, g3] (16 bytes each), then [g0, g0, g2, g2] and [g1, g1, g3, g3].
+                let z = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm512_cvtepi16_epi8(t01)),
+                    _mm512_cvtepi16_epi8(t23),
+                );
+                (_mm512_shuffle_i64x2::<0b10_10_00_00>(z, z), _mm512_shuffle_i64x2::<0b11_11_01_01>(z, z))
+            };
+            let (lo02, lo13) = planes(t01, t23);
+            let (hi02, hi13) = planes(_mm512_srai_epi16::<8>(t01), _mm512_srai_epi16::<8>(t23));
+            let d = dst.as_mut_ptr();
+            _mm512_storeu_si512(d.cast(), lo02);
+            _mm512_storeu_si512(d.add(64).cast(), hi02);
+            _mm512_storeu_si512(d.add(128).cast(), lo13);
+            _mm512_storeu_si512(d.add(192).cast(), hi13);
         }
     }
 }
