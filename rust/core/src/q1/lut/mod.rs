@@ -219,7 +219,9 @@ fn split_tiles(
     kernel: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync,
 ) {
     let shared = SharedOut::new(out);
-    pool.for_each_range(p.tiles, 1, |tiles| {
+    // Every task streams all of the activation rows' tables (perm-gemm: 22 bytes per activation per
+    // row), so a task is never shorter than 8 tiles (256 weight rows).
+    pool.for_each_range(p.tiles, 8, |tiles| {
         let rows = tiles.len() * TILE_ROWS;
         let mut buf = vec![0f32; n * rows];
         kernel(tiles.clone(), &mut buf);
