@@ -106,7 +106,7 @@ mod tests {
         }
         let mut rng = Rng::new(random_seed());
         for k in [16usize, 128, 2048] {
-            let mut q: Vec<i8> = (0..k).map(|_| (rng.next_u64() % 255) as i8 - 127).collect();
+            let mut q: Vec<i8> = (0..k).map(|_| ((rng.next_u64() % 255) as i16 - 127) as i8).collect();
             q[0] = 127;
             q[k - 1] = -127;
             let mut generic = vec![0u8; k / 4 * TABLE_BYTES];
