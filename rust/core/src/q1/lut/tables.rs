@@ -67,9 +67,10 @@ mod x86 {
 
     use super::TABLE_BYTES;
 
-    /// Lane `c` of mask `i` is all ones when bit `i` of `c` is set (c = 0..16 across the two halves).
-    #[inline(always)]
-    unsafe fn bit_masks() -> [__m256i; 4] {
+    /// Entry `c` = `2 * sum_{i: bit i of c} a_i - sum_i a_i`, eight entries per 128-bit half.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn build_tables(q: &[i8], out: &mut [u8]) {
+        // Lane c of mask i is all ones when bit i of c is set (c = 0..16 across the two halves).
         let bit = |i: i32| {
             let lane = |c: i32| if c >> i & 1 == 1 { -1i16 } else { 0 };
             _mm256_setr_epi16(
@@ -91,30 +92,21 @@ mod x86 {
                 lane(15),
             )
         };
-        [bit(0), bit(1), bit(2), bit(3)]
-    }
-
-    /// One group's table (`a`: its 4 activations) as [16 low bytes | 16 high bytes]: entry `c` =
-    /// `2 * sum_{i: bit i of c} a_i - sum_i a_i`.
-    #[inline(always)]
-    unsafe fn group_planes(a: &[i8], masks: &[__m256i; 4]) -> __m256i {
-        let mut set = _mm256_setzero_si256();
-        for (m, &v) in masks.iter().zip(a) {
-            set = _mm256_add_epi16(set, _mm256_and_si256(*m, _mm256_set1_epi16(i16::from(v))));
-        }
-        let all = _mm256_set1_epi16(a.iter().map(|&v| i16::from(v)).sum());
-        let t = _mm256_sub_epi16(_mm256_add_epi16(set, set), all);
-        let lo = _mm256_and_si256(t, _mm256_set1_epi16(0xff));
-        let hi = _mm256_srli_epi16::<8>(t);
-        // packus works per 128-bit half: [lo 0..8, hi 0..8 | lo 8..16, hi 8..16].
-        _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(lo, hi))
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn build_tables(q: &[i8], out: &mut [u8]) {
-        let masks = bit_masks();
+        let masks = [bit(0), bit(1), bit(2), bit(3)];
+        let low_byte = _mm256_set1_epi16(0xff);
         for (a, table) in q.chunks_exact(4).zip(out.chunks_exact_mut(TABLE_BYTES)) {
-            _mm256_storeu_si256(table.as_mut_ptr().cast(), group_planes(a, &masks));
+            let mut set = _mm256_setzero_si256();
+            for (m, &v) in masks.iter().zip(a) {
+                set = _mm256_add_epi16(set, _mm256_and_si256(*m, _mm256_set1_epi16(i16::from(v))));
+            }
+            let all = _mm256_set1_epi16(a.iter().map(|&v| i16::from(v)).sum());
+            let t = _mm256_sub_epi16(_mm256_add_epi16(set, set), all);
+            let lo = _mm256_and_si256(t, low_byte);
+            let hi = _mm256_srli_epi16::<8>(t);
+            // packus/packs work per 128-bit half: [lo 0..8, hi 0..8 | lo 8..16, hi 8..16].
+            let lo = _mm256_packus_epi16(lo, hi);
+            let planes = _mm256_permute4x64_epi64::<0b11_01_10_00>(lo);
+            _mm256_storeu_si256(table.as_mut_ptr().cast(), planes);
         }
     }
 
