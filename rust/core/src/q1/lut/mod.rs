@@ -209,6 +209,9 @@ fn column_chunks(rows: usize, n: usize, out: &mut [f32]) -> impl Iterator<Item =
     })
 }
 
+/// Tiles per unit of the GEMMs' task split.
+const TASK_UNIT_TILES: usize = 4;
+
 /// Splits the tiles across the pool for `n` activation rows: `kernel(tiles, buf)` fills
 /// `buf[j * (tiles.len() * 32) + row]`, whose real rows are copied to `out[j * p.rows + row]`.
 fn split_tiles(
@@ -219,9 +222,13 @@ fn split_tiles(
     kernel: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync,
 ) {
     let shared = SharedOut::new(out);
-    // Every task streams all of the activation rows' tables (perm-gemm: 22 bytes per activation per
-    // row), so a task is never shorter than 8 tiles (256 weight rows).
-    pool.for_each_range(p.tiles, 8, |tiles| {
+    // Tasks take whole groups of `TASK_UNIT_TILES` tiles (the GEMMs' passes hold 4: a task ending
+    // inside a group would run its last tiles in a narrower, slower pass), and every task streams all
+    // of the activation rows' tables (perm-gemm: 22 bytes per activation per row), so a task is never
+    // shorter than 2 groups (256 weight rows).
+    let units = p.tiles.div_ceil(TASK_UNIT_TILES);
+    pool.for_each_range(units, 2, |units| {
+        let tiles = units.start * TASK_UNIT_TILES..(units.end * TASK_UNIT_TILES).min(p.tiles);
         let rows = tiles.len() * TILE_ROWS;
         let mut buf = vec![0f32; n * rows];
         kernel(tiles.clone(), &mut buf);

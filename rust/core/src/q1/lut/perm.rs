@@ -33,6 +33,12 @@ pub const GROUPS: usize = 22;
 const PASS_TILES: usize = 4;
 /// Most activation rows one pass holds accumulators for.
 const PASS_ROWS: usize = 4;
+/// Most tiles whose accumulators live through one sweep of the blocks (512 weight rows).
+const SWEEP_TILES: usize = 16;
+/// Bytes of tables one sweep step keeps in use: the step's blocks of every activation row, held in L2
+/// (1-2 MiB per core) while the sweep's tiles take their turns, instead of streamed from L3 once per
+/// 4 tiles.
+const STEP_TABLE_BYTES: usize = 384 << 10;
 
 /// 64 bytes, aligned for zmm loads: half of one group's table (32 int16 entries).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -181,13 +187,21 @@ unsafe fn pass<const T: usize, const J: usize>(
     }
 }
 
-/// Tiles `t0..t0 + T` against every row of `tables`, into `facc` (`T * n * 32` values, zeroed).
+/// Blocks `blocks` of tiles `t0..t0 + T` against every row of `tables`, added into `facc` (`T * n * 32`
+/// values).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn tile_group<const T: usize>(p: &LutPacked, t0: usize, tables: &PermTables, facc: &mut [f32]) {
-    assert!(t0 + T <= p.tiles && tables.kb == p.kb && facc.len() >= T * tables.n * TILE_ROWS);
+unsafe fn tile_group<const T: usize>(
+    p: &LutPacked,
+    t0: usize,
+    blocks: Range<usize>,
+    tables: &PermTables,
+    facc: &mut [f32],
+) {
+    assert!(t0 + T <= p.tiles && tables.kb == p.kb && blocks.end <= p.kb);
+    assert!(facc.len() >= T * tables.n * TILE_ROWS);
     let mut idx = [[_mm512_setzero_si512(); GROUPS]; T];
     let mut dw = [[_mm512_setzero_ps(); 2]; T];
-    for b in 0..p.kb {
+    for b in blocks {
         for t in 0..T {
             prefetch_ahead(p, t0 + t, b);
             tile_block_indices(p.tile_block_bits(t0 + t, b).as_ptr(), &mut idx[t]);
@@ -224,32 +238,45 @@ unsafe fn pass_dyn<const T: usize>(
 }
 
 /// `out[j * rows + r]` for the `tables.n` activation rows against `tiles` (`rows = tiles.len() * 32`).
+///
+/// Tiles go in sweeps of [`SWEEP_TILES`]; a sweep walks the blocks in steps whose tables fit
+/// [`STEP_TABLE_BYTES`], and within a step every 4-tile group of the sweep takes the step's blocks.
+/// Each block still meets the accumulators in order 0, 1, 2, ..., so the sums are those of a plain
+/// block loop.
 pub fn gemm_tiles(p: &LutPacked, tiles: Range<usize>, tables: &PermTables, out: &mut [f32]) {
     let (n, rows) = (tables.n, tiles.len() * TILE_ROWS);
     assert!(tiles.end <= p.tiles && tables.kb == p.kb && out.len() >= n * rows);
-    let mut facc = vec![0f32; PASS_TILES * n * TILE_ROWS];
-    let mut t0 = tiles.start;
-    while t0 < tiles.end {
-        let count = (tiles.end - t0).min(PASS_TILES);
+    let step_blocks = (STEP_TABLE_BYTES / (n * GROUPS * 2 * size_of::<Half>())).clamp(1, p.kb.max(1));
+    let mut facc = vec![0f32; SWEEP_TILES * n * TILE_ROWS];
+    for sweep in (tiles.start..tiles.end).step_by(SWEEP_TILES) {
+        let sweep = sweep..(sweep + SWEEP_TILES).min(tiles.end);
         facc.fill(0.0);
-        // SAFETY: the caller checked AVX-512 F/BW/VL and AVX2/FMA/F16C (`Isa::has_avx512`); the tiles
-        // `t0..t0 + count` are in range and `facc` holds `count * n * 32` values (asserted inside).
-        unsafe {
-            match count {
-                1 => tile_group::<1>(p, t0, tables, &mut facc),
-                2 => tile_group::<2>(p, t0, tables, &mut facc),
-                3 => tile_group::<3>(p, t0, tables, &mut facc),
-                _ => tile_group::<PASS_TILES>(p, t0, tables, &mut facc),
+        for first in (0..p.kb).step_by(step_blocks) {
+            let blocks = first..(first + step_blocks).min(p.kb);
+            for t0 in sweep.clone().step_by(PASS_TILES) {
+                let count = (sweep.end - t0).min(PASS_TILES);
+                let facc = &mut facc[(t0 - sweep.start) * n * TILE_ROWS..];
+                let blocks = blocks.clone();
+                // SAFETY: the caller checked AVX-512 F/BW/VL and AVX2/FMA/F16C (`Isa::has_avx512`); the
+                // tiles `t0..t0 + count` and `blocks` are in range and `facc` holds `count * n * 32`
+                // values (asserted inside).
+                unsafe {
+                    match count {
+                        1 => tile_group::<1>(p, t0, blocks, tables, facc),
+                        2 => tile_group::<2>(p, t0, blocks, tables, facc),
+                        3 => tile_group::<3>(p, t0, blocks, tables, facc),
+                        _ => tile_group::<PASS_TILES>(p, t0, blocks, tables, facc),
+                    }
+                }
             }
         }
-        for t in 0..count {
-            let col = (t0 - tiles.start + t) * TILE_ROWS;
+        for t in 0..sweep.len() {
+            let col = (sweep.start - tiles.start + t) * TILE_ROWS;
             for j in 0..n {
                 let from = &facc[(t * n + j) * TILE_ROWS..][..TILE_ROWS];
                 out[j * rows + col..][..TILE_ROWS].copy_from_slice(from);
             }
         }
-        t0 += count;
     }
 }
 
