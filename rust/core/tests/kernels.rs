@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::Rng;
+use common::{matmul as run, Rng};
 use oxibonsai_core::pool::Pool;
 use oxibonsai_core::q1::act::quantize_acts;
 use oxibonsai_core::q1::lut::{build_tables, gemm_name};
@@ -17,12 +17,6 @@ fn rel_err(y: &[f32], exact: &[f64]) -> f64 {
     let num: f64 = y.iter().zip(exact).map(|(&a, &b)| (f64::from(a) - b).powi(2)).sum();
     let den: f64 = exact.iter().map(|b| b * b).sum();
     (num / den.max(1e-300)).sqrt()
-}
-
-fn run(m: &Q1Matrix, x: &[f32], n: usize, kernel: Kernel, isa: Isa, pool: &Pool) -> Vec<f32> {
-    let mut out = vec![f32::NAN; n * m.rows()];
-    m.matmul(x, n, &mut out, kernel, isa, pool).unwrap();
-    out
 }
 
 #[test]

@@ -4,17 +4,11 @@
 
 mod common;
 
-use common::Rng;
+use common::{matmul as run, Rng};
 use oxibonsai_core::pool::Pool;
 use oxibonsai_core::q1::act::quantize_acts;
 use oxibonsai_core::q1::reference::exact_int8;
 use oxibonsai_core::q1::{Isa, Kernel, Q1Matrix};
-
-fn run(m: &Q1Matrix, x: &[f32], n: usize, kernel: Kernel, isa: Isa, pool: &Pool) -> Vec<f32> {
-    let mut out = vec![f32::NAN; n * m.rows()];
-    m.matmul(x, n, &mut out, kernel, isa, pool).unwrap();
-    out
-}
 
 #[test]
 fn perm_gemm_equals_the_scalar_lut_gemm_on_random_shapes() {

@@ -5,6 +5,9 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use oxibonsai_core::pool::Pool;
+use oxibonsai_core::q1::{Isa, Kernel, Q1Matrix};
+
 pub mod gguf_writer;
 
 pub struct Rng(u64);
@@ -46,4 +49,12 @@ impl Rng {
         let scale = 0.01 + self.uniform();
         (0..len).map(|_| scale * self.normal()).collect()
     }
+}
+
+/// `m.matmul` of `n` activation rows `x` with `kernel` on `isa`, into a fresh output (NaN-filled first,
+/// so a row the kernel skips shows).
+pub fn matmul(m: &Q1Matrix, x: &[f32], n: usize, kernel: Kernel, isa: Isa, pool: &Pool) -> Vec<f32> {
+    let mut out = vec![f32::NAN; n * m.rows()];
+    m.matmul(x, n, &mut out, kernel, isa, pool).unwrap();
+    out
 }

@@ -159,30 +159,46 @@ unsafe fn block_sums<const T: usize, const J: usize>(
     acc
 }
 
-/// One block of tiles `idx` against activation rows `j0..j0 + J`: `facc[(t * n + j) * 32 + r] =
-/// fma(isum, d_w * d_a, facc[..])`, with `dw[t]` the tile's 32 weight scales as two f32 vectors.
-#[inline(always)]
-unsafe fn pass<const T: usize, const J: usize>(
-    idx: &[[__m512i; GROUPS]; T],
-    dw: &[[__m512; 2]; T],
-    tables: &PermTables,
+/// One block `b` of `T` tiles, met by the activation rows of `tables`: each tile's index vectors
+/// (`idx[t]`) and its 32 weight scales as two f32 vectors (`dw[t]`).
+struct TileBlock<'a, 't, const T: usize> {
+    idx: &'a [[__m512i; GROUPS]; T],
+    dw: &'a [[__m512; 2]; T],
+    tables: &'a PermTables<'t>,
     b: usize,
-    j0: usize,
-    facc: *mut f32,
-) {
-    let stride = tables.kb * GROUPS * 2;
-    let sums = block_sums::<T, J>(idx, tables.halves.as_ptr().add(j0 * stride + b * GROUPS * 2), stride);
-    for (j, row) in sums.iter().enumerate() {
-        for (t, s) in row.iter().enumerate() {
-            let da = _mm512_set1_ps(*tables.scale.get_unchecked((j0 + j) * tables.kb + b));
-            let f = facc.add((t * tables.n + j0 + j) * TILE_ROWS);
-            let halves = [_mm512_castsi512_si256(*s), _mm512_extracti64x4_epi64::<1>(*s)];
-            for (h, s16) in halves.into_iter().enumerate() {
-                let isum = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(s16));
-                let scale = _mm512_mul_ps(dw[t][h], da);
-                let f = f.add(16 * h);
-                _mm512_storeu_ps(f, _mm512_fmadd_ps(isum, scale, _mm512_loadu_ps(f)));
+}
+
+impl<const T: usize> TileBlock<'_, '_, T> {
+    /// Activation rows `j0..j0 + J`: `facc[(t * n + j) * 32 + r] = fma(isum, d_w * d_a, facc[..])`.
+    #[inline(always)]
+    unsafe fn pass<const J: usize>(&self, j0: usize, facc: *mut f32) {
+        let (tables, b) = (self.tables, self.b);
+        let stride = tables.kb * GROUPS * 2;
+        let sums = block_sums::<T, J>(self.idx, tables.halves.as_ptr().add(j0 * stride + b * GROUPS * 2), stride);
+        for (j, row) in sums.iter().enumerate() {
+            for (t, s) in row.iter().enumerate() {
+                let da = _mm512_set1_ps(*tables.scale.get_unchecked((j0 + j) * tables.kb + b));
+                let f = facc.add((t * tables.n + j0 + j) * TILE_ROWS);
+                let halves = [_mm512_castsi512_si256(*s), _mm512_extracti64x4_epi64::<1>(*s)];
+                for (h, s16) in halves.into_iter().enumerate() {
+                    let isum = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(s16));
+                    let scale = _mm512_mul_ps(self.dw[t][h], da);
+                    let f = f.add(16 * h);
+                    _mm512_storeu_ps(f, _mm512_fmadd_ps(isum, scale, _mm512_loadu_ps(f)));
+                }
             }
+        }
+    }
+
+    /// [`pass`](Self::pass) for the run-time row range `rows` (`1..=PASS_ROWS` rows).
+    #[inline(always)]
+    unsafe fn pass_rows(&self, rows: Range<usize>, facc: *mut f32) {
+        match rows.len() {
+            1 => self.pass::<1>(rows.start, facc),
+            2 => self.pass::<2>(rows.start, facc),
+            3 => self.pass::<3>(rows.start, facc),
+            PASS_ROWS => self.pass::<PASS_ROWS>(rows.start, facc),
+            n => unreachable!("a pass holds 1..={PASS_ROWS} rows, got {n}"),
         }
     }
 }
@@ -211,29 +227,10 @@ unsafe fn tile_group<const T: usize>(
                 _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(16).cast())),
             ];
         }
+        let block = TileBlock { idx: &idx, dw: &dw, tables, b };
         for rows in balanced_runs(tables.n, PASS_ROWS) {
-            pass_dyn::<T>(rows.len(), &idx, &dw, tables, b, rows.start, facc.as_mut_ptr());
+            block.pass_rows(rows, facc.as_mut_ptr());
         }
-    }
-}
-
-/// [`pass`] for a run-time row count `rows` in `1..=PASS_ROWS`.
-#[inline(always)]
-unsafe fn pass_dyn<const T: usize>(
-    rows: usize,
-    idx: &[[__m512i; GROUPS]; T],
-    dw: &[[__m512; 2]; T],
-    tables: &PermTables,
-    b: usize,
-    j0: usize,
-    facc: *mut f32,
-) {
-    match rows {
-        1 => pass::<T, 1>(idx, dw, tables, b, j0, facc),
-        2 => pass::<T, 2>(idx, dw, tables, b, j0, facc),
-        3 => pass::<T, 3>(idx, dw, tables, b, j0, facc),
-        PASS_ROWS => pass::<T, PASS_ROWS>(idx, dw, tables, b, j0, facc),
-        _ => unreachable!("a pass holds 1..={PASS_ROWS} rows, got {rows}"),
     }
 }
 
