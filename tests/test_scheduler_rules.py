@@ -192,6 +192,24 @@ def test_update_without_execute_is_refused_and_changes_nothing() -> None:
     assert sched.num_free_blocks == 8 - 2
 
 
+@pytest.mark.skipif(NATIVE is None, reason="no native Scheduler")
+def test_a_superseded_output_is_refused_and_changes_nothing(rng: np.random.Generator) -> None:
+    """Only the latest schedule() can run: an older plan's blocks were promised against a table that
+    has moved on since."""
+    sched = NATIVE(16)
+    prompt = rng.integers(0, 1000, size=int(rng.integers(2, 40))).tolist()
+    sched.add(0, prompt)
+    old = sched.schedule()
+    new = sched.schedule()
+    with pytest.raises(ValueError, match="latest schedule"):
+        sched.execute(old)
+    assert sched.num_free_blocks == 16 and sched.request_state(0) == (prompt, 0)
+    sched.execute(new)
+    sched.update(new, [5])
+    sched.check()
+    assert sched.request_state(0) == ([*prompt, 5], len(prompt))
+
+
 def test_update_accepts_a_uint32_array(rng: np.random.Generator) -> None:
     sched = _core.Scheduler(8)
     prompt = rng.integers(0, 1000, size=5).tolist()

@@ -179,7 +179,7 @@ impl Scheduler {
             let state = &mut *guard;
             state.executed.filter(|&s| s == out.inner.step).map_or(Ok(()), already_executed)?;
             let Backend::Model(model) = &state.backend else { unreachable!("checked above") };
-            let items = state.sched.step_items(&out.inner);
+            let items = state.sched.step_items(&out.inner)?;
             let mut runner = model.get().lock();
             let vocab = runner.model().config.vocab;
             let logits = runner.step(&items, &pool::global())?;

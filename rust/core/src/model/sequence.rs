@@ -7,13 +7,17 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::kv::{BlockKey, Inserted, PrefixCache, PrefixMatch, BLOCK_TOKENS};
 
-/// A sequence's KV: position `p` lives in `block_table[p / 16]`, slot `p % 16`.
+/// A sequence's KV: position `p` lives in `block_table[p / 16]`, slot `p % 16`. The chain is boxed
+/// so that a sequence is 40 bytes: a step over many sequences reads their lengths and block tables
+/// from a few cache lines.
 #[derive(Default)]
 pub struct Sequence {
     pub len: usize,
     pub block_table: Vec<u32>,
-    pub chain: Option<CachedChain>,
+    pub chain: Option<Box<CachedChain>>,
 }
+
+const _: () = assert!(std::mem::size_of::<Sequence>() == 40);
 
 /// What prefix caching needs to know about a sequence.
 pub struct CachedChain {
@@ -37,13 +41,23 @@ impl Sequence {
             cached_blocks: m.block_ids.len(),
             stopped: false,
         };
-        Sequence { len: m.cached_tokens, block_table: m.block_ids, chain: Some(chain) }
+        Sequence { len: m.cached_tokens, block_table: m.block_ids, chain: Some(Box::new(chain)) }
     }
 
     /// Records that `tokens` now hold KV at the end of the sequence and, given the cache, caches every
     /// block they filled. A block whose contents are already cached is swapped for the cached copy.
+    #[inline]
     pub fn append(&mut self, tokens: &[u32], cache: Option<&mut PrefixCache>) -> Result<()> {
         self.len += tokens.len();
+        if self.chain.is_none() {
+            return Ok(());
+        }
+        self.append_to_chain(tokens, cache)
+    }
+
+    /// [`append`](Self::append)'s work for a sequence that takes part in prefix caching (`len`
+    /// already counts `tokens`).
+    fn append_to_chain(&mut self, tokens: &[u32], cache: Option<&mut PrefixCache>) -> Result<()> {
         let Some(chain) = self.chain.as_mut() else { return Ok(()) };
         chain.tokens.extend_from_slice(tokens);
         let Some(cache) = cache else {

@@ -158,24 +158,26 @@ impl SequenceTable {
         Ok(())
     }
 
-    /// A step's bookkeeping without a model: [`reserve`](Self::reserve) the blocks of every
-    /// `(sequence, tokens)`, all or nothing, then [`append`](Self::append) the tokens. With prefix
-    /// caching off, appending touches no block, so each sequence is grown and appended in one visit.
-    pub fn advance<'t, I>(&mut self, steps: I) -> Result<()>
+    /// A step's bookkeeping without a model, for a step planned to grow the tables by `new_blocks`
+    /// blocks in all (as the scheduler counts them): after checking that many are available, each
+    /// `(sequence, tokens)` is grown and [`append`](Self::append)ed in one visit. A plan that
+    /// undercounts fails when the blocks run out, with the sequences before that one advanced.
+    pub fn advance_planned<'t, I>(&mut self, new_blocks: usize, steps: I) -> Result<()>
     where
-        I: Iterator<Item = (u64, &'t [u32])> + Clone,
+        I: Iterator<Item = (u64, &'t [u32])>,
     {
-        if self.prefix_caching {
-            self.reserve_iter(steps.clone().map(|(seq, tokens)| (seq, tokens.len())))?;
-            return steps.into_iter().try_for_each(|(seq, tokens)| self.append(seq, tokens));
+        if new_blocks > self.blocks.num_available() {
+            return Err(self.full(new_blocks));
         }
-        self.check_room(steps.clone().map(|(seq, tokens)| (seq, tokens.len())))?;
         for (seq, tokens) in steps {
-            let s = self.seqs.get_mut(seq).expect("checked");
+            let s = self.seqs.get_mut(seq).ok_or_else(|| unknown(seq))?;
             while s.block_table.len() < blocks_for(s.len + tokens.len()) {
-                s.block_table.push(self.blocks.allocate().expect("counted above"));
+                let block = self.blocks.allocate().ok_or_else(|| {
+                    Error::Value(format!("the KV cache ran out of blocks in a step planned for {new_blocks}"))
+                })?;
+                s.block_table.push(block);
             }
-            s.append(tokens, None)?;
+            s.append(tokens, if self.prefix_caching { Some(&mut self.blocks) } else { None })?;
         }
         Ok(())
     }
@@ -187,13 +189,17 @@ impl SequenceTable {
             needed += self.new_blocks_for(seq, n)?;
         }
         if needed > self.blocks.num_available() {
-            return Err(Error::Value(format!(
-                "the KV cache is full: this step needs {needed} more blocks, {} of {} are free or evictable",
-                self.blocks.num_available(),
-                self.blocks.capacity()
-            )));
+            return Err(self.full(needed));
         }
         Ok(())
+    }
+
+    fn full(&self, needed: usize) -> Error {
+        Error::Value(format!(
+            "the KV cache is full: this step needs {needed} more blocks, {} of {} are free or evictable",
+            self.blocks.num_available(),
+            self.blocks.capacity()
+        ))
     }
 
     /// Records that `tokens` now hold KV at the end of `seq` (its blocks reserved before), caching

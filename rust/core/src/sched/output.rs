@@ -1,8 +1,11 @@
 //! What one `schedule()` call decides, and the scheduler's counters.
 
+use super::request::Request;
+
 /// `num_tokens` tokens of request `request` (starting at token `start`, into KV sequence `seq`) run
 /// in this step; `sample`: they complete the request's known tokens, so its logits are sampled.
 /// `slot`: where the scheduler keeps the request (valid while the request runs on `seq`).
+/// `new_blocks`: the blocks the sequence must grow by to hold them (reserved for it by the step).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScheduledItem {
     pub request: u64,
@@ -10,6 +13,7 @@ pub struct ScheduledItem {
     pub seq: u64,
     pub start: usize,
     pub num_tokens: usize,
+    pub new_blocks: usize,
     pub sample: bool,
 }
 
@@ -22,15 +26,47 @@ pub struct SchedulerOutput {
     pub preempted: Vec<u64>,
     /// Scheduled tokens that are not decodes (prompt chunks, recomputation after preemption).
     pub num_prefill_tokens: usize,
+    /// Totals over `items`, kept as they are pushed.
+    pub(super) num_batched_tokens: usize,
+    pub(super) num_sample: usize,
+    pub(super) new_blocks: usize,
 }
 
 impl SchedulerOutput {
     pub fn num_batched_tokens(&self) -> usize {
-        self.items.iter().map(|i| i.num_tokens).sum()
+        self.num_batched_tokens
     }
 
+    /// Items whose last row's logits are sampled.
     pub fn num_sample(&self) -> usize {
-        self.items.iter().filter(|i| i.sample).count()
+        self.num_sample
+    }
+
+    /// Blocks the step's sequences grow by, all items together.
+    pub fn new_blocks(&self) -> usize {
+        self.new_blocks
+    }
+
+    /// Adds `n` tokens of running request `r` (at `slot`), growing its sequence by `new_blocks`.
+    #[inline(always)]
+    pub(super) fn push(&mut self, r: &Request, slot: u32, n: usize, new_blocks: usize) {
+        let sample = r.num_computed + n == r.tokens.len();
+        if !r.is_decoding() {
+            self.num_prefill_tokens += n;
+        }
+        let seq = r.seq.expect("scheduled requests run");
+        self.items.push(ScheduledItem {
+            request: r.id,
+            slot,
+            seq,
+            start: r.num_computed,
+            num_tokens: n,
+            new_blocks,
+            sample,
+        });
+        self.num_batched_tokens += n;
+        self.num_sample += usize::from(sample);
+        self.new_blocks += new_blocks;
     }
 
     pub fn is_empty(&self) -> bool {

@@ -2,25 +2,35 @@
 
 /// A request's tokens and its place in the queues. `tokens` is the prompt followed by every token
 /// sampled so far; `num_computed` of them hold KV (0 while waiting).
+///
+/// Laid out by hand (`repr(C)`, 64-byte aligned): the fields every step reads and writes for each
+/// running request come first and share one cache line, so a step over many running requests
+/// touches one line of each; the queue fields, read only when a request is added, admitted,
+/// preempted or removed, fill the second line.
 #[derive(Clone, Debug)]
+#[repr(C, align(64))]
 pub struct Request {
     pub id: u64,
-    pub tokens: Vec<u32>,
-    /// Lower is served first.
-    pub priority: i32,
-    pub salt: Option<String>,
-    /// Add order, from 0: breaks ties in the waiting queue.
-    pub arrival: u64,
-    /// Waiting-queue order: `priority * priority_aging_steps + enqueue step` (aging built in).
-    pub key: i128,
-    pub num_computed: usize,
     /// The request's KV sequence while it runs.
     pub seq: Option<u64>,
-    /// Stamped each time the request starts running: the tie-break among running requests.
-    pub admitted: u64,
+    pub num_computed: usize,
+    pub tokens: Vec<u32>,
     /// The step that last scheduled it.
     pub scheduled_step: u64,
+    // -- the second cache line: queue order --
+    /// Waiting-queue order: `priority * priority_aging_steps + enqueue step` (aging built in).
+    pub key: i128,
+    /// Stamped each time the request starts running: the tie-break among running requests.
+    pub admitted: u64,
+    /// Add order, from 0: breaks ties in the waiting queue.
+    pub arrival: u64,
+    pub salt: Option<String>,
+    /// Lower is served first.
+    pub priority: i32,
 }
+
+const _: () = assert!(std::mem::offset_of!(Request, scheduled_step) + 8 <= 64);
+const _: () = assert!(std::mem::size_of::<Request>() == 128);
 
 impl Request {
     /// Tokens not yet in the KV cache.

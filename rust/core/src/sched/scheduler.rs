@@ -6,7 +6,7 @@ use crate::kv::{PrefixMatch, BLOCK_TOKENS};
 use crate::model::{blocks_for, SequenceTable};
 
 use super::config::{Policy, SchedulerConfig, LONGEST_PREFIX_WINDOW};
-use super::output::{ScheduledItem, SchedulerOutput, SchedulerStats};
+use super::output::{SchedulerOutput, SchedulerStats};
 use super::queue::WaitingQueue;
 use super::request::Request;
 use super::running::RunningSet;
@@ -18,8 +18,10 @@ pub struct Scheduler {
     waiting: WaitingQueue,
     /// Running requests by `Request::running_key`.
     running: RunningSet,
-    /// The running set's slots in order, refilled by every `schedule` (kept to reuse its memory).
+    /// The running set's slots in order, and those of its requests in prefill, refilled by every
+    /// `schedule` (kept to reuse their memory).
     order: Vec<u32>,
+    prefills: Vec<u32>,
     pub(super) step: u64,
     arrivals: u64,
     admissions: u64,
@@ -33,6 +35,20 @@ struct Budget {
     tokens: usize,
     /// New blocks promised to the step's items (allocated when the model runs them).
     reserved: usize,
+    /// The table's available blocks (free or evictable), read again whenever the step changes it.
+    available: usize,
+}
+
+impl Budget {
+    /// Blocks the step can still promise.
+    fn room(&self) -> usize {
+        self.available.saturating_sub(self.reserved)
+    }
+
+    fn take(&mut self, tokens: usize, blocks: usize) {
+        self.tokens -= tokens;
+        self.reserved += blocks;
+    }
 }
 
 impl Scheduler {
@@ -44,6 +60,7 @@ impl Scheduler {
             waiting: WaitingQueue::default(),
             running: RunningSet::default(),
             order: Vec::new(),
+            prefills: Vec::new(),
             step: 0,
             arrivals: 0,
             admissions: 0,
@@ -102,15 +119,15 @@ impl Scheduler {
         let key = priority as i128 * self.config.priority_aging_steps as i128 + self.step as i128;
         let request = Request {
             id,
-            tokens: prompt,
-            priority,
-            salt,
-            arrival: self.arrivals,
-            key,
-            num_computed: 0,
             seq: None,
-            admitted: 0,
+            num_computed: 0,
+            tokens: prompt,
             scheduled_step: 0,
+            key,
+            admitted: 0,
+            arrival: self.arrivals,
+            salt,
+            priority,
         };
         self.arrivals += 1;
         self.waiting.push(key, request.arrival, id);
@@ -124,60 +141,91 @@ impl Scheduler {
         self.pending = Some(self.step);
         // Every item is a running or newly admitted request: at most this many.
         let items = Vec::with_capacity((self.running.len() + self.waiting.len()).min(self.config.max_num_seqs));
-        let mut out = SchedulerOutput { step: self.step, items, preempted: Vec::new(), num_prefill_tokens: 0 };
-        let mut budget = Budget { tokens: self.config.max_num_batched_tokens, reserved: 0 };
+        let mut out = SchedulerOutput { step: self.step, items, ..Default::default() };
+        let mut budget =
+            Budget { tokens: self.config.max_num_batched_tokens, reserved: 0, available: kv.num_available_blocks() };
         let mut order = std::mem::take(&mut self.order);
         order.clear();
         order.extend(self.running.iter().map(|k| k.2));
-        for decode_pass in [true, false] {
-            for &slot in &order {
-                if budget.tokens == 0 {
-                    break;
-                }
-                self.visit_running(slot, decode_pass, kv, &mut budget, &mut out);
+        // Decodes first, in running order; the rest (prompt chunks) are set aside for a second visit.
+        let mut prefills = std::mem::take(&mut self.prefills);
+        prefills.clear();
+        for &slot in &order {
+            if budget.tokens == 0 {
+                break;
+            }
+            match self.requests.at(slot) {
+                // Preempted earlier in this step.
+                r if r.seq.is_none() => {}
+                r if r.remaining() == 1 => self.visit_running(slot, kv, &mut budget, &mut out),
+                _ => prefills.push(slot),
             }
         }
+        for &slot in &prefills {
+            if budget.tokens == 0 {
+                break;
+            }
+            self.visit_running(slot, kv, &mut budget, &mut out);
+        }
         self.order = order;
+        self.prefills = prefills;
         if out.preempted.is_empty() {
             self.admit(kv, &mut budget, &mut out);
         }
         self.stats.steps += 1;
-        self.stats.scheduled_tokens += out.num_batched_tokens() as u64;
+        self.stats.scheduled_tokens += out.num_batched_tokens as u64;
+        self.stats.prefill_tokens += out.num_prefill_tokens as u64;
+        self.stats.decode_tokens += (out.num_batched_tokens - out.num_prefill_tokens) as u64;
         out
     }
 
-    fn visit_running(
-        &mut self,
-        slot: u32,
-        decode_pass: bool,
-        kv: &mut SequenceTable,
-        budget: &mut Budget,
-        out: &mut SchedulerOutput,
-    ) {
+    /// Schedules what it can of a running request's remaining tokens, preempting others (or itself)
+    /// when the blocks run short. Inlined into both of `schedule`'s loops: it runs for every running
+    /// request every step.
+    #[inline(always)]
+    fn visit_running(&mut self, slot: u32, kv: &mut SequenceTable, budget: &mut Budget, out: &mut SchedulerOutput) {
+        let step = self.step;
+        let r = self.requests.at_mut(slot);
         // A request preempted earlier in this step stays in `order` but has no sequence.
-        let r = self.requests.at(slot);
-        if r.seq.is_none() {
-            return;
-        }
+        let Some(seq) = r.seq else { return };
         let remaining = r.remaining();
-        if (remaining == 1) != decode_pass {
-            return;
-        }
         if !self.config.chunked_prefill && remaining > budget.tokens {
             return;
         }
         let n = remaining.min(budget.tokens);
-        let seq = r.seq.expect("running");
-        let need = kv.new_blocks_for(seq, n).expect("running requests have sequences");
-        while need > kv.num_available_blocks().saturating_sub(budget.reserved) {
+        // Between steps a running request's sequence holds exactly its computed tokens' blocks.
+        let need = blocks_for(r.num_computed + n) - blocks_for(r.num_computed);
+        debug_assert_eq!(Ok(need), kv.new_blocks_for(seq, n), "request {} and its sequence disagree", r.id);
+        if need <= budget.room() {
+            return schedule_item(step, r, slot, n, need, budget, out);
+        }
+        if self.make_room(slot, need, kv, budget, out) {
+            schedule_item(step, self.requests.at_mut(slot), slot, n, need, budget, out);
+        }
+    }
+
+    /// Preempts running requests not yet scheduled this step, worst first, until `need` blocks are
+    /// available; false if that preempted the request at `slot` itself.
+    #[cold]
+    #[inline(never)]
+    fn make_room(
+        &mut self,
+        slot: u32,
+        need: usize,
+        kv: &mut SequenceTable,
+        budget: &mut Budget,
+        out: &mut SchedulerOutput,
+    ) -> bool {
+        while need > budget.room() {
             let victim = self.pick_victim();
             self.preempt(victim, kv);
+            budget.available = kv.num_available_blocks();
             out.preempted.push(self.requests.at(victim).id);
             if victim == slot {
-                return;
+                return false;
             }
         }
-        self.push_item(slot, n, budget, need, out);
+        true
     }
 
     /// The running request not yet scheduled this step with the worst priority, latest admitted.
@@ -199,27 +247,6 @@ impl Scheduler {
         self.stats.preemptions += 1;
     }
 
-    fn push_item(&mut self, slot: u32, n: usize, budget: &mut Budget, new_blocks: usize, out: &mut SchedulerOutput) {
-        let r = self.requests.at_mut(slot);
-        r.scheduled_step = self.step;
-        if r.is_decoding() {
-            self.stats.decode_tokens += n as u64;
-        } else {
-            self.stats.prefill_tokens += n as u64;
-            out.num_prefill_tokens += n;
-        }
-        out.items.push(ScheduledItem {
-            request: r.id,
-            slot,
-            seq: r.seq.expect("scheduled requests run"),
-            start: r.num_computed,
-            num_tokens: n,
-            sample: r.num_computed + n == r.tokens.len(),
-        });
-        budget.tokens -= n;
-        budget.reserved += new_blocks;
-    }
-
     /// Starts waiting requests while the sequence limit, the token budget and the blocks allow.
     fn admit(&mut self, kv: &mut SequenceTable, budget: &mut Budget, out: &mut SchedulerOutput) {
         while self.running.len() < self.config.max_num_seqs && budget.tokens > 0 {
@@ -234,11 +261,12 @@ impl Scheduler {
             let n = remaining.min(budget.tokens);
             let cached_blocks = m.cached_tokens / BLOCK_TOKENS;
             let new_blocks = blocks_for(m.cached_tokens + n) - cached_blocks;
-            if new_blocks + m.idle_blocks > kv.num_available_blocks().saturating_sub(budget.reserved) {
+            if new_blocks + m.idle_blocks > budget.room() {
                 return;
             }
             self.start(slot, kv, m);
-            self.push_item(slot, n, budget, new_blocks, out);
+            budget.available = kv.num_available_blocks();
+            schedule_item(self.step, self.requests.at_mut(slot), slot, n, new_blocks, budget, out);
         }
     }
 
@@ -329,4 +357,21 @@ impl Scheduler {
         }
         kv.check()
     }
+}
+
+/// Puts `n` tokens of request `r` (at `slot`), growing its sequence by `new_blocks`, into step
+/// `step`'s output and budget.
+#[inline(always)]
+fn schedule_item(
+    step: u64,
+    r: &mut Request,
+    slot: u32,
+    n: usize,
+    new_blocks: usize,
+    budget: &mut Budget,
+    out: &mut SchedulerOutput,
+) {
+    r.scheduled_step = step;
+    out.push(r, slot, n, new_blocks);
+    budget.take(n, new_blocks);
 }

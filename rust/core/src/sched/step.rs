@@ -16,33 +16,45 @@ impl Scheduler {
         Some(&r.tokens[it.start..it.start + it.num_tokens])
     }
 
-    /// The model's work for `out`: each item's tokens and whether its last row's logits are needed.
-    pub fn step_items(&self, out: &SchedulerOutput) -> Vec<StepItem<'_>> {
-        out.items
+    /// The model's work for `out` (the latest step's output): each item's tokens and whether its last
+    /// row's logits are needed.
+    pub fn step_items(&self, out: &SchedulerOutput) -> Result<Vec<StepItem<'_>>> {
+        self.check_pending(out)?;
+        Ok(out
+            .items
             .iter()
             .filter_map(|it| {
                 let tokens = self.item_tokens(it)?;
                 Some(StepItem { seq: it.seq, tokens, logits: if it.sample { Logits::Last } else { Logits::None } })
             })
-            .collect()
+            .collect())
     }
 
     /// What a forward pass does to a model-free table: grow the block tables for the step's tokens
-    /// (all or nothing), then record the tokens.
+    /// (the blocks `schedule` reserved for them), then record the tokens. Only the latest step's
+    /// output is accepted: its reservation still holds, as nothing but `finish`/`abort` (which free
+    /// blocks) can come between.
     pub fn advance_ledger(&self, out: &SchedulerOutput, kv: &mut SequenceTable) -> Result<()> {
-        kv.advance(out.items.iter().filter_map(|it| Some((it.seq, self.item_tokens(it)?))))
+        self.check_pending(out)?;
+        kv.advance_planned(out.new_blocks(), out.items.iter().filter_map(|it| Some((it.seq, self.item_tokens(it)?))))
+    }
+
+    /// Fails unless `out` is the output of the latest `schedule` and not yet recorded.
+    fn check_pending(&self, out: &SchedulerOutput) -> Result<()> {
+        if self.pending == Some(out.step) {
+            return Ok(());
+        }
+        Err(Error::Value(format!(
+            "this needs the output of the latest schedule() (step {}) before its update(), got step {}",
+            self.step, out.step
+        )))
     }
 
     /// Records that the step ran: every item's tokens now hold KV, and each sampling item gets its
     /// sampled token (`sampled` in item order). Fails, changing nothing, on a stale output or the
     /// wrong number of tokens.
     pub fn update(&mut self, out: &SchedulerOutput, sampled: &[u32]) -> Result<()> {
-        if self.pending != Some(out.step) {
-            return Err(Error::Value(format!(
-                "update() needs the output of the latest schedule() (step {}), got step {}",
-                self.step, out.step
-            )));
-        }
+        self.check_pending(out)?;
         if sampled.len() != out.num_sample() {
             return Err(Error::Value(format!(
                 "update() got {} sampled tokens for {} sampling items",

@@ -12,7 +12,8 @@ fn config(max_num_seqs: usize, max_num_batched_tokens: usize) -> SchedulerConfig
 /// Runs one step as the engine does, sampling token 7 for every sampling item.
 fn step(s: &mut Scheduler, kv: &mut SequenceTable) -> SchedulerOutput {
     let out = s.schedule(kv);
-    let items: Vec<(u64, Vec<u32>)> = s.step_items(&out).iter().map(|it| (it.seq, it.tokens.to_vec())).collect();
+    let items: Vec<(u64, Vec<u32>)> =
+        s.step_items(&out).unwrap().iter().map(|it| (it.seq, it.tokens.to_vec())).collect();
     let growth: Vec<(u64, usize)> = items.iter().map(|(seq, t)| (*seq, t.len())).collect();
     kv.reserve(&growth).unwrap();
     for (seq, tokens) in &items {
