@@ -41,7 +41,13 @@ impl Sequence {
             cached_blocks: m.block_ids.len(),
             stopped: false,
         };
-        Sequence { len: m.cached_tokens, block_table: m.block_ids, chain: Some(Box::new(chain)) }
+        let block_table = table_for_prompt(prompt.len(), m.block_ids);
+        Sequence { len: m.cached_tokens, block_table, chain: Some(Box::new(chain)) }
+    }
+
+    /// A sequence that caches nothing, for a prompt of `prompt_len` tokens.
+    pub fn for_prompt(prompt_len: usize) -> Sequence {
+        Sequence { block_table: table_for_prompt(prompt_len, Vec::new()), ..Sequence::default() }
     }
 
     /// Records that `tokens` now hold KV at the end of the sequence and, given the cache, caches every
@@ -79,4 +85,12 @@ impl Sequence {
         }
         Ok(())
     }
+}
+
+/// A block table starting with `blocks`, with room for a prompt of `prompt_len` tokens and the first
+/// generated block: no regrowth before then.
+fn table_for_prompt(prompt_len: usize, mut blocks: Vec<u32>) -> Vec<u32> {
+    let room = (prompt_len + BLOCK_TOKENS).div_ceil(BLOCK_TOKENS);
+    blocks.reserve(room.saturating_sub(blocks.len()));
+    blocks
 }

@@ -106,7 +106,7 @@ impl SequenceTable {
     /// unchanged since), without looking the prompt up again.
     pub fn add_sequence_found(&mut self, prompt: &[u32], salt: Option<&str>, m: PrefixMatch) -> (u64, usize) {
         if !self.prefix_caching {
-            return (self.add_sequence(), 0);
+            return (self.insert_sequence(Sequence::for_prompt(prompt.len())), 0);
         }
         let m = self.blocks.acquire_found(prompt.len(), m);
         let cached = m.cached_tokens;
