@@ -4,12 +4,14 @@ QueueFull, bad calls that change nothing, the preemption order, and chunked pref
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from sched_model import PyScheduler
 
+import oxibonsai as ob
 from oxibonsai import QueueFull, _core
 
 NATIVE: Any = getattr(_core, "Scheduler", None)
@@ -208,6 +210,25 @@ def test_a_superseded_output_is_refused_and_changes_nothing(rng: np.random.Gener
     sched.update(new, [5])
     sched.check()
     assert sched.request_state(0) == ([*prompt, 5], len(prompt))
+
+
+def test_a_superseded_output_never_runs_the_model(tiny_model: Path, rng: np.random.Generator) -> None:
+    llm = ob.LLM(tiny_model, max_model_len=64)
+    model = llm._model
+    sched = _core.Scheduler(model, max_num_seqs=2)
+    prompt = rng.integers(1, 100, size=int(rng.integers(2, 30))).tolist()
+    sched.add(0, prompt)
+    old = sched.schedule()
+    new = sched.schedule()
+    with pytest.raises(ValueError, match="latest schedule"):
+        sched.execute(old)
+    assert sched.request_state(0) == (prompt, 0)
+    logits = sched.execute(new)
+    assert logits is not None and logits.shape[0] == 1
+    np.testing.assert_allclose(logits[0], llm.logits(prompt)[-1], rtol=1e-4, atol=1e-4)
+    sched.update(new, [int(np.argmax(logits[0]))])
+    assert sched.finish(0)
+    assert model.num_sequences == 0 and model.num_available_blocks == model.num_blocks
 
 
 def test_update_accepts_a_uint32_array(rng: np.random.Generator) -> None:
