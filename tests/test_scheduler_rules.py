@@ -194,18 +194,26 @@ def test_update_without_execute_is_refused_and_changes_nothing() -> None:
     assert sched.num_free_blocks == 8 - 2
 
 
+def refuse_a_superseded_plan(sched: Any, prompt: list[int]) -> Any:
+    """Adds request 0, plans two steps, checks that executing the first raises and leaves the request
+    untouched, and returns the second plan."""
+    sched.add(0, prompt)
+    old = sched.schedule()
+    new = sched.schedule()
+    with pytest.raises(ValueError, match="latest schedule"):
+        sched.execute(old)
+    assert sched.request_state(0) == (prompt, 0)
+    return new
+
+
 @pytest.mark.skipif(NATIVE is None, reason="no native Scheduler")
 def test_a_superseded_output_is_refused_and_changes_nothing(rng: np.random.Generator) -> None:
     """Only the latest schedule() can run: an older plan's blocks were promised against a table that
     has moved on since."""
     sched = NATIVE(16)
     prompt = rng.integers(0, 1000, size=int(rng.integers(2, 40))).tolist()
-    sched.add(0, prompt)
-    old = sched.schedule()
-    new = sched.schedule()
-    with pytest.raises(ValueError, match="latest schedule"):
-        sched.execute(old)
-    assert sched.num_free_blocks == 16 and sched.request_state(0) == (prompt, 0)
+    new = refuse_a_superseded_plan(sched, prompt)
+    assert sched.num_free_blocks == 16
     sched.execute(new)
     sched.update(new, [5])
     sched.check()
@@ -217,12 +225,7 @@ def test_a_superseded_output_never_runs_the_model(tiny_model: Path, rng: np.rand
     model = llm._model
     sched = _core.Scheduler(model, max_num_seqs=2)
     prompt = rng.integers(1, 100, size=int(rng.integers(2, 30))).tolist()
-    sched.add(0, prompt)
-    old = sched.schedule()
-    new = sched.schedule()
-    with pytest.raises(ValueError, match="latest schedule"):
-        sched.execute(old)
-    assert sched.request_state(0) == (prompt, 0)
+    new = refuse_a_superseded_plan(sched, prompt)
     logits = sched.execute(new)
     assert logits is not None and logits.shape[0] == 1
     np.testing.assert_allclose(logits[0], llm.logits(prompt)[-1], rtol=1e-4, atol=1e-4)

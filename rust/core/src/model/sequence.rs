@@ -7,6 +7,8 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::kv::{BlockKey, Inserted, PrefixCache, PrefixMatch, BLOCK_TOKENS};
 
+use super::blocks_for;
+
 /// A sequence's KV: position `p` lives in `block_table[p / 16]`, slot `p % 16`. The chain is boxed
 /// so that a sequence is 40 bytes: a step over many sequences reads their lengths and block tables
 /// from a few cache lines.
@@ -90,7 +92,6 @@ impl Sequence {
 /// A block table starting with `blocks`, with room for a prompt of `prompt_len` tokens and the first
 /// generated block: no regrowth before then.
 fn table_for_prompt(prompt_len: usize, mut blocks: Vec<u32>) -> Vec<u32> {
-    let room = (prompt_len + BLOCK_TOKENS).div_ceil(BLOCK_TOKENS);
-    blocks.reserve(room.saturating_sub(blocks.len()));
+    blocks.reserve(blocks_for(prompt_len + BLOCK_TOKENS).saturating_sub(blocks.len()));
     blocks
 }
