@@ -62,7 +62,7 @@ def test_matmul_rejects_bad_activations(matrix: Q1Matrix, rng: np.random.Generat
         matrix.matmul(np.ones((1, 2, 256), np.float32))
     with pytest.raises(ValueError, match="C-contiguous"):
         matrix.matmul(np.ones((512, 2), np.float32)[::2].T)
-    for kernel in ("auto", "lut", "gemm", "lut-gemm", "vnni-gemm", "perm-gemm", "signflip", "reference"):
+    for kernel in ("auto", "lut", "gemm", "lut-gemm", "vnni-gemm", "perm-gemm", "amx-gemm", "signflip", "reference"):
         x = rng.standard_normal((3, 256)).astype(np.float32)
         x[1, 7] = np.nan
         with pytest.raises(ValueError, match=r"finite.*\(1, 7\)"):

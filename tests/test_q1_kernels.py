@@ -13,7 +13,7 @@ from oxibonsai._core import quantize_activations
 import q1_reference as ref
 
 ISAS = kernel_info()["available"]
-INT8_KERNELS = ["lut", "gemm", "lut-gemm", "vnni-gemm", "perm-gemm", "signflip", "auto"]
+INT8_KERNELS = ["lut", "gemm", "lut-gemm", "vnni-gemm", "perm-gemm", "amx-gemm", "signflip", "auto"]
 ROWS = [1, 33, 4097]
 COLS = [128, 4224]
 NS = [1, 3, 17, 64]
@@ -72,7 +72,8 @@ def test_int8_kernels_match_float64_reference_and_each_other(
 
 
 def test_gemm_matches_the_lut_gemms_bit_for_bit_on_random_shapes(rng: np.random.Generator) -> None:
-    """The small GEMMs (6-bit lookup on AVX-512, VNNI where the CPU has it) for 2..70 activation rows."""
+    """The small GEMMs (6-bit lookup on AVX-512, VNNI and AMX where the CPU has them) for 2..70
+    activation rows."""
     for _ in range(6):
         rows, cols, n = int(rng.integers(1, 200)), 128 * int(rng.integers(1, 9)), int(rng.integers(2, 71))
         m, buf = random_matrix(rng, rows, cols)
@@ -80,7 +81,7 @@ def test_gemm_matches_the_lut_gemms_bit_for_bit_on_random_shapes(rng: np.random.
         q, s = ref.quantize_activations(x)
         want = m.matmul(x, kernel="lut-gemm", isa="scalar")
         assert rel_err(want, ref.exact_int8(buf, rows, cols, q, s)) < 1e-5
-        for isa, kernel in itertools.product(ISAS, ["gemm", "lut-gemm", "vnni-gemm", "perm-gemm", "auto"]):
+        for isa, kernel in itertools.product(ISAS, ["gemm", "lut-gemm", "vnni-gemm", "perm-gemm", "amx-gemm", "auto"]):
             np.testing.assert_array_equal(
                 m.matmul(x, kernel=kernel, isa=isa), want, err_msg=f"{isa}/{kernel} n={n}"
             )
@@ -134,6 +135,6 @@ def test_kernel_info_names_the_active_path() -> None:
     assert info["isa"] == info["available"][-1]
     assert info["available"][0] == "scalar"
     assert info["gemv"].startswith("lut-")
-    assert info["gemm"].startswith(("lut-gemm-", "perm-gemm-"))
-    assert (info["gemm"] == "perm-gemm-avx512") == (info["isa"] == "avx512")
+    assert info["gemm"] == "amx-gemm" or info["gemm"].startswith(("lut-gemm-", "perm-gemm-"))
+    assert (info["gemm"] in ("perm-gemm-avx512", "amx-gemm")) == (info["isa"] == "avx512")
     assert info["num_threads"] == get_num_threads() >= 1

@@ -1,4 +1,4 @@
-//! Times the small GEMMs (`vnni-gemm`, `perm-gemm`, `lut-gemm`) against the LUT GEMV at n = 1, over
+//! Times the small GEMMs (`amx-gemm`, `vnni-gemm`, `perm-gemm`, `lut-gemm`) against the LUT GEMV at n = 1, over
 //! memory-resident Q1_0 matrices (`MIB`, default 128 MiB of distinct copies; `MIB=0`: one matrix,
 //! cache-resident), kernels taken in turn round by round, best of `REPS` (default 7) laps each; prints
 //! µs per call and the per-row cost over the n = 1 GEMV. The Python-free counterpart of
@@ -11,8 +11,12 @@ use std::time::Instant;
 use oxibonsai_core::pool::Pool;
 use oxibonsai_core::q1::{Isa, Kernel, Q1Matrix};
 
-const KERNELS: [(&str, Kernel); 3] =
-    [("vnni-gemm", Kernel::VnniGemm), ("perm-gemm", Kernel::PermGemm), ("lut-gemm", Kernel::LutGemm)];
+const KERNELS: [(&str, Kernel); 4] = [
+    ("amx-gemm", Kernel::AmxGemm),
+    ("vnni-gemm", Kernel::VnniGemm),
+    ("perm-gemm", Kernel::PermGemm),
+    ("lut-gemm", Kernel::LutGemm),
+];
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name).map(|v| v.parse().expect("a number")).unwrap_or(default)

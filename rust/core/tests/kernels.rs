@@ -10,8 +10,16 @@ use oxibonsai_core::q1::lut::{build_tables, gemm_name};
 use oxibonsai_core::q1::reference::exact_int8;
 use oxibonsai_core::q1::{Isa, Kernel, Q1Matrix};
 
-const INT8_KERNELS: [Kernel; 7] =
-    [Kernel::Lut, Kernel::Gemm, Kernel::LutGemm, Kernel::VnniGemm, Kernel::PermGemm, Kernel::SignFlip, Kernel::Auto];
+const INT8_KERNELS: [Kernel; 8] = [
+    Kernel::Lut,
+    Kernel::Gemm,
+    Kernel::LutGemm,
+    Kernel::VnniGemm,
+    Kernel::PermGemm,
+    Kernel::AmxGemm,
+    Kernel::SignFlip,
+    Kernel::Auto,
+];
 
 fn rel_err(y: &[f32], exact: &[f64]) -> f64 {
     let num: f64 = y.iter().zip(exact).map(|(&a, &b)| (f64::from(a) - b).powi(2)).sum();
@@ -59,7 +67,9 @@ fn gemm_matches_lut_gemms_bit_for_bit_on_random_shapes() {
         let want = run(&m, &x, n, Kernel::LutGemm, Isa::Scalar, &pool);
         assert!(rel_err(&want, &exact) < 1e-5, "scalar ({rows}, {cols}) n={n}");
         for &isa in &isas {
-            for kernel in [Kernel::Gemm, Kernel::LutGemm, Kernel::VnniGemm, Kernel::PermGemm, Kernel::Auto] {
+            for kernel in
+                [Kernel::Gemm, Kernel::LutGemm, Kernel::VnniGemm, Kernel::PermGemm, Kernel::AmxGemm, Kernel::Auto]
+            {
                 let y = run(&m, &x, n, kernel, isa, &pool);
                 assert_eq!(y, want, "{isa} {kernel:?} ({rows}, {cols}) n={n} differs from the scalar LUT GEMM");
             }

@@ -73,8 +73,8 @@ impl Q1Matrix {
     }
 
     /// `W @ x` for float32 `x` of shape `(cols,)` -> `(rows,)`, or `x @ W.T` for `(n, cols)` ->
-    /// `(n, rows)`. `kernel`: 'auto', 'lut', 'gemm', 'lut-gemm', 'vnni-gemm', 'perm-gemm', 'signflip' or
-    /// 'reference'; `isa`: one of `kernel_info()['available']` (default: the fastest).
+    /// `(n, rows)`. `kernel`: 'auto', 'lut', 'gemm', 'lut-gemm', 'vnni-gemm', 'perm-gemm', 'amx-gemm',
+    /// 'signflip' or 'reference'; `isa`: one of `kernel_info()['available']` (default: the fastest).
     #[pyo3(signature = (x, kernel = "auto", isa = None))]
     fn matmul<'py>(
         &self,

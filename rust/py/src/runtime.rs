@@ -1,7 +1,7 @@
 //! Process-wide runtime settings: the kernel thread pool and which SIMD kernels run.
 
 use oxibonsai_core::pool;
-use oxibonsai_core::q1::{lut, Isa};
+use oxibonsai_core::q1::{lut, matrix, Isa};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -30,7 +30,7 @@ pub fn kernel_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     info.set_item("isa", isa.name())?;
     info.set_item("available", Isa::available().iter().map(|i| i.name()).collect::<Vec<_>>())?;
     info.set_item("gemv", lut::gemv_name(isa))?;
-    info.set_item("gemm", lut::gemm_name(isa))?;
+    info.set_item("gemm", matrix::gemm_name(isa))?;
     info.set_item("num_threads", pool::num_threads())?;
     Ok(info)
 }

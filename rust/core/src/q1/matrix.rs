@@ -18,7 +18,7 @@ use crate::pool::Pool;
 /// Which kernel family computes a matmul.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
-    /// LUT GEMV for one activation row, small GEMM for several.
+    /// LUT GEMV for one activation row, small GEMM ([`Kernel::Gemm`]) for several.
     Auto,
     /// The portable f32 kernel (activations are not quantized).
     Reference,
@@ -26,8 +26,9 @@ pub enum Kernel {
     SignFlip,
     /// The LUT GEMV, once per activation row.
     Lut,
-    /// The small GEMM: each weight tile decoded once for many activation rows (the 6-bit lookup
-    /// kernel where the CPU has AVX-512, else the LUT one).
+    /// The small GEMM: each weight tile decoded once for many activation rows (the AMX kernel where
+    /// the CPU has AMX-INT8 and there are 8 rows or more, else the 6-bit lookup kernel where it has
+    /// AVX-512, else the LUT one).
     Gemm,
     /// The LUT small GEMM on every ISA (kept for comparison).
     LutGemm,
@@ -35,8 +36,10 @@ pub enum Kernel {
     /// previous GEMM, kept for comparison).
     VnniGemm,
     /// The 6-bit lookup (`vpermt2w`) small GEMM where the CPU has AVX-512, else the LUT one: what
-    /// `Gemm` runs today, named so an A/B keeps meaning the same kernel if `Gemm`'s choice changes.
+    /// `Gemm` runs without AMX, named so an A/B keeps meaning the same kernel whatever `Gemm` picks.
     PermGemm,
+    /// The AMX-INT8 small GEMM where the CPU has it (and Linux grants it), else what `PermGemm` runs.
+    AmxGemm,
 }
 
 impl Kernel {
@@ -50,10 +53,11 @@ impl Kernel {
             "lut-gemm" => Kernel::LutGemm,
             "vnni-gemm" => Kernel::VnniGemm,
             "perm-gemm" => Kernel::PermGemm,
+            "amx-gemm" => Kernel::AmxGemm,
             _ => {
                 return Err(Error::Value(format!(
                     "unknown kernel {name:?}; expected one of 'auto', 'reference', 'signflip', 'lut', 'gemm', \
-                     'lut-gemm', 'vnni-gemm', 'perm-gemm'"
+                     'lut-gemm', 'vnni-gemm', 'perm-gemm', 'amx-gemm'"
                 )))
             }
         })
@@ -174,7 +178,14 @@ impl Q1Matrix {
             lut::gemv_shared(&packed(), &acts, outs, isa, pool);
             return Ok(());
         }
-        if matches!(kernel, Kernel::Gemm | Kernel::Auto | Kernel::PermGemm) {
+        let gemm = matches!(kernel, Kernel::Gemm | Kernel::Auto | Kernel::AmxGemm);
+        #[cfg(target_arch = "x86_64")]
+        if gemm && (kernel == Kernel::AmxGemm || n >= AMX_MIN_ROWS) && amx_runs(isa) {
+            let mats: Vec<_> = mats.iter().map(|m| (m.blocks(), m.packed())).collect();
+            super::amx::gemm_shared(&mats, &acts, outs, pool);
+            return Ok(());
+        }
+        if gemm || kernel == Kernel::PermGemm {
             lut::gemm_shared(&packed(), &acts, outs, isa, pool);
             return Ok(());
         }
@@ -183,13 +194,34 @@ impl Q1Matrix {
                 Kernel::SignFlip => signflip::gemv(m.blocks(), m.rows, &acts, out, isa, pool),
                 Kernel::LutGemm => lut::lut_gemm(m.packed(), &acts, out, isa, pool),
                 Kernel::VnniGemm => lut::vnni_gemm(m.packed(), &acts, out, isa, pool),
-                Kernel::Reference | Kernel::Lut | Kernel::Gemm | Kernel::Auto | Kernel::PermGemm => {
+                Kernel::Reference | Kernel::Lut | Kernel::Gemm | Kernel::Auto | Kernel::PermGemm | Kernel::AmxGemm => {
                     unreachable!("handled above")
                 }
             }
         }
         Ok(())
     }
+}
+
+/// Activation rows from which `Gemm` and `Auto` take the AMX GEMM: below, the 6-bit lookup GEMM is
+/// faster (on an Emerald Rapids Xeon: equal at 8 rows, 1.5x slower at 4; BENCHMARKS.md, session 11).
+#[cfg(target_arch = "x86_64")]
+const AMX_MIN_ROWS: usize = 8;
+
+/// True when the AMX GEMM runs for `isa`: an AVX-512 plan on a CPU with AMX-INT8.
+#[cfg(target_arch = "x86_64")]
+fn amx_runs(isa: Isa) -> bool {
+    isa.has_avx512() && super::amx::available()
+}
+
+/// The small-GEMM kernel that [`Kernel::Gemm`] runs for `isa` (with AMX: from 8 activation rows),
+/// e.g. `"amx-gemm"` or `"perm-gemm-avx512"`.
+pub fn gemm_name(isa: Isa) -> String {
+    #[cfg(target_arch = "x86_64")]
+    if amx_runs(isa) {
+        return "amx-gemm".into();
+    }
+    lut::gemm_name(isa)
 }
 
 fn expect_len(what: &str, got: usize, expected: usize) -> Result<()> {

@@ -5,9 +5,12 @@
 //! - [`reference`]: the plain f32 kernel and the exact f64 value of the int8 kernels.
 //! - [`signflip`]: llama.cpp's strategy over the GGUF layout (the in-house baseline).
 //! - [`lut`]: the default kernels: LUT GEMV and small GEMM over weights repacked into 32-row tiles.
+//! - [`amx`]: the AMX-INT8 small GEMM (Xeons with Intel AMX), over the GGUF layout.
 //! - [`matrix`]: `Q1Matrix`, validation and dispatch by kernel family and [`Isa`].
 
 pub mod act;
+#[cfg(target_arch = "x86_64")]
+pub mod amx;
 pub mod block;
 pub mod format;
 mod isa;

@@ -1,0 +1,61 @@
+//! Quantized activations rearranged once per GEMM into the tile unit's layout: activation rows in
+//! groups of 16 (the last group padded with zero rows), each Q1 block's 128 values as two 1 KiB
+//! tiles where byte `64 * (k / 4) + 4 * n + k % 4` is value `k` of row `n`; and each block's 16
+//! scales side by side.
+
+use super::unit::TILE_BYTES;
+use crate::q1::act::QuantizedActs;
+use crate::q1::BLOCK_WEIGHTS;
+
+/// Activation rows per tile.
+pub const TILE_COLS: usize = 16;
+
+pub struct ActTiles {
+    /// Groups of 16 activation rows.
+    pub groups: usize,
+    /// Activation rows in all (the last group may hold fewer than 16).
+    pub n: usize,
+    kb: usize,
+    bytes: Vec<u8>,
+    scales: Vec<f32>,
+}
+
+impl ActTiles {
+    pub fn new(acts: &QuantizedActs) -> ActTiles {
+        let (k, kb) = (acts.k, acts.blocks_per_row());
+        let groups = acts.n.div_ceil(TILE_COLS);
+        let mut bytes = vec![0u8; groups * kb * 2 * TILE_BYTES];
+        let mut scales = vec![0f32; groups * kb * TILE_COLS];
+        for i in 0..acts.n {
+            let (g, n) = (i / TILE_COLS, i % TILE_COLS);
+            let group = &mut bytes[g * kb * 2 * TILE_BYTES..][..kb * 2 * TILE_BYTES];
+            for (quad, values) in acts.row(i).chunks_exact(4).enumerate() {
+                // Four values `4 * quad..`: tile `quad / 16` (64 values per tile), row `quad % 16`.
+                let at = (quad / 16) * TILE_BYTES + 64 * (quad % 16) + 4 * n;
+                for (dst, &v) in group[at..at + 4].iter_mut().zip(values) {
+                    *dst = v as u8;
+                }
+            }
+            for b in 0..kb {
+                scales[(g * kb + b) * TILE_COLS + n] = acts.scale[i * kb + b];
+            }
+        }
+        debug_assert_eq!(k, kb * BLOCK_WEIGHTS);
+        ActTiles { groups, n: acts.n, kb, bytes, scales }
+    }
+
+    /// The two tiles of block `b` of group `g` (2 KiB).
+    pub fn block(&self, g: usize, b: usize) -> *const u8 {
+        self.bytes[(g * self.kb + b) * 2 * TILE_BYTES..][..2 * TILE_BYTES].as_ptr()
+    }
+
+    /// The scales of block `b` for the 16 rows of group `g` (zero for padding rows).
+    pub fn scales(&self, g: usize, b: usize) -> &[f32; TILE_COLS] {
+        self.scales[(g * self.kb + b) * TILE_COLS..][..TILE_COLS].try_into().expect("16 scales")
+    }
+
+    /// Real activation rows in group `g`.
+    pub fn rows_in(&self, g: usize) -> usize {
+        (self.n - g * TILE_COLS).min(TILE_COLS)
+    }
+}

@@ -1,0 +1,117 @@
+//! The AMX GEMM against the LUT GEMV (one activation row at a time), bit for bit: through the
+//! plain-loop tile emulation on any AVX-512 machine, and through the real tile unit where the CPU has
+//! AMX-INT8 (skipped elsewhere, saying so).
+
+use super::acts::ActTiles;
+use super::unit::{Emulated, TILE_BYTES};
+use super::{available, gemm_shared, gemm_with};
+use crate::pool::Pool;
+use crate::q1::act::{quantize_acts, QuantizedActs};
+use crate::q1::{Isa, Kernel, Q1Matrix};
+
+fn avx512() -> bool {
+    let ok = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
+    if !ok {
+        println!("skipped: this CPU lacks AVX-512 F/BW");
+    }
+    ok
+}
+
+/// Fresh pseudo-random normal-ish values (seed printed).
+fn values(len: usize, what: &str) -> Vec<f32> {
+    let mut x = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    println!("{what}: seed {x}");
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // A sum of four uniforms: roughly normal, sometimes large.
+            let u = (0..4).map(|i| ((x >> (16 * i)) & 0xffff) as f32 / 65536.0 - 0.5).sum::<f32>();
+            if x.is_multiple_of(997) {
+                40.0 * u
+            } else {
+                u
+            }
+        })
+        .collect()
+}
+
+/// Each activation row alone through the LUT GEMV: what the GEMM must equal bit for bit.
+fn gemv_rows(m: &Q1Matrix, x: &[f32], n: usize, pool: &Pool) -> Vec<f32> {
+    let mut want = vec![f32::NAN; n * m.rows()];
+    for (xi, wi) in x.chunks_exact(m.cols()).zip(want.chunks_exact_mut(m.rows())) {
+        m.matmul(xi, 1, wi, Kernel::Lut, Isa::Scalar, pool).unwrap();
+    }
+    want
+}
+
+fn emulated(m: &Q1Matrix, acts: &QuantizedActs, pool: &Pool) -> Vec<f32> {
+    let mut got = vec![f32::NAN; acts.n * m.rows()];
+    gemm_with(Emulated::new, &[(m.blocks(), m.packed())], acts, &mut [&mut got], pool);
+    got
+}
+
+const SHAPES: [(usize, usize); 5] = [(1, 128), (16, 256), (17, 128), (33, 384), (100, 256)];
+const NS: [usize; 6] = [1, 2, 15, 16, 17, 33];
+
+#[test]
+fn emulated_tiles_give_the_lut_gemv_bit_for_bit() {
+    if !avx512() {
+        return;
+    }
+    for threads in [1, 3] {
+        let pool = Pool::new(threads);
+        for (rows, cols) in SHAPES {
+            let m = Q1Matrix::quantize(&values(rows * cols, "weights"), rows, cols).unwrap();
+            for n in NS {
+                let x = values(n * cols, "activations");
+                let acts = quantize_acts(&x, n, cols, Isa::Scalar).unwrap();
+                let got = emulated(&m, &acts, &pool);
+                assert_eq!(got, gemv_rows(&m, &x, n, &pool), "({rows}, {cols}) n={n} threads={threads}");
+            }
+        }
+    }
+}
+
+#[test]
+fn amx_tiles_give_what_the_emulation_gives() {
+    if !available() {
+        println!("skipped: no AMX-INT8 here (or Linux refused the tile state)");
+        return;
+    }
+    let pool = Pool::new(3);
+    for (rows, cols) in SHAPES {
+        let m = Q1Matrix::quantize(&values(rows * cols, "weights"), rows, cols).unwrap();
+        for n in NS {
+            let acts = quantize_acts(&values(n * cols, "activations"), n, cols, Isa::Scalar).unwrap();
+            let mut got = vec![f32::NAN; n * rows];
+            gemm_shared(&[(m.blocks(), m.packed())], &acts, &mut [&mut got], &pool);
+            assert_eq!(got, emulated(&m, &acts, &pool), "({rows}, {cols}) n={n}");
+        }
+    }
+}
+
+#[test]
+fn act_tiles_put_each_value_where_the_tile_unit_reads_it() {
+    let (n, cols) = (19, 256);
+    let acts = quantize_acts(&values(n * cols, "activations"), n, cols, Isa::Scalar).unwrap();
+    let tiles = ActTiles::new(&acts);
+    assert_eq!((tiles.groups, tiles.rows_in(0), tiles.rows_in(1)), (2, 16, 3));
+    for g in 0..2 {
+        for b in 0..2 {
+            // SAFETY: `block` points at the block's two tiles.
+            let bytes = unsafe { std::slice::from_raw_parts(tiles.block(g, b), 2 * TILE_BYTES) };
+            for col in 0..16 {
+                let i = 16 * g + col;
+                for k in 0..128 {
+                    let at = (k / 64) * TILE_BYTES + 64 * ((k % 64) / 4) + 4 * col + k % 4;
+                    let want = if i < n { acts.q[i * cols + 128 * b + k] } else { 0 };
+                    assert_eq!(bytes[at] as i8, want, "group {g} block {b} row {i} value {k}");
+                }
+                let scale = if i < n { acts.scale[i * 2 + b] } else { 0.0 };
+                assert_eq!(tiles.scales(g, b)[col], scale);
+            }
+        }
+    }
+}
