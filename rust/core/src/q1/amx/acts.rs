@@ -29,13 +29,7 @@ impl ActTiles {
         for i in 0..acts.n {
             let (g, n) = (i / TILE_COLS, i % TILE_COLS);
             let group = &mut bytes[g * kb * 2 * TILE_BYTES..][..kb * 2 * TILE_BYTES];
-            for (quad, values) in acts.row(i).chunks_exact(4).enumerate() {
-                // Four values `4 * quad..`: tile `quad / 16` (64 values per tile), row `quad % 16`.
-                let at = (quad / 16) * TILE_BYTES + 64 * (quad % 16) + 4 * n;
-                for (dst, &v) in group[at..at + 4].iter_mut().zip(values) {
-                    *dst = v as u8;
-                }
-            }
+            place_row(acts.row(i), n, group);
             for b in 0..kb {
                 scales[(g * kb + b) * TILE_COLS + n] = acts.scale[i * kb + b];
             }
@@ -57,5 +51,19 @@ impl ActTiles {
     /// Real activation rows in group `g`.
     pub fn rows_in(&self, g: usize) -> usize {
         (self.n - g * TILE_COLS).min(TILE_COLS)
+    }
+}
+
+/// Copies one activation row into column `n` of its group's tiles, four values (one tile-row
+/// entry) at a time: values `4q..4q + 4` go to tile `q / 16`, row `q % 16`.
+fn place_row(row: &[i8], n: usize, group: &mut [u8]) {
+    assert!(n < TILE_COLS && row.len().is_multiple_of(64));
+    assert_eq!(group.len(), TILE_COLS * row.len(), "a group holds 16 rows' values");
+    let (src, dst) = (row.as_ptr(), group.as_mut_ptr());
+    for q in 0..row.len() / 4 {
+        let at = (q / 16) * TILE_BYTES + 64 * (q % 16) + 4 * n;
+        // SAFETY: `4q + 4 <= row.len()`; `at + 4 <= 16 * row.len()` (tile `q / 16` of `row.len() / 64`,
+        // row 15 and column 15 at most), which is `group.len()`.
+        unsafe { dst.add(at).cast::<u32>().write_unaligned(src.add(4 * q).cast::<u32>().read_unaligned()) }
     }
 }
