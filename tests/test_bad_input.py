@@ -7,6 +7,8 @@ import pytest
 
 from oxibonsai import Q1Matrix, set_num_threads
 
+KERNELS = ("auto", "lut", "gemm", "lut-gemm", "vnni-gemm", "perm-gemm", "amx-gemm", "signflip", "reference")
+
 
 @pytest.fixture
 def matrix(rng: np.random.Generator) -> Q1Matrix:
@@ -62,7 +64,7 @@ def test_matmul_rejects_bad_activations(matrix: Q1Matrix, rng: np.random.Generat
         matrix.matmul(np.ones((1, 2, 256), np.float32))
     with pytest.raises(ValueError, match="C-contiguous"):
         matrix.matmul(np.ones((512, 2), np.float32)[::2].T)
-    for kernel in ("auto", "lut", "gemm", "lut-gemm", "vnni-gemm", "perm-gemm", "amx-gemm", "signflip", "reference"):
+    for kernel in KERNELS:
         x = rng.standard_normal((3, 256)).astype(np.float32)
         x[1, 7] = np.nan
         with pytest.raises(ValueError, match=r"finite.*\(1, 7\)"):

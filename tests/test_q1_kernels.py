@@ -81,7 +81,9 @@ def test_gemm_matches_the_lut_gemms_bit_for_bit_on_random_shapes(rng: np.random.
         q, s = ref.quantize_activations(x)
         want = m.matmul(x, kernel="lut-gemm", isa="scalar")
         assert rel_err(want, ref.exact_int8(buf, rows, cols, q, s)) < 1e-5
-        for isa, kernel in itertools.product(ISAS, ["gemm", "lut-gemm", "vnni-gemm", "perm-gemm", "amx-gemm", "auto"]):
+        for isa, kernel in itertools.product(
+            ISAS, ["gemm", "lut-gemm", "vnni-gemm", "perm-gemm", "amx-gemm", "auto"]
+        ):
             np.testing.assert_array_equal(
                 m.matmul(x, kernel=kernel, isa=isa), want, err_msg=f"{isa}/{kernel} n={n}"
             )

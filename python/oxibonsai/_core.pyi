@@ -24,7 +24,9 @@ __all__ = [
     "set_num_threads",
 ]
 
-_Kernel = Literal["auto", "lut", "gemm", "lut-gemm", "vnni-gemm", "perm-gemm", "amx-gemm", "signflip", "reference"]
+_Kernel = Literal[
+    "auto", "lut", "gemm", "lut-gemm", "vnni-gemm", "perm-gemm", "amx-gemm", "signflip", "reference"
+]
 _Isa = Literal["scalar", "avx2", "avx512", "neon"]
 _Tokens = Sequence[int] | npt.NDArray[np.uint32]
 
