@@ -222,6 +222,22 @@ def test_logprobs_are_the_raw_log_softmax_sorted(rng: np.random.Generator) -> No
     assert sampler.sample(logits, [], [])[2] == []
 
 
+@pytest.mark.parametrize(
+    "config",
+    [{"temperature": 0.0}, {"temperature": 0.9, "top_p": 0.9, "seed": 7}, {"repetition_penalty": 1.5}],
+)
+def test_no_logprobs_asked_for_gives_none_and_the_same_tokens(rng: np.random.Generator, config: dict) -> None:
+    """`logprobs=None` skips the normalizer (the engine passes it when a request wants no logprobs); the
+    draws, and so the random stream, are those of `logprobs=0`."""
+    logits = (2 * rng.standard_normal((30, 500))).astype(np.float32)
+    logits[:, 7] = -np.inf
+    with_lp, without = Sampler(**config), Sampler(**config)
+    for row in logits:
+        token, logprob, top = without.sample(row, [1, 2], [3], logprobs=None)
+        assert (logprob, top) == (None, [])
+        assert token == with_lp.sample(row, [1, 2], [3], logprobs=0)[0]
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_non_finite_logits_are_value_errors(bad: float) -> None:
     logits = np.zeros(10, np.float32)

@@ -274,9 +274,10 @@ class Sampler:
         prompt_ids: Sequence[int],
         output_ids: Sequence[int],
         banned: Sequence[int] | None = None,
-        logprobs: int = 0,
-    ) -> tuple[int, float, list[tuple[int, float]]]:
-        """Samples one token: ``(token, raw logprob, [(id, raw logprob)] * logprobs, descending)``."""
+        logprobs: int | None = 0,
+    ) -> tuple[int, float | None, list[tuple[int, float]]]:
+        """Samples one token: ``(token, raw logprob, [(id, raw logprob)] * logprobs, descending)``;
+        ``logprobs=None`` computes no logprob (``(token, None, [])``)."""
     def probabilities(
         self,
         logits: npt.NDArray[np.float32],

@@ -266,11 +266,11 @@ class Engine:
             return []
         return sorted(self._tokenizer.stop_token_ids | set(r.params.stop_token_ids or []))
 
-    def _sample(self, r: _Request, logits: object) -> tuple[int, float, list[tuple[int, float]]]:
-        n_logprobs = r.params.logprobs or 0
-        return r.sampler.sample(logits, r.prompt_ids, r.output_ids, self._banned(r), n_logprobs)
+    def _sample(self, r: _Request, logits: object) -> tuple[int, float | None, list[tuple[int, float]]]:
+        # No logprobs asked for: none computed (the normalizer is most of a greedy draw's cost).
+        return r.sampler.sample(logits, r.prompt_ids, r.output_ids, self._banned(r), r.params.logprobs)
 
-    def _accept(self, r: _Request, token: int, logprob: float, top: list[tuple[int, float]]) -> None:
+    def _accept(self, r: _Request, token: int, logprob: float | None, top: list[tuple[int, float]]) -> None:
         """Appends a sampled token and finishes the request on a stop token, stop string or length."""
         now = time.perf_counter()
         if r.metrics.first_token_time is None:
@@ -295,9 +295,12 @@ class Engine:
             return True
         return not r.params.ignore_eos and token in self._tokenizer.stop_token_ids
 
-    def _record_logprobs(self, r: _Request, token: int, logprob: float, top: list[tuple[int, float]]) -> None:
+    def _record_logprobs(
+        self, r: _Request, token: int, logprob: float | None, top: list[tuple[int, float]]
+    ) -> None:
         if r.logprobs is None:
             return
+        assert logprob is not None, "the sampler computes logprobs whenever the request asks for them"
         r.cumulative_logprob += logprob
         entry = {
             t: Logprob(lp, rank, self._tokenizer.decode([t], skip_special_tokens=False))

@@ -184,6 +184,55 @@ fn penalties_and_all_filters_match_brute_force() {
     });
 }
 
+/// Greedy sampling with no penalty and no ban skips the scratch copy and the penalty step: the same
+/// tokens, logprobs and errors as the general path, which a neutral-in-effect penalty (no history)
+/// forces. Random logits with ties and `-inf`.
+#[test]
+fn plain_greedy_equals_the_general_greedy_path() {
+    let mut rng = TestRng::fresh("plain greedy");
+    let general = SamplingConfig { repetition_penalty: 1.5, ..SamplingConfig::greedy() };
+    let mut plain = Sampler::new(SamplingConfig::greedy(), 0).unwrap();
+    let mut full = Sampler::new(general, 0).unwrap();
+    let h = History::default();
+    for _ in 0..200 {
+        let vocab = 1 + (rng.next_u64() % 300) as usize;
+        let logits: Vec<f32> = (0..vocab)
+            .map(|_| match rng.next_u64() % 6 {
+                0 => f32::NEG_INFINITY,
+                1 => 3.0, // ties
+                _ => rng.normal(),
+            })
+            .collect();
+        for n in [None, Some(0), Some(3)] {
+            let (a, b) = (plain.sample(&logits, &h, &[], n), full.sample(&logits, &h, &[], n));
+            match (a, b) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{logits:?} {n:?}"),
+                (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+                (a, b) => panic!("{a:?} vs {b:?} for {logits:?}"),
+            }
+        }
+    }
+    let bad_history = History::new(&[7], &[]);
+    for logits in [vec![0.0, f32::NAN], vec![f32::INFINITY], vec![], vec![f32::NEG_INFINITY; 3]] {
+        for h in [&h, &bad_history] {
+            let (a, b) = (plain.sample(&logits, h, &[], None), full.sample(&logits, h, &[], None));
+            assert_eq!(a.unwrap_err().to_string(), b.unwrap_err().to_string(), "{logits:?}");
+        }
+    }
+}
+
+#[test]
+fn no_logprobs_asked_none_computed() {
+    let logits = [0.5, 2.0, -1.0];
+    for config in [SamplingConfig::greedy(), SamplingConfig::default()] {
+        let got = Sampler::new(config, 3).unwrap().sample(&logits, &History::default(), &[], None).unwrap();
+        assert_eq!((got.logprob, got.top.len()), (None, 0));
+        let with = Sampler::new(config, 3).unwrap().sample(&logits, &History::default(), &[], Some(1)).unwrap();
+        assert_eq!(with.token, got.token);
+        assert!(with.logprob.is_some() && with.top.len() == 1);
+    }
+}
+
 #[test]
 fn greedy_takes_the_argmax_with_ties_to_the_lowest_id() {
     for config in [SamplingConfig::greedy(), SamplingConfig { top_k: 1, temperature: 5.0, ..Default::default() }] {
@@ -191,9 +240,9 @@ fn greedy_takes_the_argmax_with_ties_to_the_lowest_id() {
         let logits = [0.5, 2.0, -1.0, 2.0, 2.0];
         let h = History::default();
         for _ in 0..5 {
-            assert_eq!(sampler.sample(&logits, &h, &[], 0).unwrap().token, 1);
+            assert_eq!(sampler.sample(&logits, &h, &[], Some(0)).unwrap().token, 1);
         }
-        assert_eq!(sampler.sample(&logits, &h, &[1], 0).unwrap().token, 3);
+        assert_eq!(sampler.sample(&logits, &h, &[1], Some(0)).unwrap().token, 3);
         assert_eq!(sampler.probabilities(&logits, &h, &[]).unwrap(), [0.0, 1.0, 0.0, 0.0, 0.0]);
     }
 }
@@ -201,7 +250,7 @@ fn greedy_takes_the_argmax_with_ties_to_the_lowest_id() {
 fn sequence(seed: u64, logits: &[f32], steps: usize) -> Vec<u32> {
     let config = SamplingConfig { temperature: 1.0, top_p: 0.95, ..Default::default() };
     let mut sampler = Sampler::new(config, seed).unwrap();
-    (0..steps).map(|_| sampler.sample(logits, &History::default(), &[], 0).unwrap().token).collect()
+    (0..steps).map(|_| sampler.sample(logits, &History::default(), &[], Some(0)).unwrap().token).collect()
 }
 
 #[test]
@@ -223,7 +272,7 @@ fn a_request_does_not_depend_on_other_requests() {
         let mut s = Sampler::new(config, 9).unwrap();
         let mut out = Vec::new();
         for _ in 0..20 {
-            let t = s.sample(&a, &History::new(&[1, 2], &out), &[], 0).unwrap().token;
+            let t = s.sample(&a, &History::new(&[1, 2], &out), &[], Some(0)).unwrap().token;
             out.push(t);
         }
         out
@@ -231,8 +280,8 @@ fn a_request_does_not_depend_on_other_requests() {
     let (mut s, mut other) = (Sampler::new(config, 9).unwrap(), Sampler::new(SamplingConfig::default(), 3).unwrap());
     let mut out = Vec::new();
     for _ in 0..20 {
-        other.sample(&b, &History::new(&[5; 40], &[6, 6]), &[7], 5).unwrap();
-        let t = s.sample(&a, &History::new(&[1, 2], &out), &[], 0).unwrap().token;
+        other.sample(&b, &History::new(&[5; 40], &[6, 6]), &[7], Some(5)).unwrap();
+        let t = s.sample(&a, &History::new(&[1, 2], &out), &[], Some(0)).unwrap().token;
         out.push(t);
     }
     assert_eq!(out, alone);
@@ -246,7 +295,8 @@ fn the_draw_is_the_inverse_cdf_in_id_order_of_one_uniform() {
         let config = SamplingConfig { temperature: 0.7, top_k: 20, top_p: 0.9, ..Default::default() };
         let seed = rng.next_u64();
         let probs = Sampler::new(config, seed).unwrap().probabilities(&logits, &History::default(), &[]).unwrap();
-        let token = Sampler::new(config, seed).unwrap().sample(&logits, &History::default(), &[], 0).unwrap().token;
+        let token =
+            Sampler::new(config, seed).unwrap().sample(&logits, &History::default(), &[], Some(0)).unwrap().token;
         let u = Rng::new(seed).next_f64();
         let mut running = 0.0;
         let cdf: Vec<f64> = probs
@@ -273,8 +323,8 @@ fn logprobs_are_the_raw_log_softmax_sorted_descending() {
     let lse = max + logits.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
     let config = SamplingConfig { temperature: 0.5, repetition_penalty: 2.0, top_k: 5, ..Default::default() };
     let mut sampler = Sampler::new(config, 4).unwrap();
-    let got = sampler.sample(&logits, &History::new(&[0, 1, 2], &[3]), &[], 10).unwrap();
-    assert!((got.logprob as f64 - (logits[got.token as usize] as f64 - lse)).abs() < 1e-5);
+    let got = sampler.sample(&logits, &History::new(&[0, 1, 2], &[3]), &[], Some(10)).unwrap();
+    assert!((got.logprob.unwrap() as f64 - (logits[got.token as usize] as f64 - lse)).abs() < 1e-5);
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     assert_eq!(got.top.len(), 10);
@@ -282,7 +332,7 @@ fn logprobs_are_the_raw_log_softmax_sorted_descending() {
         assert_eq!(id as usize, want);
         assert!((lp as f64 - (logits[want] as f64 - lse)).abs() < 1e-5);
     }
-    assert!(sampler.sample(&logits, &History::default(), &[], 0).unwrap().top.is_empty());
+    assert!(sampler.sample(&logits, &History::default(), &[], Some(0)).unwrap().top.is_empty());
 }
 
 #[test]

@@ -17,7 +17,7 @@ pub struct Sampler {
 }
 
 /// One `sample` result: the token, its raw logprob, and the top raw logprobs.
-type SampleResult = (u32, f32, Vec<(u32, f32)>);
+type SampleResult = (u32, Option<f32>, Vec<(u32, f32)>);
 
 /// Token ids from a sequence of ints (`None`: none); errors name the argument and the position.
 fn token_ids(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Vec<u32>> {
@@ -94,8 +94,12 @@ impl Sampler {
         Ok(Sampler { inner: CoreSampler::new(config, seed).map_err(to_py)? })
     }
 
-    /// Samples one token: `(token, raw logprob, [(id, raw logprob)] * logprobs, descending)`.
-    #[pyo3(signature = (logits, prompt_ids, output_ids, banned = None, logprobs = 0))]
+    /// Samples one token: `(token, raw logprob, [(id, raw logprob)] * logprobs, descending)`;
+    /// `logprobs=None` computes no logprob (`(token, None, [])`), which is most of a greedy draw's cost.
+    #[pyo3(
+        signature = (logits, prompt_ids, output_ids, banned = None, logprobs = Some(0)),
+        text_signature = "(self, /, logits, prompt_ids, output_ids, banned=None, logprobs=0)"
+    )]
     fn sample(
         &mut self,
         py: Python<'_>,
@@ -103,10 +107,11 @@ impl Sampler {
         prompt_ids: &Bound<'_, PyAny>,
         output_ids: &Bound<'_, PyAny>,
         banned: Option<&Bound<'_, PyAny>>,
-        logprobs: i64,
+        logprobs: Option<i64>,
     ) -> PyResult<SampleResult> {
-        let logprobs = usize::try_from(logprobs)
-            .map_err(|_| PyValueError::new_err(format!("logprobs must be >= 0, got {logprobs}")))?;
+        let logprobs = logprobs
+            .map(|n| usize::try_from(n).map_err(|_| PyValueError::new_err(format!("logprobs must be >= 0, got {n}"))))
+            .transpose()?;
         let args = Inputs::extract(logits, prompt_ids, output_ids, banned)?;
         let (logits, history) = (args.logits()?, args.history());
         let inner = &mut self.inner;

@@ -61,6 +61,11 @@ impl SamplingConfig {
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == 1
     }
+
+    /// Whether any penalty changes the logits before sampling.
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
 }
 
 fn check(name: &str, value: f32, ok: bool, range: &str) -> Result<()> {

@@ -2,12 +2,12 @@
 //! before penalties, temperature and filters. Computed stably: max-subtracted, with the sum of
 //! exponentials accumulated in f64.
 
-use super::math::sum_exp;
+use super::math::{max_and_bad, sum_exp};
 use super::rank::highest;
 
 /// `log(sum(exp(logits)))`; `-inf` when every logit is `-inf`.
 pub(crate) fn log_normalizer(logits: &[f32]) -> f64 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = max_and_bad(logits).0;
     if max == f32::NEG_INFINITY {
         return f64::NEG_INFINITY;
     }

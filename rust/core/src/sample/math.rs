@@ -54,6 +54,40 @@ pub(crate) fn sum_exp(xs: &[f32], shift: f32) -> f64 {
     sum_exp_body(xs, shift)
 }
 
+/// The largest element of `xs` (`-inf` if there is none), and whether any element is NaN or `+inf`
+/// (the maximum is then meaningless). One pass in sixteen lanes: a compare-and-select instead of
+/// `f32::max`, whose NaN rule keeps the loop from vectorizing, which made it the slowest pass of a
+/// greedy draw.
+pub(crate) fn max_and_bad(xs: &[f32]) -> (f32, bool) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { avx2::max_and_bad(xs) };
+    }
+    max_and_bad_body(xs)
+}
+
+#[inline(always)]
+fn max_and_bad_body(xs: &[f32]) -> (f32, bool) {
+    const LANES: usize = 16;
+    let mut max = [f32::NEG_INFINITY; LANES];
+    let mut bad = [0u32; LANES];
+    let whole = xs.len() / LANES * LANES;
+    for chunk in xs[..whole].chunks_exact(LANES) {
+        for j in 0..LANES {
+            let v = chunk[j];
+            max[j] = if v > max[j] { v } else { max[j] };
+            bad[j] |= u32::from(v.is_nan() | (v == f32::INFINITY));
+        }
+    }
+    let (mut m, mut any) = (f32::NEG_INFINITY, false);
+    for &v in xs[whole..].iter().chain(&max) {
+        m = if v > m { v } else { m };
+        any |= v.is_nan() || v == f32::INFINITY;
+    }
+    (m, any || bad.iter().any(|&b| b != 0))
+}
+
 /// The sum of `xs` in eight f64 lanes (independent chains; the order is fixed, so the result is too).
 /// Plain loops, no iterator adapters, so that it inlines into the AVX2 copies below.
 #[inline(always)]
@@ -110,6 +144,11 @@ mod avx2 {
     pub(super) fn sum_exp(xs: &[f32], shift: f32) -> f64 {
         super::sum_exp_body(xs, shift)
     }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) fn max_and_bad(xs: &[f32]) -> (f32, bool) {
+        super::max_and_bad_body(xs)
+    }
 }
 
 #[cfg(test)]
@@ -134,6 +173,28 @@ mod tests {
         assert_eq!(exp_nonpositive(-87.5), 0.0);
         assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp_nonpositive(-f32::MAX), 0.0);
+    }
+
+    #[test]
+    fn max_and_bad_is_the_maximum_and_flags_nan_and_plus_inf() {
+        let mut rng = crate::sample::Rng::new(9);
+        for len in [0, 1, 15, 16, 17, 100, 1000] {
+            let mut xs: Vec<f32> = (0..len).map(|_| (rng.next_f64() * 200.0 - 100.0) as f32).collect();
+            let want = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(max_and_bad(&xs), (want, false));
+            assert_eq!(max_and_bad_body(&xs), (want, false));
+            if len > 0 {
+                let at = (rng.next_u64() % len as u64) as usize;
+                xs[at] = f32::NEG_INFINITY;
+                assert!(!max_and_bad(&xs).1);
+                for poison in [f32::NAN, f32::INFINITY] {
+                    let mut ys = xs.clone();
+                    ys[at] = poison;
+                    assert!(max_and_bad(&ys).1, "len {len} at {at}: {poison}");
+                }
+            }
+        }
+        assert_eq!(max_and_bad(&[f32::NEG_INFINITY; 20]), (f32::NEG_INFINITY, false));
     }
 
     #[test]

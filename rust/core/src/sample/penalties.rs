@@ -29,6 +29,12 @@ pub(crate) fn check_ids(ids: &[u32], what: &str, vocab: usize) -> Result<()> {
     }
 }
 
+/// Fails unless every prompt and output id is a token id of a vocabulary of `vocab`.
+pub(crate) fn check_history(history: &History<'_>, vocab: usize) -> Result<()> {
+    check_ids(history.prompt, "prompt", vocab)?;
+    check_ids(history.output, "output", vocab)
+}
+
 /// Applies the penalties and bans to `logits`. `marks` must be all zero and at least as long as
 /// `logits`; it is all zero again on return.
 pub(crate) fn apply(
@@ -39,8 +45,7 @@ pub(crate) fn apply(
     marks: &mut [u32],
 ) -> Result<()> {
     let vocab = logits.len();
-    check_ids(history.prompt, "prompt", vocab)?;
-    check_ids(history.output, "output", vocab)?;
+    check_history(history, vocab)?;
     check_ids(banned, "banned", vocab)?;
     if config.repetition_penalty != 1.0 {
         repetition(logits, history, config.repetition_penalty, marks);

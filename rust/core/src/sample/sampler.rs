@@ -8,6 +8,7 @@
 //! (temperature 0 or top-k 1) takes the argmax, ties to the lowest id, and draws nothing.
 
 use super::config::SamplingConfig;
+use super::math::max_and_bad;
 use super::penalties::{self, History};
 use super::rng::Rng;
 use super::scratch::{with_scratch, Scratch};
@@ -18,8 +19,8 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     pub token: u32,
-    /// The raw logprob (log_softmax of the unprocessed logits) of `token`.
-    pub logprob: f32,
+    /// The raw logprob (log_softmax of the unprocessed logits) of `token`, when asked for.
+    pub logprob: Option<f32>,
     /// The `n` highest raw logprobs, descending, ties by ascending id.
     pub top: Vec<(u32, f32)>,
 }
@@ -42,15 +43,20 @@ impl Sampler {
         &self.config
     }
 
-    /// Samples one token from `logits` (finite or `-inf`), never one of `banned`, and returns the
-    /// `n_logprobs` highest raw logprobs with it.
+    /// Samples one token from `logits` (finite or `-inf`), never one of `banned`. With
+    /// `Some(n)` it also returns the token's raw logprob and the `n` highest raw logprobs; with
+    /// `None` it computes no logprob at all (the log-normalizer is a pass of exponentials over the
+    /// whole vocabulary, most of the cost of a greedy draw).
     pub fn sample(
         &mut self,
         logits: &[f32],
         history: &History<'_>,
         banned: &[u32],
-        n_logprobs: usize,
+        n_logprobs: Option<usize>,
     ) -> Result<Sampled> {
+        if self.config.is_greedy() && !self.config.has_penalties() && banned.is_empty() {
+            return plain_argmax(logits, history, n_logprobs);
+        }
         check_logits(logits)?;
         with_scratch(|s| {
             let max = prepare(&self.config, logits, history, banned, s)?;
@@ -60,9 +66,7 @@ impl Sampler {
                 let total = distribution(&self.config, s, max);
                 draw(&s.logits, &s.cand, total, self.rng.next_f64())
             };
-            let lse = logprobs::log_normalizer(logits);
-            let top = logprobs::top(logits, lse, n_logprobs, &mut s.cand);
-            Ok(Sampled { token, logprob: logprobs::logprob(logits, lse, token), top })
+            Ok(with_logprobs(logits, token, n_logprobs, &mut s.cand))
         })
     }
 
@@ -83,6 +87,44 @@ impl Sampler {
             Ok(probs)
         })
     }
+}
+
+/// Greedy sampling with nothing to change the logits: the argmax of `logits` as given, found in two
+/// passes (the checks fused with the maximum, then the first position of it) and without copying.
+/// The same token and errors as the general path.
+fn plain_argmax(logits: &[f32], history: &History<'_>, n_logprobs: Option<usize>) -> Result<Sampled> {
+    let max = checked_max(logits)?;
+    penalties::check_history(history, logits.len())?;
+    if max == f32::NEG_INFINITY {
+        return Err(no_token(logits.len()));
+    }
+    let token = argmax(logits, max);
+    Ok(match n_logprobs {
+        None => Sampled { token, logprob: None, top: Vec::new() },
+        Some(_) => with_scratch(|s| with_logprobs(logits, token, n_logprobs, &mut s.cand)),
+    })
+}
+
+/// [`check_logits`] and the maximum in one pass.
+fn checked_max(logits: &[f32]) -> Result<f32> {
+    let (max, any_bad) = max_and_bad(logits);
+    if any_bad || logits.is_empty() {
+        check_logits(logits)?;
+    }
+    Ok(max)
+}
+
+/// `token` with its raw logprob and the `n` highest raw logprobs, if asked for (`ids` is scratch).
+fn with_logprobs(logits: &[f32], token: u32, n_logprobs: Option<usize>, ids: &mut Vec<u32>) -> Sampled {
+    let Some(n) = n_logprobs else {
+        return Sampled { token, logprob: None, top: Vec::new() };
+    };
+    let lse = logprobs::log_normalizer(logits);
+    Sampled { token, logprob: Some(logprobs::logprob(logits, lse, token)), top: logprobs::top(logits, lse, n, ids) }
+}
+
+fn no_token(vocab: usize) -> Error {
+    Error::Value(format!("no token can be sampled: all {vocab} logits are -inf or banned"))
 }
 
 /// Rejects empty logits, NaN and `+inf` (`-inf` marks a masked token).
@@ -110,9 +152,9 @@ fn prepare(
 ) -> Result<f32> {
     s.load(logits);
     penalties::apply(&mut s.logits, history, banned, config, &mut s.marks)?;
-    let max = s.logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = max_and_bad(&s.logits).0;
     if max == f32::NEG_INFINITY {
-        return Err(Error::Value(format!("no token can be sampled: all {} logits are -inf or banned", logits.len())));
+        return Err(no_token(logits.len()));
     }
     Ok(max)
 }
@@ -181,11 +223,11 @@ mod tests {
     fn bad_logits_are_rejected() {
         let mut s = Sampler::new(SamplingConfig::default(), 0).unwrap();
         let h = History::default();
-        assert!(matches!(s.sample(&[], &h, &[], 0), Err(Error::Shape(_))));
-        let err = s.sample(&[0.0, f32::NAN], &h, &[], 0).unwrap_err();
+        assert!(matches!(s.sample(&[], &h, &[], Some(0)), Err(Error::Shape(_))));
+        let err = s.sample(&[0.0, f32::NAN], &h, &[], Some(0)).unwrap_err();
         assert_eq!(err, Error::Value("logits[1] is NaN; logits must be finite or -inf".into()));
-        assert!(matches!(s.sample(&[f32::INFINITY], &h, &[], 0), Err(Error::Value(_))));
-        let err = s.sample(&[f32::NEG_INFINITY, 0.0], &h, &[1], 0).unwrap_err();
+        assert!(matches!(s.sample(&[f32::INFINITY], &h, &[], Some(0)), Err(Error::Value(_))));
+        let err = s.sample(&[f32::NEG_INFINITY, 0.0], &h, &[1], Some(0)).unwrap_err();
         assert!(matches!(err, Error::Value(m) if m.starts_with("no token can be sampled")));
     }
 }
