@@ -80,9 +80,15 @@ thread_local! {
 
 #[cfg(target_arch = "x86_64")]
 thread_local! {
-    /// [`perm`]'s GEMM tables, reused across calls like [`TABLES`] (rebuilt in full for every call).
-    static PERM_TABLES: std::cell::RefCell<Vec<perm::Half>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// [`perm`]'s GEMM tables of this thread, reused across calls like [`TABLES`]: which run of
+    /// activation rows (see [`perm_gemm_shared`]) they hold, and how many halves.
+    static PERM_TABLES: std::cell::RefCell<(u64, usize, Vec<perm::Half>)> =
+        const { std::cell::RefCell::new((0, 0, Vec::new())) };
 }
+
+/// Numbers the runs of activation rows the perm GEMM builds tables for (0: none yet).
+#[cfg(target_arch = "x86_64")]
+static PERM_RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Tiles `tiles` of `p` into their rows of `out_row` (one activation row's output), one tile at a time
 /// through a stack buffer (the last tile may have fewer real rows).
@@ -162,20 +168,31 @@ pub fn vnni_gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa,
     lut_gemm(p, acts, out, isa, pool)
 }
 
-/// [`perm`]'s GEMM of every matrix of `ps`, the tables built once per run of [`GEMM_MAX_COLS`]
-/// activation rows. The caller checked AVX-512 (`Isa::has_avx512`).
+/// [`perm`]'s GEMM of every matrix of `ps`, per run of [`GEMM_MAX_COLS`] activation rows. Every
+/// thread that takes a task builds the run's tables itself, once, and keeps them for its other
+/// tasks of the run (all matrices of `ps`): the tables are then written and read by one core. Built
+/// by rows across the threads and read by all, they cost a cross-core transfer per line, which
+/// made the build a tenth of a 16-row decode step. The caller checked AVX-512 (`Isa::has_avx512`).
 #[cfg(target_arch = "x86_64")]
 fn perm_gemm_shared(ps: &[&LutPacked], acts: &QuantizedActs, outs: &mut [&mut [f32]], pool: &Pool) {
-    PERM_TABLES.with_borrow_mut(|buf| {
-        for first in (0..acts.n).step_by(GEMM_MAX_COLS) {
-            let cols = first..(first + GEMM_MAX_COLS).min(acts.n);
-            let tables = perm::PermTables::build(acts, cols.clone(), buf, pool);
-            for (p, out) in ps.iter().zip(outs.iter_mut()) {
-                let out = &mut out[cols.start * p.rows..cols.end * p.rows];
-                split_tiles(p, cols.len(), out, pool, |tiles, buf| perm::gemm_tiles(p, tiles, &tables, buf));
-            }
+    use std::sync::atomic::Ordering;
+    for first in (0..acts.n).step_by(GEMM_MAX_COLS) {
+        let cols = first..(first + GEMM_MAX_COLS).min(acts.n);
+        let run = PERM_RUNS.fetch_add(1, Ordering::Relaxed);
+        for (p, out) in ps.iter().zip(outs.iter_mut()) {
+            let out = &mut out[cols.start * p.rows..cols.end * p.rows];
+            split_tiles(p, cols.len(), out, pool, |tiles, buf| {
+                PERM_TABLES.with_borrow_mut(|(built, len, halves)| {
+                    if *built != run {
+                        *len = perm::PermTables::fill(acts, cols.clone(), halves);
+                        *built = run;
+                    }
+                    let tables = perm::PermTables::view(acts, cols.clone(), &halves[..*len]);
+                    perm::gemm_tiles(p, tiles, &tables, buf)
+                })
+            });
         }
-    })
+    }
 }
 
 /// The LUT small GEMM: like [`gemv`], but each tile of weights is decoded once for up to

@@ -24,7 +24,6 @@ use super::super::act::QuantizedActs;
 use super::super::block::BLOCK_WEIGHTS;
 use super::avx2::prefetch_ahead;
 use super::{balanced_runs, LutPacked, TILE_ROWS};
-use crate::pool::Pool;
 
 /// Table groups per 128-block: 21 of 6 weights and one of 2 (an even count: the kernel takes pairs).
 pub const GROUPS: usize = 22;
@@ -56,24 +55,29 @@ pub struct PermTables<'a> {
 }
 
 impl<'a> PermTables<'a> {
-    /// The tables of activation rows `cols` of `acts`, built in `buf` (grown as needed, never
-    /// shrunk) by the pool's threads. The caller checked AVX-512 F/BW (`Isa::has_avx512`).
-    pub fn build(acts: &'a QuantizedActs, cols: Range<usize>, buf: &'a mut Vec<Half>, pool: &Pool) -> Self {
-        let kb = acts.blocks_per_row();
-        let per_row = kb * GROUPS * 2;
+    /// Builds the tables of activation rows `cols` of `acts` on this thread into `buf` (grown as
+    /// needed, never shrunk) and returns how many halves they take. The caller checked AVX-512 F/BW
+    /// (`Isa::has_avx512`).
+    pub fn fill(acts: &QuantizedActs, cols: Range<usize>, buf: &mut Vec<Half>) -> usize {
+        let per_row = acts.blocks_per_row() * GROUPS * 2;
         let len = cols.len() * per_row;
         if buf.len() < len {
             buf.resize(len, Half([0; 32]));
         }
-        pool.for_each_row_mut(&mut buf[..len], per_row, 1, |j, row| {
-            let q = acts.row(cols.start + j);
-            for (block, out) in q.chunks_exact(BLOCK_WEIGHTS).zip(row.chunks_exact_mut(GROUPS * 2)) {
+        for (j, row) in cols.zip(buf[..len].chunks_exact_mut(per_row)) {
+            for (block, out) in acts.row(j).chunks_exact(BLOCK_WEIGHTS).zip(row.chunks_exact_mut(GROUPS * 2)) {
                 // SAFETY: the caller checked AVX-512 F/BW; `block` holds 128 values, `out` 44 halves.
                 unsafe { build_block(block, out) };
             }
-        });
-        let scale = &acts.scale[cols.start * kb..cols.end * kb];
-        PermTables { n: cols.len(), kb, halves: &buf[..len], scale }
+        }
+        len
+    }
+
+    /// Tables already built (by [`PermTables::fill`]) for rows `cols` of `acts`.
+    pub fn view(acts: &'a QuantizedActs, cols: Range<usize>, halves: &'a [Half]) -> Self {
+        let kb = acts.blocks_per_row();
+        debug_assert_eq!(halves.len(), cols.len() * kb * GROUPS * 2);
+        PermTables { n: cols.len(), kb, halves, scale: &acts.scale[cols.start * kb..cols.end * kb] }
     }
 }
 
