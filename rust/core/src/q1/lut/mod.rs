@@ -180,15 +180,16 @@ fn perm_gemm_shared(ps: &[&LutPacked], acts: &QuantizedActs, outs: &mut [&mut [f
         let cols = first..(first + GEMM_MAX_COLS).min(acts.n);
         let run = PERM_RUNS.fetch_add(1, Ordering::Relaxed);
         for (p, out) in ps.iter().zip(outs.iter_mut()) {
-            let out = &mut out[cols.start * p.rows..cols.end * p.rows];
-            split_tiles(p, cols.len(), out, pool, |tiles, buf| {
+            let out = SharedOut::new(&mut out[cols.start * p.rows..cols.end * p.rows]);
+            for_each_task_tiles(p, pool, |tiles| {
                 PERM_TABLES.with_borrow_mut(|(built, len, halves)| {
                     if *built != run {
                         *len = perm::PermTables::fill(acts, cols.clone(), halves);
                         *built = run;
                     }
                     let tables = perm::PermTables::view(acts, cols.clone(), &halves[..*len]);
-                    perm::gemm_tiles(p, tiles, &tables, buf)
+                    // SAFETY: the tasks' tile ranges are disjoint.
+                    unsafe { perm::gemm_tiles(p, tiles, &tables, &out) }
                 })
             });
         }
@@ -229,6 +230,18 @@ fn column_chunks(rows: usize, n: usize, out: &mut [f32]) -> impl Iterator<Item =
 /// Tiles per unit of the GEMMs' task split.
 const TASK_UNIT_TILES: usize = 4;
 
+/// The GEMMs' task split: `task(tiles)` for contiguous tile ranges covering all of `p`'s tiles.
+/// Tasks take whole groups of `TASK_UNIT_TILES` tiles (the GEMMs' passes hold 4: a task ending
+/// inside a group would run its last tiles in a narrower, slower pass), and every task streams all
+/// of the activation rows' tables (perm-gemm: 22 bytes per activation per row), so a task is never
+/// shorter than 2 groups (256 weight rows).
+fn for_each_task_tiles(p: &LutPacked, pool: &Pool, task: impl Fn(std::ops::Range<usize>) + Sync) {
+    let units = p.tiles.div_ceil(TASK_UNIT_TILES);
+    pool.for_each_range(units, 2, |units| {
+        task(units.start * TASK_UNIT_TILES..(units.end * TASK_UNIT_TILES).min(p.tiles));
+    });
+}
+
 /// Splits the tiles across the pool for `n` activation rows: `kernel(tiles, buf)` fills
 /// `buf[j * (tiles.len() * 32) + row]`, whose real rows are copied to `out[j * p.rows + row]`.
 fn split_tiles(
@@ -239,13 +252,7 @@ fn split_tiles(
     kernel: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync,
 ) {
     let shared = SharedOut::new(out);
-    // Tasks take whole groups of `TASK_UNIT_TILES` tiles (the GEMMs' passes hold 4: a task ending
-    // inside a group would run its last tiles in a narrower, slower pass), and every task streams all
-    // of the activation rows' tables (perm-gemm: 22 bytes per activation per row), so a task is never
-    // shorter than 2 groups (256 weight rows).
-    let units = p.tiles.div_ceil(TASK_UNIT_TILES);
-    pool.for_each_range(units, 2, |units| {
-        let tiles = units.start * TASK_UNIT_TILES..(units.end * TASK_UNIT_TILES).min(p.tiles);
+    for_each_task_tiles(p, pool, |tiles| {
         let rows = tiles.len() * TILE_ROWS;
         let mut buf = vec![0f32; n * rows];
         kernel(tiles.clone(), &mut buf);

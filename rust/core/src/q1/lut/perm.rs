@@ -24,6 +24,7 @@ use super::super::act::QuantizedActs;
 use super::super::block::BLOCK_WEIGHTS;
 use super::avx2::prefetch_ahead;
 use super::{balanced_runs, LutPacked, TILE_ROWS};
+use crate::q1::par::SharedOut;
 
 /// Table groups per 128-block: 21 of 6 weights and one of 2 (an even count: the kernel takes pairs).
 pub const GROUPS: usize = 22;
@@ -238,15 +239,19 @@ unsafe fn tile_group<const T: usize>(
     }
 }
 
-/// `out[j * rows + r]` for the `tables.n` activation rows against `tiles` (`rows = tiles.len() * 32`).
+/// Writes row `r` of the matrix times activation row `j` of `tables` to `out[j * p.rows + r]`, for
+/// the rows of `tiles` (the last tile's padding rows are dropped).
 ///
 /// Tiles go in sweeps of [`SWEEP_TILES`]; a sweep walks the blocks in steps whose tables fit
 /// [`STEP_TABLE_BYTES`], and within a step every 4-tile group of the sweep takes the step's blocks.
 /// Each block still meets the accumulators in order 0, 1, 2, ..., so the sums are those of a plain
 /// block loop.
-pub fn gemm_tiles(p: &LutPacked, tiles: Range<usize>, tables: &PermTables, out: &mut [f32]) {
-    let (n, rows) = (tables.n, tiles.len() * TILE_ROWS);
-    assert!(tiles.end <= p.tiles && tables.kb == p.kb && out.len() >= n * rows);
+///
+/// # Safety
+/// No other task writes the rows of `tiles` in `out` meanwhile.
+pub unsafe fn gemm_tiles(p: &LutPacked, tiles: Range<usize>, tables: &PermTables, out: &SharedOut) {
+    let n = tables.n;
+    assert!(tiles.end <= p.tiles && tables.kb == p.kb);
     let step_blocks = (STEP_TABLE_BYTES / (n * GROUPS * 2 * size_of::<Half>())).clamp(1, p.kb.max(1));
     let mut facc = vec![0f32; SWEEP_TILES * n * TILE_ROWS];
     for sweep in (tiles.start..tiles.end).step_by(SWEEP_TILES) {
@@ -272,10 +277,11 @@ pub fn gemm_tiles(p: &LutPacked, tiles: Range<usize>, tables: &PermTables, out: 
             }
         }
         for t in 0..sweep.len() {
-            let col = (sweep.start - tiles.start + t) * TILE_ROWS;
+            let row0 = (sweep.start + t) * TILE_ROWS;
+            let valid = (p.rows - row0).min(TILE_ROWS);
             for j in 0..n {
-                let from = &facc[(t * n + j) * TILE_ROWS..][..TILE_ROWS];
-                out[j * rows + col..][..TILE_ROWS].copy_from_slice(from);
+                // SAFETY: these rows belong to `tiles`, which no other task writes (caller's contract).
+                out.write(j * p.rows + row0, &facc[(t * n + j) * TILE_ROWS..][..valid]);
             }
         }
     }
