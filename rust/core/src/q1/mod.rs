@@ -19,6 +19,8 @@ pub mod matrix;
 mod par;
 pub mod reference;
 pub mod signflip;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod test_support;
 
 pub use block::{BlockQ1, BLOCK_BYTES, BLOCK_WEIGHTS, GGML_TYPE_Q1_0};
 pub use isa::Isa;

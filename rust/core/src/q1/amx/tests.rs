@@ -7,25 +7,15 @@ use super::unit::{Emulated, TILE_BYTES};
 use super::{available, gemm_shared, gemm_with};
 use crate::pool::Pool;
 use crate::q1::act::{quantize_acts, QuantizedActs};
+use crate::q1::test_support::{avx512, Xorshift};
 use crate::q1::{Isa, Kernel, Q1Matrix};
-
-fn avx512() -> bool {
-    let ok = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
-    if !ok {
-        println!("skipped: this CPU lacks AVX-512 F/BW");
-    }
-    ok
-}
 
 /// Fresh pseudo-random normal-ish values (seed printed).
 fn values(len: usize, what: &str) -> Vec<f32> {
-    let mut x = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
-    println!("{what}: seed {x}");
+    let mut rng = Xorshift::fresh(what);
     (0..len)
         .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             // A sum of four uniforms: roughly normal, sometimes large.
             let u = (0..4).map(|i| ((x >> (16 * i)) & 0xffff) as f32 / 65536.0 - 0.5).sum::<f32>();
             if x.is_multiple_of(997) {

@@ -290,27 +290,12 @@ pub unsafe fn gemm_tiles(p: &LutPacked, tiles: Range<usize>, tables: &PermTables
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn avx512() -> bool {
-        let ok = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
-        if !ok {
-            println!("skipped: this CPU lacks AVX-512 F/BW");
-        }
-        ok
-    }
+    use crate::q1::test_support::{avx512, Xorshift};
 
     /// A fresh pseudo-random byte stream (seed printed).
     fn bytes(len: usize, what: &str) -> Vec<u8> {
-        let mut x = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
-        println!("{what}: seed {x}");
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        let mut x = Xorshift::fresh(what);
+        (0..len).map(|_| x.next_u64() as u8).collect()
     }
 
     #[test]
