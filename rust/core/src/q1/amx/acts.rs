@@ -4,6 +4,7 @@
 //! scales side by side.
 
 use super::unit::TILE_BYTES;
+use crate::pool::Pool;
 use crate::q1::act::QuantizedActs;
 use crate::q1::BLOCK_WEIGHTS;
 
@@ -21,20 +22,24 @@ pub struct ActTiles {
 }
 
 impl ActTiles {
-    pub fn new(acts: &QuantizedActs) -> ActTiles {
-        let (k, kb) = (acts.k, acts.blocks_per_row());
+    /// Rearranges `acts`, a group of 16 rows per pool task (prefill runs hundreds of rows).
+    pub fn new(acts: &QuantizedActs, pool: &Pool) -> ActTiles {
+        let kb = acts.blocks_per_row();
+        debug_assert_eq!(acts.k, kb * BLOCK_WEIGHTS);
         let groups = acts.n.div_ceil(TILE_COLS);
         let mut bytes = vec![0u8; groups * kb * 2 * TILE_BYTES];
+        pool.for_each_row_mut(&mut bytes, kb * 2 * TILE_BYTES, 1, |g, group| {
+            for i in g * TILE_COLS..((g + 1) * TILE_COLS).min(acts.n) {
+                place_row(acts.row(i), i % TILE_COLS, group);
+            }
+        });
         let mut scales = vec![0f32; groups * kb * TILE_COLS];
         for i in 0..acts.n {
             let (g, n) = (i / TILE_COLS, i % TILE_COLS);
-            let group = &mut bytes[g * kb * 2 * TILE_BYTES..][..kb * 2 * TILE_BYTES];
-            place_row(acts.row(i), n, group);
             for b in 0..kb {
                 scales[(g * kb + b) * TILE_COLS + n] = acts.scale[i * kb + b];
             }
         }
-        debug_assert_eq!(k, kb * BLOCK_WEIGHTS);
         ActTiles { groups, n: acts.n, kb, bytes, scales }
     }
 

@@ -49,7 +49,7 @@ fn gemm_with<U: TileUnit>(
     outs: &mut [&mut [f32]],
     pool: &Pool,
 ) {
-    let tiles = ActTiles::new(acts);
+    let tiles = ActTiles::new(acts, pool);
     for (&(blocks, packed), out) in mats.iter().zip(outs.iter_mut()) {
         let w = WeightRows { blocks, packed };
         assert_eq!(blocks.len(), w.rows() * packed.kb, "blocks and repacking disagree");

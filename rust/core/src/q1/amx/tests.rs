@@ -86,7 +86,7 @@ fn amx_tiles_give_what_the_emulation_gives() {
 fn act_tiles_put_each_value_where_the_tile_unit_reads_it() {
     let (n, cols) = (19, 256);
     let acts = quantize_acts(&values(n * cols, "activations"), n, cols, Isa::Scalar).unwrap();
-    let tiles = ActTiles::new(&acts);
+    let tiles = ActTiles::new(&acts, &Pool::new(3));
     assert_eq!((tiles.groups, tiles.rows_in(0), tiles.rows_in(1)), (2, 16, 3));
     for g in 0..2 {
         for b in 0..2 {
