@@ -1,8 +1,11 @@
-//! The AMX-INT8 small GEMM, for Xeons with Intel AMX (Sapphire Rapids and later), where it runs
-//! instead of the 6-bit lookup GEMM for two or more activation rows.
+//! The AMX-INT8 small GEMM, for Xeons with Intel AMX (Sapphire Rapids and later), where `Gemm` and
+//! `Auto` run it instead of the 6-bit lookup GEMM from 8 activation rows (`matrix::AMX_MIN_ROWS`).
 //!
-//! The tile unit multiplies 16 x 64 int8 tiles at about a thousand multiply-adds per cycle, so the
-//! work left to the vector units is turning sign bits into ±1 bytes and scaling each block's sums.
+//! One `tdpbssd` (16 x 16 x 64 int8 products) took ~7 ns on an Emerald Rapids Xeon, a tile load ~6
+//! and a tile store ~10, and the tile unit barely overlaps them (BENCHMARKS.md, session 11): the
+//! kernel is bound by its tile loads and stores per block (two weight tiles in, one product tile out;
+//! the per-block scales force the store), and the vector units turn sign bits into ±1 bytes and
+//! scale each block's sums meanwhile.
 //! Weights are read straight from the GGUF blocks (no repacking; the scales come from the LUT
 //! repacking, which decode builds anyway); activations are rearranged once per call ([`acts`]).
 //! Each output is computed by one task in block order, so results do not depend on the thread count
