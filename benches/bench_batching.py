@@ -3,7 +3,9 @@
 - Decode throughput with 1, 4, 16 and 64 concurrent requests (--concurrency): each request has a
   --prompt-len-token random prompt and generates --decode tokens; aggregate tokens/s over the steps
   that only decode (every running request, one token each), so prefill does not blur it.
-  Target: 16 concurrent requests give >= 6x the tokens/s of one.
+  Target: 16 concurrent requests give >= 6x the tokens/s of one. The levels run in turn, --rounds
+  times, and each ratio is taken within a round (one request's speed swings between runs on a noisy
+  machine): the table gives the median over rounds and the range.
 - Scheduler overhead: the time inside the native ``schedule()`` + ``update()`` as a share of each
   decode step (target <= 2% at 64 running), and the whole Python side of a step (sampling,
   detokenizing, bookkeeping: everything but the forward pass) for comparison.
@@ -33,6 +35,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--rounds", type=int, default=3, help="times each concurrency level runs, in turn")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--decode", type=int, default=16)
     p.add_argument("--requests", type=int, default=48)
@@ -123,19 +126,31 @@ def decode_run(path: Path, args: argparse.Namespace, seqs: int, vocab: int) -> d
 
 
 def throughput_table(path: Path, args: argparse.Namespace, vocab: int) -> list[str]:
-    rows = [decode_run(path, args, c, vocab) for c in args.concurrency]
-    base = rows[0]["tok_s"]
-    best = rows[0]["seqs"] / rows[0]["best_ms"]
+    """One line per concurrency level: medians over the rounds; ratios to the first level are taken
+    within each round (median, and the range over rounds)."""
+    rounds = [[decode_run(path, args, c, vocab) for c in args.concurrency] for _ in range(args.rounds)]
     lines = [
-        "| concurrent | decode steps | median step ms | tokens/s | vs first | fastest step ms "
-        "| tokens/s at fastest | vs first | schedule+update | python side |",
+        f"Decode throughput, {args.rounds} rounds of the levels in turn (medians; ratios within a round):",
+        "| concurrent | decode steps | median step ms | tokens/s | vs first (range) | fastest step ms "
+        "| tokens/s at fastest | vs first (range) | schedule+update | python side |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for level in range(len(args.concurrency)):
+        runs = [r[level] for r in rounds]
+        ratio = [r[level]["tok_s"] / r[0]["tok_s"] for r in rounds]
+        fastest = [
+            (r[level]["seqs"] / r[level]["best_ms"]) / (r[0]["seqs"] / r[0]["best_ms"]) for r in rounds
+        ]
+
+        def med(key: str, runs: list[dict[str, float]] = runs) -> float:
+            return statistics.median(run[key] for run in runs)
+
         lines.append(
-            f"| {r['seqs']} | {r['steps']} | {r['step_ms']:.1f} | {r['tok_s']:.1f} "
-            f"| {r['tok_s'] / base:.2f}x | {r['best_ms']:.1f} | {r['seqs'] / r['best_ms'] * 1000:.1f} "
-            f"| {r['seqs'] / r['best_ms'] / best:.2f}x | {r['sched_pct']:.3f}% | {r['python_pct']:.2f}% |"
+            f"| {int(med('seqs'))} | {int(med('steps'))} | {med('step_ms'):.1f} | {med('tok_s'):.1f} "
+            f"| {statistics.median(ratio):.2f}x ({min(ratio):.2f}-{max(ratio):.2f}) | {med('best_ms'):.1f} "
+            f"| {med('seqs') / med('best_ms') * 1000:.1f} "
+            f"| {statistics.median(fastest):.2f}x ({min(fastest):.2f}-{max(fastest):.2f}) "
+            f"| {med('sched_pct'):.3f}% | {med('python_pct'):.2f}% |"
         )
     return lines
 
