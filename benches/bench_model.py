@@ -8,6 +8,8 @@ What it measures, for each thread count given:
   as one `eval` of the prompt (n_batch 512), decode as --decode - 1 single-token `eval`s each followed
   by an argmax (the first new token comes from the prefill logits). Runs alternate ours/theirs per thread
   count so that both see the same machine state; ratios are ours / llama.cpp (> 1: we are faster).
+  --rounds R repeats the whole alternation R times and ends with each ratio's median and range over
+  the rounds (this machine's speed drifts by tens of percent between runs).
 - Agreement: the logits of both engines on a short prompt (max and mean |difference|, logit scale,
   top-1 agreement overall and where llama.cpp's top-2 gap exceeds 0.5).
 The model is a random-weight GGUF with Bonsai-1.7B's exact shapes (tests/model_factory.py, ~290 MB
@@ -18,6 +20,7 @@ Each engine gets one short warm-up generation first (page cache, thread pool). T
 the machine (CPU, cores, SIMD flags, date) and the exact command line.
 
     python benches/bench_model.py --threads 1 2 --prompt-len 512 --decode 128 [--model PATH] [--keep]
+        [--rounds R]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import importlib
 import os
 import platform
 import shlex
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -208,6 +212,23 @@ def table(results: list[Result]) -> list[str]:
     return lines
 
 
+def ratio_summary(rounds: list[list[Result]]) -> list[str]:
+    """Per thread count: the median over rounds of ours / llama.cpp, each ratio taken within a round."""
+    lines = []
+    for threads in sorted({r.threads for r in rounds[0]}):
+        pairs = []
+        for results in rounds:
+            by_engine = {r.engine: r for r in results if r.threads == threads}
+            pairs.append((by_engine["oxibonsai"], by_engine["llama.cpp"]))
+        for what, key in (("prefill", "prefill_tps"), ("decode", "decode_tps")):
+            ratios = sorted(getattr(ours, key) / getattr(theirs, key) for ours, theirs in pairs)
+            lines.append(
+                f"{threads} thread(s), {what} ours/llama.cpp over {len(ratios)} rounds: median "
+                f"{statistics.median(ratios):.2f}x, range {ratios[0]:.2f}-{ratios[-1]:.2f}x"
+            )
+    return lines
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -218,6 +239,9 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--tied", action="store_true", help="random model with a tied embedding / LM head")
     p.add_argument("--keep", action="store_true", help="leave the random model in the cache for later runs")
+    p.add_argument(
+        "--rounds", type=int, default=1, help="repeat ours and llama.cpp in turn; ratios taken within a round"
+    )
     args = p.parse_args()
     if args.prompt_len + args.decode > MAX_MODEL_LEN or args.prompt_len < WARMUP_PROMPT or args.decode < 2:
         p.error(f"need {WARMUP_PROMPT} <= prompt-len, 2 <= decode, prompt-len + decode <= {MAX_MODEL_LEN}")
@@ -249,12 +273,19 @@ def main() -> None:
         else:
             info = lc.llama_print_system_info()
             print(f"llama.cpp: llama-cpp-python {lc.__version__}; {info.decode(errors='replace').strip()}")
-        results = []
-        for n in args.threads:
-            results.append(bench_ours(path, n, prompt, args.decode))
-            if lc is not None:
-                results.append(bench_llama_cpp(lc, path, n, prompt, args.decode))
-        print("\n".join(table(results)))
+        rounds = []
+        for r in range(args.rounds):
+            results = []
+            for n in args.threads:
+                results.append(bench_ours(path, n, prompt, args.decode))
+                if lc is not None:
+                    results.append(bench_llama_cpp(lc, path, n, prompt, args.decode))
+            if args.rounds > 1:
+                print(f"round {r + 1} of {args.rounds}:")
+            print("\n".join(table(results)), flush=True)
+            rounds.append(results)
+        if lc is not None and args.rounds > 1:
+            print("\n".join(ratio_summary(rounds)))
         if lc is not None:
             print("\n".join(compare_logits(lc, path, prompt[:LOGITS_PROMPT], args.threads[0])))
     finally:
