@@ -1,7 +1,7 @@
 # One command surface: CI and the README call these targets.
 PYTHON ?= python3
 
-.PHONY: install build lint test test-rust test-python bench bench-model bench-prefix bench-batching bench-sched fmt
+.PHONY: install build lint test test-rust test-python bench bench-model bench-prefix bench-batching bench-sched fmt device-bundle
 
 install:
 	$(PYTHON) -m pip install -e '.[test]'
@@ -48,3 +48,7 @@ bench-batching:
 # The scheduler: one schedule()+update() cycle at 64 running requests, Rust vs the pure-Python model.
 bench-sched:
 	$(PYTHON) -m pytest benches/bench_scheduler.py --benchmark-only --benchmark-group-by=group
+
+# What the lent GPU machine needs to run this tree on its CPU (Python 3.12, no Rust): see the script.
+device-bundle:
+	bash scripts/device_bundle.sh
