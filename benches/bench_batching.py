@@ -146,9 +146,9 @@ def throughput_table(path: Path, args: argparse.Namespace, vocab: int) -> list[s
             return statistics.median(run[key] for run in runs)
 
         lines.append(
-            f"| {int(med('seqs'))} | {int(med('steps'))} | {med('step_ms'):.1f} | {med('tok_s'):.1f} "
+            f"| {args.concurrency[level]} | {int(med('steps'))} | {med('step_ms'):.1f} | {med('tok_s'):.1f} "
             f"| {statistics.median(ratio):.2f}x ({min(ratio):.2f}-{max(ratio):.2f}) | {med('best_ms'):.1f} "
-            f"| {med('seqs') / med('best_ms') * 1000:.1f} "
+            f"| {args.concurrency[level] / med('best_ms') * 1000:.1f} "
             f"| {statistics.median(fastest):.2f}x ({min(fastest):.2f}-{max(fastest):.2f}) "
             f"| {med('sched_pct'):.3f}% | {med('python_pct'):.2f}% |"
         )

@@ -1,7 +1,7 @@
-//! Times the small GEMMs (`amx-gemm`, `vnni-gemm`, `perm-gemm`, `lut-gemm`) against the LUT GEMV at n = 1, over
-//! memory-resident Q1_0 matrices (`MIB`, default 128 MiB of distinct copies; `MIB=0`: one matrix,
-//! cache-resident), kernels taken in turn round by round, best of `REPS` (default 7) laps each; prints
-//! µs per call and the per-row cost over the n = 1 GEMV. The Python-free counterpart of
+//! Times the small GEMMs (`amx-gemm`, `vnni-gemm`, `perm-gemm`, `lut-gemm`) against the LUT GEMV at
+//! n = 1, over memory-resident Q1_0 matrices (`MIB`, default 128 MiB of distinct copies; `MIB=0`: one
+//! matrix, cache-resident), kernels taken in turn round by round, best of `REPS` (default 7) laps
+//! each; prints µs per call and the per-row cost over the n = 1 GEMV. The Python-free counterpart of
 //! `benches/gemm_ab.py`. `KERNELS=perm-gemm,vnni-gemm` times only those.
 //!
 //!     [MIB=128] [REPS=7] [KERNELS=...] cargo run --release -p oxibonsai-core --example gemm_speed -- rows cols threads n...

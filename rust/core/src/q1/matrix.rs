@@ -204,7 +204,8 @@ impl Q1Matrix {
 }
 
 /// Activation rows from which `Gemm` and `Auto` take the AMX GEMM: below, the 6-bit lookup GEMM is
-/// faster (on an Emerald Rapids Xeon: equal at 8 rows, 1.5x slower at 4; BENCHMARKS.md, session 11).
+/// faster (on an Emerald Rapids Xeon, 6144x2048: AMX 1.09-1.17x faster at 8 rows, 1.4-1.7x slower
+/// at 4; BENCHMARKS.md, session 11).
 #[cfg(target_arch = "x86_64")]
 const AMX_MIN_ROWS: usize = 8;
 

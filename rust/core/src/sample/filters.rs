@@ -74,9 +74,9 @@ pub(crate) fn top_p_min_p(w: &[f32], cand: &mut Vec<u32>, z: f64, top_p: f32, mi
 const HISTOGRAM_FROM: usize = 4096;
 
 /// Keeps the top-p set of `cand` (ascending ids, every weight positive and at most 1) in id order,
-/// as [`top_p_prefix`] defines it, in two passes: the mass per weight bucket (positive floats order
-/// as their bits; a bucket is an exponent and 6 mantissa bits), the buckets walked from the heaviest
-/// to the one where the mass reaches `target`, and only that bucket's tokens sorted.
+/// as [`top_p_prefix`] defines it: one pass for the mass per weight bucket (positive floats order as
+/// their bits; a bucket is an exponent and 6 mantissa bits), the buckets walked from the heaviest to
+/// the one where the mass reaches `target`, only that bucket's tokens sorted, and one filter.
 fn top_p_by_histogram(w: &[f32], cand: &mut Vec<u32>, target: f64) {
     const SHIFT: u32 = 17;
     let top = (1f32.to_bits() >> SHIFT) as usize;

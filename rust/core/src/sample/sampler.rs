@@ -99,10 +99,7 @@ fn plain_argmax(logits: &[f32], history: &History<'_>, n_logprobs: Option<usize>
         return Err(no_token(logits.len()));
     }
     let token = argmax(logits, max);
-    Ok(match n_logprobs {
-        None => Sampled { token, logprob: None, top: Vec::new() },
-        Some(_) => with_scratch(|s| with_logprobs(logits, token, n_logprobs, &mut s.cand)),
-    })
+    Ok(with_scratch(|s| with_logprobs(logits, token, n_logprobs, &mut s.cand)))
 }
 
 /// [`check_logits`] and the maximum in one pass.

@@ -7,12 +7,12 @@ use super::unit::{Emulated, TILE_BYTES};
 use super::{available, gemm_shared, gemm_with};
 use crate::pool::Pool;
 use crate::q1::act::{quantize_acts, QuantizedActs};
-use crate::q1::test_support::{avx512, Xorshift};
+use crate::q1::test_support::{avx512, fresh_rng};
 use crate::q1::{Isa, Kernel, Q1Matrix};
 
 /// Fresh pseudo-random normal-ish values (seed printed).
 fn values(len: usize, what: &str) -> Vec<f32> {
-    let mut rng = Xorshift::fresh(what);
+    let mut rng = fresh_rng(what);
     (0..len)
         .map(|_| {
             let x = rng.next_u64();

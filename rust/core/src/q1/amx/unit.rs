@@ -2,7 +2,7 @@
 //! the tests' `Emulated` computes the same thing with plain loops, so every other part of the kernel
 //! (sign expansion, activation layout, scaling, the task split) is tested on any AVX-512 machine.
 //!
-//! One call is one Q1 block (128 weights) of 16 weight rows against 16 activation rows:
+//! One product is one Q1 block (128 weights) of 16 weight rows against 16 activation rows:
 //! `c[m][n] = sum_k a[m][k] * b[k][n]` over k < 128, where the weights come as two row-major
 //! 16 x 64 int8 tiles (`a`, 2 KiB: k < 64, then k >= 64) and the activations as two tiles in the
 //! tile unit's "VNNI" layout (`b`, 2 KiB: byte `64 * (k / 4) + 4 * n + k % 4` of each half).

@@ -294,7 +294,8 @@ pub fn gemv_name(isa: Isa) -> String {
     format!("lut-{isa}")
 }
 
-/// The small-GEMM kernel that runs for `isa` ([`gemm`]), e.g. `"perm-gemm-avx512"`.
+/// The LUT family's small GEMM for `isa` ([`gemm_shared`]), e.g. `"perm-gemm-avx512"`: what
+/// `Kernel::Gemm` runs where AMX does not (`matrix::gemm_name` names the one that runs).
 pub fn gemm_name(isa: Isa) -> String {
     if isa.has_avx512() {
         return format!("perm-gemm-{isa}");

@@ -290,12 +290,12 @@ pub unsafe fn gemm_tiles(p: &LutPacked, tiles: Range<usize>, tables: &PermTables
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::q1::test_support::{avx512, Xorshift};
+    use crate::q1::test_support::{avx512, fresh_rng};
 
     /// A fresh pseudo-random byte stream (seed printed).
     fn bytes(len: usize, what: &str) -> Vec<u8> {
-        let mut x = Xorshift::fresh(what);
-        (0..len).map(|_| x.next_u64() as u8).collect()
+        let mut rng = fresh_rng(what);
+        (0..len).map(|_| rng.next_u64() as u8).collect()
     }
 
     #[test]
