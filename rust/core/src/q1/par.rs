@@ -29,4 +29,15 @@ impl<'a> SharedOut<'a> {
         // SAFETY: in bounds (checked) and exclusive to this task (caller's contract).
         std::ptr::copy_nonoverlapping(values.as_ptr(), self.ptr.add(start), values.len());
     }
+
+    /// The range `rows` to write in place.
+    ///
+    /// # Safety
+    /// No other task may read or write that range while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut(&self, rows: std::ops::Range<usize>) -> &mut [f32] {
+        assert!(rows.start <= rows.end && rows.end <= self.len, "output range out of bounds");
+        // SAFETY: in bounds (checked) and exclusive to this task (caller's contract).
+        std::slice::from_raw_parts_mut(self.ptr.add(rows.start), rows.len())
+    }
 }

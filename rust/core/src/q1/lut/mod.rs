@@ -44,21 +44,28 @@ pub fn gemv(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa, pool
 }
 
 /// [`gemv`] of several matrices with the same columns against the same activations (a layer's q, k
-/// and v projections, say): the tables are built once per activation row and one pool job covers the
-/// tiles of every matrix. Each output is exactly what [`gemv`] gives alone.
+/// and v projections, say): one pool job per activation row covers the tiles of every matrix, and
+/// each thread that takes a task builds the row's tables once for all of its tasks. Each output is
+/// exactly what [`gemv`] gives alone.
+///
+/// Per thread, not once on the caller: tables built by one core and read by the other had to be
+/// invalidated in the reader's cache line by line before the next build could write them, which made
+/// the caller's build ~5% of a 2-thread decode step with the worker waiting on it.
 pub fn gemv_shared(ps: &[&LutPacked], acts: &QuantizedActs, outs: &mut [&mut [f32]], isa: Isa, pool: &Pool) {
     assert_eq!(ps.len(), outs.len());
     assert!(ps.iter().all(|p| p.kb == acts.blocks_per_row()), "matrices of different widths");
     // Tile `first_tile[m] + t` of the job is tile `t` of matrix `m`.
     let first_tile: Vec<usize> = ps.iter().scan(0, |n, p| Some(std::mem::replace(n, *n + p.tiles))).collect();
     let total = ps.iter().map(|p| p.tiles).sum();
-    TABLES.with_borrow_mut(|buf| {
-        for i in 0..acts.n {
-            let tables = gemv_tables(acts.row(i), buf, isa);
-            let scales = &acts.scale[i * acts.blocks_per_row()..(i + 1) * acts.blocks_per_row()];
-            let rows: Vec<SharedOut> =
-                ps.iter().zip(outs.iter_mut()).map(|(p, o)| SharedOut::new(&mut o[i * p.rows..][..p.rows])).collect();
-            pool.for_each_range(total, 1, |tiles| {
+    for i in 0..acts.n {
+        let run = next_table_run();
+        let scales = &acts.scale[i * acts.blocks_per_row()..(i + 1) * acts.blocks_per_row()];
+        let rows: Vec<SharedOut> =
+            ps.iter().zip(outs.iter_mut()).map(|(p, o)| SharedOut::new(&mut o[i * p.rows..][..p.rows])).collect();
+        pool.for_each_range(total, 1, |tiles| {
+            TABLES.with_borrow_mut(|(built, buf)| {
+                let tables = gemv_tables(acts.row(i), buf, isa, *built == run);
+                *built = run;
                 for (m, p) in ps.iter().enumerate() {
                     let local = tiles.start.max(first_tile[m])..tiles.end.min(first_tile[m] + p.tiles);
                     if !local.is_empty() {
@@ -66,16 +73,16 @@ pub fn gemv_shared(ps: &[&LutPacked], acts: &QuantizedActs, outs: &mut [&mut [f3
                         gemv_tiles_into(p, local, tables, scales, &rows[m], isa);
                     }
                 }
-            });
-        }
-    })
+            })
+        });
+    }
 }
 
 thread_local! {
-    /// The GEMV's tables, reused across calls. They are rebuilt in full for every activation row, so
-    /// only growing them writes zeros: fresh zeroed buffers per call were ~25 MB of memset per token
-    /// of a 1.7B model (3% of a 2-thread decode step).
-    static TABLES: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// This thread's GEMV tables, reused across calls, and the run (see [`next_table_run`]) they were
+    /// built for. They are rebuilt in full for every activation row, so only growing them writes
+    /// zeros: fresh zeroed buffers per call were ~25 MB of memset per token of a 1.7B model.
+    static TABLES: std::cell::RefCell<(u64, Vec<u8>)> = const { std::cell::RefCell::new((0, Vec::new())) };
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -86,34 +93,49 @@ thread_local! {
         const { std::cell::RefCell::new((0, 0, Vec::new())) };
 }
 
-/// Numbers the runs of activation rows the perm GEMM builds tables for (0: none yet).
-#[cfg(target_arch = "x86_64")]
-static PERM_RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+/// Numbers the activation rows (GEMV) and runs of rows (perm GEMM) that threads build tables for,
+/// so a thread knows whether the tables it holds are the current ones (0: none yet).
+static TABLE_RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-/// Tiles `tiles` of `p` into their rows of `out_row` (one activation row's output), one tile at a time
-/// through a stack buffer (the last tile may have fewer real rows).
+fn next_table_run() -> u64 {
+    TABLE_RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Tiles `tiles` of `p` into their rows of `out_row` (one activation row's output): whole tiles in
+/// place, a last tile with fewer real rows through a stack buffer. (A copy per tile, a `memcpy` call
+/// each, was ~3% of a decode step: ~23k tiles per token of a 1.7B model.)
 fn gemv_tiles_into(p: &LutPacked, tiles: Range<usize>, tables: &[u8], scales: &[f32], out_row: &SharedOut, isa: Isa) {
-    let mut buf = [0f32; TILE_ROWS];
-    for t in tiles {
-        gemv_tiles(p, t..t + 1, tables, scales, &mut buf, isa);
-        let (start, end) = (t * TILE_ROWS, ((t + 1) * TILE_ROWS).min(p.rows));
+    let whole = tiles.start..tiles.end.min(p.rows / TILE_ROWS).max(tiles.start);
+    if !whole.is_empty() {
         // SAFETY: each task owns the rows of its own tiles.
-        unsafe { out_row.write(start, &buf[..end - start]) };
+        let out = unsafe { out_row.slice_mut(whole.start * TILE_ROWS..whole.end * TILE_ROWS) };
+        gemv_tiles(p, whole.clone(), tables, scales, out, isa);
+    }
+    for t in whole.end..tiles.end {
+        let mut buf = [0f32; TILE_ROWS];
+        gemv_tiles(p, t..t + 1, tables, scales, &mut buf, isa);
+        // SAFETY: as above.
+        unsafe { out_row.write(t * TILE_ROWS, &buf[..p.rows - t * TILE_ROWS]) };
     }
 }
 
-/// The tables of one activation row `q`, built in `buf` in the layout the GEMV kernel of `isa` reads.
-fn gemv_tables<'a>(q: &[i8], buf: &'a mut Vec<u8>, isa: Isa) -> &'a [u8] {
+/// The tables of one activation row `q` in the layout the GEMV kernel of `isa` reads, in `buf`:
+/// built there unless `built` says `buf` already holds them.
+fn gemv_tables<'a>(q: &[i8], buf: &'a mut Vec<u8>, isa: Isa, built: bool) -> &'a [u8] {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx512() {
         let len = q.len() / 4 * avx512::ARRANGED_BYTES;
         buf.resize(buf.len().max(len), 0);
-        tables::build_arranged_tables(q, &mut buf[..len], isa);
+        if !built {
+            tables::build_arranged_tables(q, &mut buf[..len], isa);
+        }
         return &buf[..len];
     }
     let len = q.len() / 4 * TABLE_BYTES;
     buf.resize(buf.len().max(len), 0);
-    build_tables(q, &mut buf[..len], isa);
+    if !built {
+        build_tables(q, &mut buf[..len], isa);
+    }
     &buf[..len]
 }
 
@@ -175,10 +197,9 @@ pub fn vnni_gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa,
 /// made the build a tenth of a 16-row decode step. The caller checked AVX-512 (`Isa::has_avx512`).
 #[cfg(target_arch = "x86_64")]
 fn perm_gemm_shared(ps: &[&LutPacked], acts: &QuantizedActs, outs: &mut [&mut [f32]], pool: &Pool) {
-    use std::sync::atomic::Ordering;
     for first in (0..acts.n).step_by(GEMM_MAX_COLS) {
         let cols = first..(first + GEMM_MAX_COLS).min(acts.n);
-        let run = PERM_RUNS.fetch_add(1, Ordering::Relaxed);
+        let run = next_table_run();
         for (p, out) in ps.iter().zip(outs.iter_mut()) {
             let out = SharedOut::new(&mut out[cols.start * p.rows..cols.end * p.rows]);
             for_each_task_tiles(p, pool, |tiles| {
