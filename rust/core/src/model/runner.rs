@@ -63,6 +63,16 @@ fn new_store<E: KvElem>(model: &Qwen3Model, num_blocks: usize) -> Result<KvCache
     KvCache::new(model.kv_layout(), num_blocks)
 }
 
+/// `all` followed by `more`; `more` itself when `all` is empty (a step of one batch, the usual case,
+/// then hands its logits on without a copy: at 16 rows they are ~10 MB).
+fn append(all: &mut Vec<f32>, more: Vec<f32>) {
+    if all.is_empty() {
+        *all = more;
+    } else {
+        all.extend(more);
+    }
+}
+
 /// One entry of a step: append `tokens` to sequence `seq` and return the requested logits.
 pub struct StepItem<'a> {
     pub seq: u64,
@@ -154,7 +164,7 @@ impl ModelRunner {
             let mut start = seq.len;
             for (i, piece) in pieces.iter().enumerate() {
                 if batch_tokens + piece.len() > MAX_BATCH_TOKENS && !batch.is_empty() {
-                    logits.extend(self.kv.forward(&self.model, &batch, pool)?);
+                    append(&mut logits, self.kv.forward(&self.model, &batch, pool)?);
                     batch.clear();
                     batch_tokens = 0;
                 }
@@ -168,7 +178,7 @@ impl ModelRunner {
             }
         }
         if !batch.is_empty() {
-            logits.extend(self.kv.forward(&self.model, &batch, pool)?);
+            append(&mut logits, self.kv.forward(&self.model, &batch, pool)?);
         }
         for item in items {
             self.table.append(item.seq, item.tokens)?;
