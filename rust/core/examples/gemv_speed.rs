@@ -3,7 +3,10 @@
 //! cycled through, best lap of eight, for each thread count; prints GB/s of weight data. The
 //! Python-free counterpart of `benches/gemm_ab.py`.
 //!
-//!     [MIB=160] cargo run --release -p oxibonsai-core --example gemv_speed -- [rows] [cols] [threads...]
+//! `ISA=avx2` (or another name `kernel_info()` lists) times that instruction set's GEMV instead of
+//! the best one, e.g. the AVX2 kernel on an AVX-512 machine.
+//!
+//!     [MIB=160] [ISA=...] cargo run --release -p oxibonsai-core --example gemv_speed -- [rows] [cols] [threads...]
 
 use std::time::Instant;
 
@@ -22,7 +25,7 @@ fn main() {
         (0..count).map(|_| Q1Matrix::from_bytes(base.as_bytes().to_vec(), rows, cols).unwrap()).collect();
     let x: Vec<f32> = (0..cols).map(|i| ((i as f32) * 0.37).cos()).collect();
     let mut out = vec![0.0f32; rows];
-    let isa = Isa::detect();
+    let isa = std::env::var("ISA").map_or_else(|_| Isa::detect(), |name| Isa::parse_available(&name).expect("ISA"));
     for &t in &threads {
         let pool = Pool::new(t);
         let mut best = f64::INFINITY;
