@@ -38,7 +38,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="times each concurrency level runs, in turn")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--decode", type=int, default=16)
-    p.add_argument("--requests", type=int, default=48)
+    p.add_argument("--requests", type=int, default=48, help="of the Poisson workload (0: no Poisson run)")
     p.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals per second")
     p.add_argument("--min-len", type=int, default=16)
     p.add_argument("--max-len", type=int, default=256)
@@ -215,7 +215,8 @@ def main() -> None:
     vocab = vocab_size(path)
     print("\n".join(machine_lines()), flush=True)
     print("\n".join(throughput_table(path, args, vocab)), flush=True)
-    print("\n".join(poisson_run(path, args, vocab)), flush=True)
+    if args.requests > 0:
+        print("\n".join(poisson_run(path, args, vocab)), flush=True)
 
 
 if __name__ == "__main__":
