@@ -6,9 +6,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{Head, BLOCK_TOKENS};
+use super::x86::prefetch_l2 as prefetch;
+use super::{softmax_unnormalized, Head, BLOCK_TOKENS};
 use crate::kv::F16;
-use crate::sample::math::exp_nonpositive;
 
 /// Runs `head`'s group on this kernel and returns true, or returns false (nothing written) when the
 /// CPU lacks AVX-512 F + F16C + FMA or the head dimension is not 64 or 128.
@@ -134,76 +134,15 @@ unsafe fn add_value<const C: usize, const H: usize>(acc: &mut [[__m512; C]; H], 
     }
 }
 
-/// Asks for the cache lines of `xs` (at most four) into L2, without waiting for them. Into L2 rather
-/// than L1 (`T1`, not `T0`): L2 tracks more misses in flight, and a block's 4 KiB pieces scattered by
-/// the block table need them. On Zen 4 at 512 positions (`examples/attention_speed.rs`), `T0` read
-/// 10.6-11.0 GB/s on one core and `T1` 12.7-15.9; on two, 21.6-23.2 against 27.9-31.4. (A
-/// cache-resident 64-position context read ~15% less with `T1`; it is a small part of a step.)
-#[inline(always)]
-fn prefetch(xs: &[F16]) {
-    for line in xs.chunks(32) {
-        // SAFETY: prefetching is a hint; the address is inside `xs`.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
-    }
-}
-
-/// `s = exp(s - max)` in place; returns the sum.
-#[inline(always)]
-fn softmax_unnormalized(scores: &mut [f32]) -> f32 {
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    for s in scores.iter_mut() {
-        *s = exp_nonpositive(*s - max);
-    }
-    scores.iter().sum()
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::{attend_body, Generic, TokenSlot};
+    use super::super::tests::reversed_cache;
+    use super::super::TokenSlot;
     use super::*;
-    use crate::kv::{KvCache, KvLayout};
-
-    /// A random two-KV-head cache of `n` tokens with head dim `d`, deterministic per `seed`.
-    fn cache(n: usize, d: usize, seed: u32) -> KvCache<F16> {
-        let layout = KvLayout { n_layers: 2, n_kv_heads: 2, head_dim: d };
-        let mut cache = KvCache::new(layout, n.div_ceil(BLOCK_TOKENS) + 3).unwrap();
-        let value = |i: usize| (i as f32 * 0.618 + seed as f32).sin() * 3.0;
-        for t in 0..n {
-            let k: Vec<f32> = (0..2 * d).map(|i| value(t * 1000 + i)).collect();
-            let v: Vec<f32> = (0..2 * d).map(|i| value(t * 7000 + i + 3)).collect();
-            // Blocks in reverse order, as a block table may hold them.
-            cache.write(1, n.div_ceil(BLOCK_TOKENS) - 1 - t / BLOCK_TOKENS, t % BLOCK_TOKENS, &k, &v);
-        }
-        cache
-    }
-
-    #[test]
-    fn group_kernel_matches_the_per_head_loop() {
-        if !has_avx512() {
-            return;
-        }
-        for (d, group, n) in [(128, 2, 45), (128, 3, 16), (64, 4, 33), (128, 1, 1)] {
-            let cache = cache(n, d, d as u32 + group as u32);
-            let table: Vec<u32> = (0..n.div_ceil(BLOCK_TOKENS) as u32).rev().collect();
-            let q: Vec<f32> = (0..group * d).map(|i| (i as f32 * 0.37).cos() * 0.3).collect();
-            for pos in [0, n / 2, n - 1] {
-                let slot = TokenSlot { pos, block_table: &table };
-                let head = Head { layer: 1, kv_head: 1, q: &q, slot: &slot, scale: 0.1, cache: &cache };
-                let mut fast = vec![f32::NAN; group * d];
-                assert!(attend_group(&head, &mut fast));
-                for (h, (qh, got)) in q.chunks_exact(d).zip(fast.chunks_exact(d)).enumerate() {
-                    let mut want = vec![0.0; d];
-                    attend_body::<F16, Generic>(&Head { q: qh, ..head }, &mut want);
-                    let worst = want.iter().zip(got).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-                    assert!(worst < 1e-4, "d {d} group {group} pos {pos} head {h}: off by {worst}");
-                }
-            }
-        }
-    }
 
     #[test]
     fn other_head_dims_are_declined() {
-        let cache = cache(3, 32, 1);
+        let cache = reversed_cache(3, 32, 1);
         let table = [0u32];
         let slot = TokenSlot { pos: 2, block_table: &table };
         let q = vec![0.5; 32];
