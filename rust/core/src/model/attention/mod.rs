@@ -249,6 +249,7 @@ mod tests {
 
     /// A random two-KV-head f16 cache of `n` tokens with head dim `d` (written to layer 1, its blocks
     /// in reverse order, as a block table may hold them), deterministic per `seed`.
+    #[cfg(target_arch = "x86_64")]
     pub(super) fn reversed_cache(n: usize, d: usize, seed: u32) -> KvCache<F16> {
         let layout = KvLayout { n_layers: 2, n_kv_heads: 2, head_dim: d };
         let mut cache = KvCache::new(layout, n.div_ceil(BLOCK_TOKENS) + 3).unwrap();
