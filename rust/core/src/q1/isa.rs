@@ -4,6 +4,10 @@
 //! aarch64. The scalar path always compiles and is what every fast path is tested against.
 //! Within AVX-512, VNNI (`vpdpbusd`) is an extension the VNNI small GEMM (`Kernel::VnniGemm`) needs
 //! ([`Isa::has_avx512_vnni`]); choosing among the GEMMs goes through `Kernel`, not an ISA.
+//!
+//! `OXIBONSAI_ISA=avx2` (any name of [`Isa::available`]) makes [`Isa::detect`] return that one instead
+//! of the fastest, so the matmul and attention kernels of a slower instruction set run, and can be
+//! tested, on a faster CPU. A name the CPU lacks, or no name, leaves the fastest.
 
 use std::fmt;
 
@@ -19,9 +23,14 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The fastest instruction set this CPU supports.
+    /// The fastest instruction set this CPU supports, or the one `OXIBONSAI_ISA` names if the CPU has
+    /// it; read once.
     pub fn detect() -> Isa {
-        *Self::available().last().expect("scalar is always available")
+        static DETECTED: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            let requested = std::env::var("OXIBONSAI_ISA").ok().and_then(|name| Self::parse_available(&name).ok());
+            requested.unwrap_or_else(|| *Self::available().last().expect("scalar is always available"))
+        })
     }
 
     /// Every instruction set this CPU supports, slowest first (scalar is always first).

@@ -9,6 +9,7 @@ use std::arch::x86_64::*;
 use super::x86::prefetch_l2 as prefetch;
 use super::{softmax_unnormalized, Head, BLOCK_TOKENS};
 use crate::kv::F16;
+use crate::q1::Isa;
 
 /// Runs `head`'s group on this kernel and returns true, or returns false (nothing written) when the
 /// CPU lacks AVX-512 F + F16C + FMA or the head dimension is not 64 or 128.
@@ -25,8 +26,9 @@ pub fn attend_group(head: &Head<F16>, out: &mut [f32]) -> bool {
     true
 }
 
+/// AVX-512 F/BW/VL with AVX2, FMA and F16C, unless `OXIBONSAI_ISA` asks for less ([`Isa::detect`]).
 fn has_avx512() -> bool {
-    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("f16c") && is_x86_feature_detected!("fma")
+    Isa::detect().has_avx512()
 }
 
 /// Every query head of the group, two at a time (`C` = head_dim / 16).

@@ -16,10 +16,12 @@ use super::x86::prefetch_l2 as prefetch;
 use super::{softmax_unnormalized, Head, BLOCK_TOKENS};
 use crate::kv::elem::widen;
 use crate::kv::F16;
+use crate::q1::Isa;
 
-/// Whether the CPU has what [`attend_group`] needs.
+/// Whether the CPU has what [`attend_group`] needs (and `OXIBONSAI_ISA` does not ask for scalar code:
+/// [`Isa::detect`]).
 pub fn available() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    Isa::detect().has_avx2()
 }
 
 /// Every query head of `head`'s group, two at a time, into `out` (one row of `head_dim` per head).

@@ -1,0 +1,66 @@
+"""``OXIBONSAI_ISA``: each instruction set this CPU has can be asked for, and runs the whole model with
+the fastest set's results bit for bit: prefill logits and greedy decode tokens, with an f32 KV cache.
+(With the f16 cache the attention kernels of the sets sum in different orders, so they agree only to
+rounding, which int8 requantization of the next layer's activations can amplify on a random model;
+the Rust tests hold each attention kernel to the per-head loop.) Each set runs in its own process, as
+the choice is read once per process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import oxibonsai
+
+AVAILABLE = oxibonsai.kernel_info()["available"]
+
+# Saves the logits of the token ids in argv[3] to argv[2]; prints the instruction set in use and the
+# greedy continuation of those ids.
+CHILD = """
+import json, sys
+import numpy as np
+import oxibonsai
+llm = oxibonsai.LLM(sys.argv[1], num_threads=2, kv_cache_dtype="f32")
+prompt = json.loads(sys.argv[3])
+np.save(sys.argv[2], llm.logits(prompt))
+greedy = oxibonsai.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+out = llm.generate([prompt], greedy)[0].outputs[0]
+print(json.dumps([oxibonsai.kernel_info()["isa"], list(out.token_ids)]))
+"""
+
+
+def run_child(isa: str, model: Path, out: Path, tokens: list[int]) -> tuple[str, list[int]]:
+    env = {**os.environ, "OXIBONSAI_ISA": isa}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(model), str(out), json.dumps(tokens)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    isa_used, tokens_out = json.loads(done.stdout)
+    return isa_used, tokens_out
+
+
+@pytest.mark.parametrize("isa", AVAILABLE)
+def test_each_instruction_set_gives_the_fastest_ones_results(
+    isa: str, tiny_model: Path, rng: np.random.Generator, tmp_path: Path
+) -> None:
+    prompt = rng.integers(0, oxibonsai.LLM(tiny_model).tokenizer.vocab_size, 40).tolist()
+    want_isa, want_tokens = run_child(AVAILABLE[-1], tiny_model, tmp_path / "want.npy", prompt)
+    got_isa, got_tokens = run_child(isa, tiny_model, tmp_path / "got.npy", prompt)
+    assert (want_isa, got_isa) == (AVAILABLE[-1], isa)
+    np.testing.assert_array_equal(np.load(tmp_path / "got.npy"), np.load(tmp_path / "want.npy"))
+    assert got_tokens == want_tokens
+
+
+def test_a_name_the_cpu_lacks_leaves_the_fastest(tiny_model: Path, tmp_path: Path) -> None:
+    missing = next((name for name in ("neon", "avx512", "avx2") if name not in AVAILABLE), "bogus")
+    assert run_child(missing, tiny_model, tmp_path / "logits.npy", [1, 2, 3])[0] == AVAILABLE[-1]
