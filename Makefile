@@ -26,8 +26,12 @@ test: test-rust test-python
 test-rust:
 	cargo test -p oxibonsai-core
 
+# Then the model tests again on the AVX2 kernels (matmuls and attention), which an AVX-512 machine
+# would otherwise never run end to end; elsewhere the setting is ignored and they run as before.
 test-python:
 	$(PYTHON) -m pytest tests
+	OXIBONSAI_ISA=avx2 $(PYTHON) -m pytest -q tests/test_model.py tests/test_reference_model.py \
+		tests/test_generate.py tests/test_batching.py tests/test_prefix_generate.py
 
 bench:
 	$(PYTHON) -m pytest benches --benchmark-only
