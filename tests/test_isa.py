@@ -35,7 +35,8 @@ print(json.dumps([oxibonsai.kernel_info()["isa"], list(out.token_ids)]))
 """
 
 
-def run_child(isa: str, model: Path, out: Path, tokens: list[int]) -> tuple[str, list[int]]:
+def run_child(isa: str, model: Path, out: Path, tokens: list[int]) -> tuple[str, list[int], str]:
+    """The instruction set the child used, its greedy tokens, and its stderr."""
     env = {**os.environ, "OXIBONSAI_ISA": isa}
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(model), str(out), json.dumps(tokens)],
@@ -46,7 +47,7 @@ def run_child(isa: str, model: Path, out: Path, tokens: list[int]) -> tuple[str,
     )
     assert done.returncode == 0, done.stderr
     isa_used, tokens_out = json.loads(done.stdout)
-    return isa_used, tokens_out
+    return isa_used, tokens_out, done.stderr
 
 
 @pytest.mark.parametrize("isa", AVAILABLE)
@@ -54,13 +55,20 @@ def test_each_instruction_set_gives_the_fastest_ones_results(
     isa: str, tiny_model: Path, rng: np.random.Generator, tmp_path: Path
 ) -> None:
     prompt = rng.integers(0, oxibonsai.LLM(tiny_model).tokenizer.vocab_size, 40).tolist()
-    want_isa, want_tokens = run_child(AVAILABLE[-1], tiny_model, tmp_path / "want.npy", prompt)
-    got_isa, got_tokens = run_child(isa, tiny_model, tmp_path / "got.npy", prompt)
+    want_isa, want_tokens, _ = run_child(AVAILABLE[-1], tiny_model, tmp_path / "want.npy", prompt)
+    got_isa, got_tokens, stderr = run_child(isa, tiny_model, tmp_path / "got.npy", prompt)
     assert (want_isa, got_isa) == (AVAILABLE[-1], isa)
+    assert "OXIBONSAI_ISA" not in stderr
     np.testing.assert_array_equal(np.load(tmp_path / "got.npy"), np.load(tmp_path / "want.npy"))
     assert got_tokens == want_tokens
 
 
-def test_a_name_the_cpu_lacks_leaves_the_fastest(tiny_model: Path, tmp_path: Path) -> None:
-    missing = next((name for name in ("neon", "avx512", "avx2") if name not in AVAILABLE), "bogus")
-    assert run_child(missing, tiny_model, tmp_path / "logits.npy", [1, 2, 3])[0] == AVAILABLE[-1]
+@pytest.mark.parametrize("kind", ["missing", "unknown"])
+def test_a_name_the_cpu_lacks_leaves_the_fastest_with_a_warning(
+    kind: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    missing = next(name for name in ("neon", "avx512", "avx2", "scalar") if name not in AVAILABLE)
+    name = missing if kind == "missing" else "avx9000"
+    isa, _, stderr = run_child(name, tiny_model, tmp_path / "logits.npy", [1, 2, 3])
+    assert isa == AVAILABLE[-1]
+    assert f"OXIBONSAI_ISA={name!r} is not an instruction set this CPU can run" in stderr

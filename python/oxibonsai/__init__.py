@@ -3,6 +3,9 @@
 The public API lives here; ``oxibonsai._core`` is the private native module.
 """
 
+import os
+import warnings
+
 from oxibonsai._core import (
     GGUFError,
     GGUFFile,
@@ -41,3 +44,20 @@ __all__ = [
     "kernel_info",
     "set_num_threads",
 ]
+
+
+def _check_requested_isa() -> None:
+    """Warns once, at import, when ``OXIBONSAI_ISA`` names an instruction set this CPU cannot run (the
+    native side then keeps the fastest one)."""
+    requested = os.environ.get("OXIBONSAI_ISA")
+    info = kernel_info()
+    if requested and requested != info["isa"]:
+        warnings.warn(
+            f"OXIBONSAI_ISA={requested!r} is not an instruction set this CPU can run "
+            f"({', '.join(info['available'])}); using {info['isa']!r}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+_check_requested_isa()
