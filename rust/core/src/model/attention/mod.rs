@@ -82,7 +82,7 @@ impl AttendElem for f32 {
             // SAFETY: the CPU supports AVX2 (checked just above).
             return per_head(head, out, d, |h, o| unsafe { x86::attend_avx2(h, o) });
         }
-        per_head(head, out, d, attend_body::<f32, Generic>)
+        per_head(head, out, d, attend_body::<f32>)
     }
 }
 
@@ -101,37 +101,14 @@ impl AttendElem for F16 {
                 return unsafe { f16c::attend_group(head, out) };
             }
         }
-        per_head(head, out, d, attend_body::<F16, Generic>)
+        per_head(head, out, d, attend_body::<F16>)
     }
 }
 
-/// The two inner loops of one head, per build: scores of a block of keys, and `out += w * v`.
-trait HeadMath<E: KvElem> {
-    /// # Safety
-    /// The CPU must support the build's instruction set.
-    unsafe fn scores(q: &[f32], keys: &[E], scale: f32) -> [f32; BLOCK_TOKENS];
-    /// # Safety
-    /// As for `scores`.
-    unsafe fn axpy(out: &mut [f32], w: f32, v: &[E]);
-}
-
-/// Plain Rust, vectorized by the compiler for whatever target the caller is built for.
-struct Generic;
-
-impl<E: KvElem> HeadMath<E> for Generic {
-    #[inline(always)]
-    unsafe fn scores(q: &[f32], keys: &[E], scale: f32) -> [f32; BLOCK_TOKENS] {
-        score_block(q, keys, scale)
-    }
-
-    #[inline(always)]
-    unsafe fn axpy(out: &mut [f32], w: f32, v: &[E]) {
-        E::axpy(out, w, v)
-    }
-}
-
+/// One query head over its KV head: plain Rust, vectorized by the compiler for whatever target the
+/// caller is built for (the generic build, or the AVX2 one for f32 KV).
 #[inline(always)]
-fn attend_body<E: KvElem, M: HeadMath<E>>(head: &Head<E>, out: &mut [f32]) {
+fn attend_body<E: KvElem>(head: &Head<E>, out: &mut [f32]) {
     let Head { layer, kv_head, q, slot, scale, cache } = *head;
     let d = q.len();
     let seen = slot.pos + 1;
@@ -139,8 +116,7 @@ fn attend_body<E: KvElem, M: HeadMath<E>>(head: &Head<E>, out: &mut [f32]) {
     for (b, &block) in slot.block_table[..seen.div_ceil(BLOCK_TOKENS)].iter().enumerate() {
         let keys = cache.keys(layer, block as usize, kv_head);
         let used = (seen - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
-        // SAFETY: `M` is only chosen after checking the CPU supports its build.
-        scores.extend_from_slice(&unsafe { M::scores(q, keys, scale) }[..used]);
+        scores.extend_from_slice(&score_block(q, keys, scale)[..used]);
     }
     let total = softmax_unnormalized(&mut scores);
     out.fill(0.0);
@@ -148,8 +124,7 @@ fn attend_body<E: KvElem, M: HeadMath<E>>(head: &Head<E>, out: &mut [f32]) {
         let values = cache.values(layer, block as usize, kv_head);
         let weights = &scores[b * BLOCK_TOKENS..(b * BLOCK_TOKENS + BLOCK_TOKENS).min(seen)];
         for (w, v) in weights.iter().zip(values.chunks_exact(d)) {
-            // SAFETY: as above.
-            unsafe { M::axpy(out, w / total, v) };
+            E::axpy(out, w / total, v);
         }
     }
 }
@@ -185,7 +160,7 @@ mod x86 {
 
     use std::arch::x86_64::*;
 
-    use super::{attend_body, Generic, Head};
+    use super::{attend_body, Head};
     use crate::kv::F16;
 
     pub fn has_avx2() -> bool {
@@ -194,7 +169,7 @@ mod x86 {
 
     #[target_feature(enable = "avx2")]
     pub unsafe fn attend_avx2(head: &Head<f32>, out: &mut [f32]) {
-        attend_body::<f32, Generic>(head, out)
+        attend_body::<f32>(head, out)
     }
 
     /// Asks for the cache lines of `piece` into L2 (`T1`), without waiting for them. Into L2 rather
@@ -228,11 +203,11 @@ mod tests {
         (cache, (0..132).map(|d| value(d + 99) * 0.1).collect())
     }
 
-    fn run<E: KvElem, M: HeadMath<E>>(cache: &KvCache<E>, q: &[f32], pos: usize) -> Vec<f32> {
+    fn run<E: KvElem>(cache: &KvCache<E>, q: &[f32], pos: usize) -> Vec<f32> {
         let table: Vec<u32> = (0..cache.num_blocks() as u32).collect();
         let slot = TokenSlot { pos, block_table: &table };
         let mut out = vec![0.0; q.len()];
-        attend_body::<E, M>(&Head { layer: 0, kv_head: 0, q, slot: &slot, scale: 0.1, cache }, &mut out);
+        attend_body::<E>(&Head { layer: 0, kv_head: 0, q, slot: &slot, scale: 0.1, cache }, &mut out);
         out
     }
 
@@ -241,8 +216,8 @@ mod tests {
         let (exact, q) = fixture::<f32>(45, 1);
         let (half, _) = fixture::<F16>(45, 1);
         for pos in [0, 15, 16, 44] {
-            let want = run::<f32, Generic>(&exact, &q, pos);
-            let generic = run::<F16, Generic>(&half, &q, pos);
+            let want = run::<f32>(&exact, &q, pos);
+            let generic = run::<F16>(&half, &q, pos);
             assert!(want.iter().zip(&generic).all(|(a, b)| (a - b).abs() < 1e-2), "pos {pos}");
         }
     }
@@ -262,6 +237,7 @@ mod tests {
         cache
     }
 
+    #[cfg(target_arch = "x86_64")]
     type GroupKernel = fn(&Head<F16>, &mut [f32]) -> bool;
 
     /// [`f16c::attend_group`] as a [`GroupKernel`]; only listed where the CPU supports it.
@@ -299,7 +275,7 @@ mod tests {
                     }
                     for (h, (qh, got)) in q.chunks_exact(d).zip(fast.chunks_exact(d)).enumerate() {
                         let mut want = vec![0.0; d];
-                        attend_body::<F16, Generic>(&Head { q: qh, ..head }, &mut want);
+                        attend_body::<F16>(&Head { q: qh, ..head }, &mut want);
                         let worst = want.iter().zip(got).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
                         assert!(worst < 1e-4, "{name}: d {d} group {group} pos {pos} head {h}: off by {worst}");
                     }
