@@ -43,10 +43,10 @@ const PREFETCH_BLOCKS: usize = 16;
 
 /// Tile-blocks ahead whose weights are also asked into L1 (`T0`), by then mostly in L2. The loads
 /// then hit L1: without it the load of every index vector waited on L2 (a quarter of the GEMV's time
-/// on the instruction after it). One Zen 4 core, memory-resident `gemv_speed` alternated in one
-/// sitting: 17.3-19.8 GB/s with `T1` 16 + `T0` 4 against 12.5-15.2 with `T1` 8 alone, where the
-/// same GEMV computes at ~20 GB/s from cache; 2 to 8 blocks for `T0` and 16 to 32 for `T1` were all
-/// close.
+/// on the instruction after it). One Zen 4 core, memory-resident `gemv_speed` (2048x6144 and
+/// 4096x2048) with the settings alternated in one sitting: 15.5-19.2 GB/s with `T1` 16 + `T0` 4
+/// against 12.2-15.2 with `T1` 8 alone, where the same GEMV computes at ~21.5 GB/s from cache; 2 to 8
+/// blocks for `T0` and 16 to 32 for `T1` were all close (BENCHMARKS.md, session 12).
 const L1_PREFETCH_BLOCKS: usize = 4;
 
 /// Prefetches the bits and scales [`PREFETCH_BLOCKS`] tile-blocks ahead into L2 and the bits
