@@ -50,8 +50,10 @@ def _check_requested_isa() -> None:
     """Warns once, at import, when ``OXIBONSAI_ISA`` names an instruction set this CPU cannot run (the
     native side then keeps the fastest one)."""
     requested = os.environ.get("OXIBONSAI_ISA")
+    if not requested:
+        return  # kernel_info() would start the thread pool; nothing to check
     info = kernel_info()
-    if requested and requested != info["isa"]:
+    if requested != info["isa"]:
         warnings.warn(
             f"OXIBONSAI_ISA={requested!r} is not an instruction set this CPU can run "
             f"({', '.join(info['available'])}); using {info['isa']!r}",
