@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use numpy::{IntoPyArray, PyArray2, PyArrayMethods};
-use oxibonsai_core::model::SequenceTable;
+use oxibonsai_core::model::{SequenceTable, GENERATION_ROOM};
 use oxibonsai_core::pool;
 use oxibonsai_core::sched::{Policy, Scheduler as CoreScheduler, SchedulerConfig, SchedulerOutput as CoreOutput};
 use oxibonsai_core::Error;
@@ -16,7 +16,7 @@ use pyo3::types::PyDict;
 use crate::errors::to_py;
 use crate::gil::without_gil;
 use crate::model::Model;
-use crate::token_ids::token_ids;
+use crate::token_ids::{token_ids, token_ids_with_room};
 
 /// Where the scheduler's blocks live.
 enum Backend {
@@ -151,7 +151,7 @@ impl Scheduler {
         priority: i32,
         cache_salt: Option<String>,
     ) -> PyResult<()> {
-        let prompt = token_ids(prompt)?;
+        let prompt = token_ids_with_room(prompt, GENERATION_ROOM)?;
         self.lock().sched.add(request_id, prompt, priority, cache_salt).map_err(to_py)
     }
 

@@ -12,26 +12,37 @@ use crate::small_int;
 
 /// Token ids from a list, tuple or numpy uint32 array of ints, or any other sequence of ints.
 pub fn token_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    token_ids_with_room(obj, 0)
+}
+
+/// [`token_ids`] in a list allocated with room for `room` more ids (a prompt that generation extends).
+pub fn token_ids_with_room(obj: &Bound<'_, PyAny>, room: usize) -> PyResult<Vec<u32>> {
     if let Ok(list) = obj.cast_exact::<PyList>() {
         // SAFETY: `list` is an exact list, alive for the call, and the GIL is held.
-        return unsafe { read_items(obj.py(), list.as_ptr(), ffi::PyList_GET_SIZE, ffi::PyList_GET_ITEM) };
+        return unsafe { read_items(obj.py(), list.as_ptr(), room, ffi::PyList_GET_SIZE, ffi::PyList_GET_ITEM) };
     }
     if let Ok(tuple) = obj.cast_exact::<PyTuple>() {
         // SAFETY: `tuple` is an exact tuple, alive for the call, and the GIL is held.
-        return unsafe { read_items(obj.py(), tuple.as_ptr(), ffi::PyTuple_GET_SIZE, ffi::PyTuple_GET_ITEM) };
+        return unsafe { read_items(obj.py(), tuple.as_ptr(), room, ffi::PyTuple_GET_SIZE, ffi::PyTuple_GET_ITEM) };
     }
+    let mut ids = Vec::new();
     if let Ok(array) = obj.cast::<PyArray1<u32>>() {
         let view = array.readonly();
-        if view.is_c_contiguous() {
-            return Ok(view.as_slice()?.to_vec());
+        ids.reserve_exact(view.len() + room);
+        match view.as_slice() {
+            Ok(slice) => ids.extend_from_slice(slice),
+            Err(_) => ids.extend(view.as_array().iter()),
         }
-        return Ok(view.as_array().to_vec());
+        return Ok(ids);
     }
-    obj.extract()
+    ids = obj.extract()?;
+    ids.reserve_exact(room);
+    Ok(ids)
 }
 
-/// Reads every item of the list or tuple `seq` with the given size and item accessors: exact ints in
-/// `0..2**32` from the object ([`small_int::read`]), anything else through [`slow_id`].
+/// Reads every item of the list or tuple `seq` with the given size and item accessors (into a list
+/// with room for `room` more): exact ints in `0..2**32` from the object ([`small_int::read`]),
+/// anything else through [`slow_id`].
 ///
 /// # Safety
 /// `seq` must be a live exact list (with the list accessors) or tuple (with the tuple accessors), and
@@ -40,11 +51,12 @@ pub fn token_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 unsafe fn read_items(
     py: Python<'_>,
     seq: *mut ffi::PyObject,
+    room: usize,
     size: unsafe fn(*mut ffi::PyObject) -> ffi::Py_ssize_t,
     item: unsafe fn(*mut ffi::PyObject, ffi::Py_ssize_t) -> *mut ffi::PyObject,
 ) -> PyResult<Vec<u32>> {
     // SAFETY: the caller's contract: `seq` is a live list or tuple matching `size`.
-    let mut ids = Vec::with_capacity(unsafe { size(seq) }.max(0) as usize);
+    let mut ids = Vec::with_capacity(unsafe { size(seq) }.max(0) as usize + room);
     let int_type = &raw mut ffi::PyLong_Type;
     let direct = small_int::usable();
     // SAFETY: as above.
@@ -74,11 +86,11 @@ unsafe fn read_items(
 }
 
 /// Appends the ids of the leading run of exact ints in `0..2**32` among the first `n` items of `seq`
-/// to `ids` (whose spare capacity holds `n`), and returns how many it read. Runs no Python code, so
+/// to `ids` (whose spare capacity holds at least `n`), and returns how many it read. Runs no Python code, so
 /// the sequence cannot change under it.
 ///
 /// # Safety
-/// As for [`read_items`]; `n` is the sequence's size, `ids` is empty with capacity `n`, and
+/// As for [`read_items`]; `n` is the sequence's size, `ids` is empty with capacity at least `n`, and
 /// [`small_int::usable`] said yes.
 #[inline(always)]
 unsafe fn read_small_ints(

@@ -18,7 +18,7 @@ pub use config::Qwen3Config;
 pub use forward::{Logits, Qwen3Model, SeqChunk};
 pub use linear::{Linear, MatmulPlan};
 pub use runner::{KvDtype, ModelRunner, StepItem, DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN};
-pub use sequence_table::{blocks_for, SequenceTable};
+pub use sequence_table::{blocks_for, SequenceTable, GENERATION_ROOM};
 pub use weights::Qwen3Weights;
 
 use crate::error::Result;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::kv::{BlockKey, Inserted, PrefixCache, PrefixMatch, BLOCK_TOKENS};
 
-use super::blocks_for;
+use super::{blocks_for, GENERATION_ROOM};
 
 /// A sequence's KV: position `p` lives in `block_table[p / 16]`, slot `p % 16`. The chain is boxed
 /// so that a sequence is 40 bytes: a step over many sequences reads their lengths and block tables
@@ -38,7 +38,7 @@ impl Sequence {
     pub fn from_prefix(prompt: &[u32], salt: Option<&str>, m: PrefixMatch) -> Sequence {
         let chain = CachedChain {
             salt: salt.map(Arc::from),
-            tokens: prompt[..m.cached_tokens].to_vec(),
+            tokens: with_room(&prompt[..m.cached_tokens], prompt.len() - m.cached_tokens + GENERATION_ROOM),
             last_key: m.last_key,
             cached_blocks: m.block_ids.len(),
             stopped: false,
@@ -89,9 +89,16 @@ impl Sequence {
     }
 }
 
-/// A block table starting with `blocks`, with room for a prompt of `prompt_len` tokens and the first
-/// generated block: no regrowth before then.
+/// A block table starting with `blocks`, with room for a prompt of `prompt_len` tokens and
+/// [`GENERATION_ROOM`] generated ones: no regrowth before then.
 fn table_for_prompt(prompt_len: usize, mut blocks: Vec<u32>) -> Vec<u32> {
-    blocks.reserve(blocks_for(prompt_len + BLOCK_TOKENS).saturating_sub(blocks.len()));
+    blocks.reserve(blocks_for(prompt_len + GENERATION_ROOM).saturating_sub(blocks.len()));
     blocks
+}
+
+/// `tokens` in a list with room for `room` more.
+fn with_room(tokens: &[u32], room: usize) -> Vec<u32> {
+    let mut list = Vec::with_capacity(tokens.len() + room);
+    list.extend_from_slice(tokens);
+    list
 }

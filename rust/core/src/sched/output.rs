@@ -4,18 +4,21 @@ use super::request::Request;
 
 /// `num_tokens` tokens of request `request` (starting at token `start`, into KV sequence `seq`) run
 /// in this step; `sample`: they complete the request's known tokens, so its logits are sampled.
-/// `slot`: where the scheduler keeps the request (valid while the request runs on `seq`).
-/// `new_blocks`: the blocks the sequence must grow by to hold them (reserved for it by the step).
+/// `slot`: where the scheduler keeps the request (valid while the request runs on `seq`). The blocks
+/// the step's sequences grow by are reserved as one total ([`SchedulerOutput::new_blocks`]); each
+/// sequence's share follows from its length. 40 bytes: a step's items are written by `schedule` and
+/// read by the forward pass and `update`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScheduledItem {
     pub request: u64,
-    pub slot: u32,
     pub seq: u64,
     pub start: usize,
     pub num_tokens: usize,
-    pub new_blocks: usize,
+    pub slot: u32,
     pub sample: bool,
 }
+
+const _: () = assert!(std::mem::size_of::<ScheduledItem>() == 40);
 
 /// One step: decodes of running requests, then their prefill chunks, then admissions.
 #[derive(Clone, Debug, Default)]
@@ -55,15 +58,7 @@ impl SchedulerOutput {
             self.num_prefill_tokens += n;
         }
         let seq = r.seq.expect("scheduled requests run");
-        self.items.push(ScheduledItem {
-            request: r.id,
-            slot,
-            seq,
-            start: r.num_computed,
-            num_tokens: n,
-            new_blocks,
-            sample,
-        });
+        self.items.push(ScheduledItem { request: r.id, slot, seq, start: r.num_computed, num_tokens: n, sample });
         self.num_batched_tokens += n;
         self.num_sample += usize::from(sample);
         self.new_blocks += new_blocks;

@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::kv::{PrefixMatch, BLOCK_TOKENS};
-use crate::model::{blocks_for, SequenceTable};
+use crate::model::{blocks_for, SequenceTable, GENERATION_ROOM};
 
 use super::config::{Policy, SchedulerConfig, LONGEST_PREFIX_WINDOW};
 use super::output::{SchedulerOutput, SchedulerStats};
@@ -102,7 +102,9 @@ impl Scheduler {
     }
 
     /// Queues a request. Fails, changing nothing, on a known id, an empty prompt, or a full queue.
-    pub fn add(&mut self, id: u64, prompt: Vec<u32>, priority: i32, salt: Option<String>) -> Result<()> {
+    /// The prompt's list grows by every sampled token: it gets [`GENERATION_ROOM`] tokens of room
+    /// here unless the caller allocated it with room already.
+    pub fn add(&mut self, id: u64, mut prompt: Vec<u32>, priority: i32, salt: Option<String>) -> Result<()> {
         if self.requests.contains(id) {
             return Err(Error::Value(format!("request id {id} is already in the scheduler")));
         }
@@ -117,6 +119,7 @@ impl Scheduler {
             }
         }
         let key = priority as i128 * self.config.priority_aging_steps as i128 + self.step as i128;
+        prompt.reserve(GENERATION_ROOM);
         let request = Request {
             id,
             seq: None,
