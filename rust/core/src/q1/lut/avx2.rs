@@ -54,16 +54,23 @@ const L1_PREFETCH_BLOCKS: usize = 4;
 #[inline(always)]
 pub(super) unsafe fn prefetch_ahead(p: &LutPacked, t: usize, b: usize) {
     let here = t * p.kb + b;
-    if let Some(bits) = tile_block_ahead(p, here + PREFETCH_BLOCKS) {
-        for line in 0..TILE_BLOCK_BYTES / 64 {
-            _mm_prefetch::<_MM_HINT_T1>(bits.add(64 * line).cast());
-        }
-        _mm_prefetch::<_MM_HINT_T1>(p.scales.as_ptr().add((here + PREFETCH_BLOCKS) * TILE_ROWS).cast());
-    }
+    prefetch_l2(p, here + PREFETCH_BLOCKS);
     if let Some(bits) = tile_block_ahead(p, here + L1_PREFETCH_BLOCKS) {
         for line in 0..TILE_BLOCK_BYTES / 64 {
             _mm_prefetch::<_MM_HINT_T0>(bits.add(64 * line).cast());
         }
+    }
+}
+
+/// Asks the bits and scales of tile-block `index` (counted over all tiles, `t * kb + b`) into L2
+/// (`T1`), if the matrix has it.
+#[inline(always)]
+pub(super) unsafe fn prefetch_l2(p: &LutPacked, index: usize) {
+    if let Some(bits) = tile_block_ahead(p, index) {
+        for line in 0..TILE_BLOCK_BYTES / 64 {
+            _mm_prefetch::<_MM_HINT_T1>(bits.add(64 * line).cast());
+        }
+        _mm_prefetch::<_MM_HINT_T1>(p.scales.as_ptr().add(index * TILE_ROWS).cast());
     }
 }
 

@@ -22,7 +22,7 @@ use std::ops::Range;
 
 use super::super::act::QuantizedActs;
 use super::super::block::BLOCK_WEIGHTS;
-use super::avx2::prefetch_ahead;
+use super::avx2::prefetch_l2;
 use super::{balanced_runs, LutPacked, TILE_ROWS};
 use crate::q1::par::SharedOut;
 
@@ -222,9 +222,9 @@ unsafe fn tile_group<const T: usize>(
     assert!(facc.len() >= T * tables.n * TILE_ROWS);
     let mut idx = [[_mm512_setzero_si512(); GROUPS]; T];
     let mut dw = [[_mm512_setzero_ps(); 2]; T];
-    for b in blocks {
+    for b in blocks.clone() {
         for t in 0..T {
-            prefetch_ahead(p, t0 + t, b);
+            prefetch_next(p, t0 + t, T, b + PREFETCH_BLOCKS, &blocks);
             tile_block_indices(p.tile_block_bits(t0 + t, b).as_ptr(), &mut idx[t]);
             let scales = p.tile_block_scales(t0 + t, b).as_ptr();
             dw[t] = [
@@ -236,6 +236,26 @@ unsafe fn tile_group<const T: usize>(
         for rows in balanced_runs(tables.n, PASS_ROWS) {
             block.pass_rows(rows, facc.as_mut_ptr());
         }
+    }
+}
+
+/// Blocks ahead of the one being multiplied whose weights (bits and scales) a tile group asks into L2.
+/// The group reads its tiles' blocks in order, so this is where it will read next; the GEMV's
+/// distance, counted in its tile-after-tile order, pointed at tiles the group was reading already.
+/// Memory-resident `gemm_speed` (6144x2048, 2 threads, `MIB=128`), µs at n = 2/4/8/16: 90.5/136.8/
+/// 230.9/412.8 with the old distance against 69.8/106.0/186.0/367.8 at 4 blocks, where the same
+/// matrix read from cache takes 65.8/107.6/212.8/366.9; 2 and 8 blocks were close to 4, and n = 64
+/// was unchanged (BENCHMARKS.md, session 13).
+const PREFETCH_BLOCKS: usize = 4;
+
+/// Prefetches into L2 the tile-block a group of `group` tiles (over `blocks`) will read next at
+/// block `b` of tile `t`: there while `b` is in `blocks`, else in the next group's tile `t + group`,
+/// as far into `blocks`.
+#[inline(always)]
+unsafe fn prefetch_next(p: &LutPacked, t: usize, group: usize, b: usize, blocks: &Range<usize>) {
+    let (t, b) = if b < blocks.end { (t, b) } else { (t + group, blocks.start + (b - blocks.end)) };
+    if b < blocks.end {
+        prefetch_l2(p, t * p.kb + b);
     }
 }
 
