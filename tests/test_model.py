@@ -113,6 +113,27 @@ def test_logits_do_not_depend_on_the_thread_count(model_path, rng):
     assert np.array_equal(one, two)
 
 
+def test_logits_arrays_keep_their_values_while_later_steps_reuse_freed_memory(tiny_model, rng):
+    """Step logits live in buffers recycled once their array is freed (`rust/py/src/logits.rs`): an
+    array still held never changes, and steps that refill freed buffers give their own logits.
+    (That buffers are reused at all is a speed matter: `perf stat -e page-faults` on
+    `benches/bench_batching.py --concurrency 64`.)"""
+    llm = ob.LLM(tiny_model)
+    vocab = llm.config["vocab"]
+    prompts = [random_ids(rng, vocab, int(rng.integers(2, 40))) for _ in range(4)]
+    held = [llm.logits(p) for p in prompts[:2]]
+    copies = [h.copy() for h in held]
+    for _ in range(3):
+        for p in prompts[2:]:
+            llm.logits(p)  # freed at once: its buffer goes back to the pool for the next step
+    for h, c in zip(held, copies, strict=True):
+        assert np.array_equal(h, c)
+    del held
+    again = [llm.logits(p) for p in prompts[:2]]
+    assert all(np.array_equal(a, c) for a, c in zip(again, copies, strict=True))
+    assert all(a.flags.writeable and a.flags.c_contiguous and a.dtype == np.float32 for a in again)
+
+
 def test_long_prompts_run_in_chunks_with_identical_results(tiny_model, rng):
     llm = ob.LLM(tiny_model, max_model_len=512)
     ids = random_ids(rng, llm.config["vocab"], int(rng.integers(257, 500)))

@@ -5,6 +5,7 @@ mod arrays;
 mod errors;
 mod gguf;
 mod gil;
+mod logits;
 mod model;
 mod prefix;
 mod q1;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use numpy::{IntoPyArray, PyArray2, PyArrayMethods};
+use numpy::PyArray2;
 use oxibonsai_core::gguf::GgufFile;
 use oxibonsai_core::model::{
     KvDtype, Logits, MatmulPlan, ModelRunner, Qwen3Model, StepItem, DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN,
@@ -17,6 +17,7 @@ use pyo3::types::PyDict;
 
 use crate::errors::to_py;
 use crate::gil::without_gil;
+use crate::logits;
 use crate::prefix::stats_dict;
 use crate::token_ids::token_ids;
 
@@ -209,10 +210,10 @@ impl Model {
                 .collect();
             let mut runner = self.lock();
             let vocab = runner.model().config.vocab;
-            runner.step(&step, &pool::global()).map(|l| (l, vocab))
+            let mut logits = logits::buffer();
+            runner.step_into(&step, &pool::global(), &mut logits).map(|()| (logits, vocab))
         })
         .map_err(to_py)?;
-        let rows = logits.len() / vocab;
-        logits.into_pyarray(py).reshape([rows, vocab])
+        logits::into_array(py, logits, vocab)
     }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Mutex;
 
-use numpy::{IntoPyArray, PyArray2, PyArrayMethods};
+use numpy::PyArray2;
 use oxibonsai_core::model::{SequenceTable, GENERATION_ROOM};
 use oxibonsai_core::pool;
 use oxibonsai_core::sched::{Policy, Scheduler as CoreScheduler, SchedulerConfig, SchedulerOutput as CoreOutput};
@@ -15,6 +15,7 @@ use pyo3::types::PyDict;
 
 use crate::errors::to_py;
 use crate::gil::without_gil;
+use crate::logits;
 use crate::model::Model;
 use crate::token_ids::{token_ids, token_ids_with_room};
 
@@ -182,14 +183,14 @@ impl Scheduler {
             let items = state.sched.step_items(&out.inner)?;
             let mut runner = model.get().lock();
             let vocab = runner.model().config.vocab;
-            let logits = runner.step(&items, &pool::global())?;
+            let mut logits = logits::buffer();
+            runner.step_into(&items, &pool::global(), &mut logits)?;
             drop(runner);
             state.executed = Some(out.inner.step);
             Ok::<_, Error>((logits, vocab))
         })
         .map_err(to_py)?;
-        let rows = logits.len() / vocab;
-        Ok(Some(logits.into_pyarray(py).reshape([rows, vocab])?))
+        Ok(Some(logits::into_array(py, logits, vocab)?))
     }
 
     /// Records a step `execute` ran: one sampled token per sampling item, in item order (a sequence

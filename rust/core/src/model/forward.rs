@@ -48,9 +48,15 @@ impl Qwen3Model {
         KvLayout { n_layers: self.config.n_layers, n_kv_heads: self.config.n_kv_heads, head_dim: self.config.head_dim }
     }
 
-    /// Runs the chunks, writing their keys and values into `cache`; returns the requested logits rows
-    /// (`rows x vocab`) in chunk order.
-    pub fn forward<E: AttendElem>(&self, chunks: &[SeqChunk], cache: &mut KvCache<E>, pool: &Pool) -> Result<Vec<f32>> {
+    /// Runs the chunks, writing their keys and values into `cache`; appends the requested logits rows
+    /// (`rows x vocab`, in chunk order) to `logits`.
+    pub fn forward<E: AttendElem>(
+        &self,
+        chunks: &[SeqChunk],
+        cache: &mut KvCache<E>,
+        pool: &Pool,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
         let c = &self.config;
         let slots: Vec<TokenSlot> = chunks
             .iter()
@@ -66,7 +72,7 @@ impl Qwen3Model {
         for (i, layer) in self.weights.layers.iter().enumerate() {
             self.layer(i, layer, &batch, &mut s, cache, pool)?;
         }
-        self.logits(chunks, &s.x, pool)
+        self.logits(chunks, &s.x, pool, logits)
     }
 
     fn layer<E: AttendElem>(
@@ -119,7 +125,7 @@ impl Qwen3Model {
         });
     }
 
-    fn logits(&self, chunks: &[SeqChunk], x: &[f32], pool: &Pool) -> Result<Vec<f32>> {
+    fn logits(&self, chunks: &[SeqChunk], x: &[f32], pool: &Pool, logits: &mut Vec<f32>) -> Result<()> {
         let hidden = self.config.hidden;
         let mut wanted = Vec::new();
         let mut first = 0;
@@ -137,9 +143,9 @@ impl Qwen3Model {
             rms_norm_in_place(row, &self.weights.output_norm, self.config.rms_eps)
         });
         let head = self.weights.lm_head();
-        let mut logits = vec![0.0f32; wanted.len() * head.rows()];
-        head.forward(&h, wanted.len(), &mut logits, self.plan, pool)?;
-        Ok(logits)
+        let start = logits.len();
+        logits.resize(start + wanted.len() * head.rows(), 0.0);
+        head.forward(&h, wanted.len(), &mut logits[start..], self.plan, pool)
     }
 }
 

@@ -51,26 +51,16 @@ enum KvStore {
 }
 
 impl KvStore {
-    fn forward(&mut self, model: &Qwen3Model, batch: &[SeqChunk], pool: &Pool) -> Result<Vec<f32>> {
+    fn forward(&mut self, model: &Qwen3Model, batch: &[SeqChunk], pool: &Pool, logits: &mut Vec<f32>) -> Result<()> {
         match self {
-            KvStore::F32(cache) => model.forward(batch, cache, pool),
-            KvStore::F16(cache) => model.forward(batch, cache, pool),
+            KvStore::F32(cache) => model.forward(batch, cache, pool, logits),
+            KvStore::F16(cache) => model.forward(batch, cache, pool, logits),
         }
     }
 }
 
 fn new_store<E: KvElem>(model: &Qwen3Model, num_blocks: usize) -> Result<KvCache<E>> {
     KvCache::new(model.kv_layout(), num_blocks)
-}
-
-/// `all` followed by `more`; `more` itself when `all` is empty (a step of one batch, the usual case,
-/// then hands its logits on without a copy: at 16 rows they are ~10 MB).
-fn append(all: &mut Vec<f32>, more: Vec<f32>) {
-    if all.is_empty() {
-        *all = more;
-    } else {
-        all.extend(more);
-    }
 }
 
 /// One entry of a step: append `tokens` to sequence `seq` and return the requested logits.
@@ -152,10 +142,18 @@ impl ModelRunner {
 
     /// Appends each item's tokens to its sequence and returns the requested logits rows in item order.
     pub fn step(&mut self, items: &[StepItem], pool: &Pool) -> Result<Vec<f32>> {
+        let mut logits = Vec::new();
+        self.step_into(items, pool, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// [`step`](Self::step) writing the logits into `logits` (cleared first; its memory is reused, so
+    /// a caller stepping again and again need not fault in fresh pages for every step's logits).
+    pub fn step_into(&mut self, items: &[StepItem], pool: &Pool, logits: &mut Vec<f32>) -> Result<()> {
+        logits.clear();
         self.check(items)?;
         let growth: Vec<(u64, usize)> = items.iter().map(|it| (it.seq, it.tokens.len())).collect();
         self.table.reserve(&growth)?;
-        let mut logits = Vec::new();
         let mut batch: Vec<SeqChunk> = Vec::new();
         let mut batch_tokens = 0;
         for item in items {
@@ -164,7 +162,7 @@ impl ModelRunner {
             let mut start = seq.len;
             for (i, piece) in pieces.iter().enumerate() {
                 if batch_tokens + piece.len() > MAX_BATCH_TOKENS && !batch.is_empty() {
-                    append(&mut logits, self.kv.forward(&self.model, &batch, pool)?);
+                    self.kv.forward(&self.model, &batch, pool, logits)?;
                     batch.clear();
                     batch_tokens = 0;
                 }
@@ -178,13 +176,13 @@ impl ModelRunner {
             }
         }
         if !batch.is_empty() {
-            append(&mut logits, self.kv.forward(&self.model, &batch, pool)?);
+            self.kv.forward(&self.model, &batch, pool, logits)?;
         }
         for item in items {
             self.table.append(item.seq, item.tokens)?;
             self.computed_tokens += item.tokens.len() as u64;
         }
-        Ok(logits)
+        Ok(())
     }
 
     fn check(&self, items: &[StepItem]) -> Result<()> {
