@@ -17,6 +17,11 @@ use pyo3::prelude::*;
 /// second covers a caller that holds one step's array into the next.
 const KEEP: usize = 2;
 
+/// Buffers larger than this are freed, not kept: decode steps of up to ~440 rows fit, while the
+/// every-position logits of a long prompt (`LLM.logits`, 2.5 GB at 4,096 tokens) do not stay
+/// resident after their array is gone.
+const KEEP_BYTES: usize = 256 << 20;
+
 static SPARE: Mutex<Vec<Vec<f32>>> = Mutex::new(Vec::new());
 
 fn spare() -> MutexGuard<'static, Vec<Vec<f32>>> {
@@ -39,6 +44,9 @@ pub struct StepLogits {
 impl Drop for StepLogits {
     fn drop(&mut self) {
         let (buf, _) = std::mem::replace(&mut self.data, Array2::zeros((0, 0))).into_raw_vec_and_offset();
+        if buf.capacity() * size_of::<f32>() > KEEP_BYTES {
+            return;
+        }
         let mut spare = spare();
         if spare.len() < KEEP {
             spare.push(buf);
