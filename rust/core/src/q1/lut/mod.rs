@@ -190,15 +190,27 @@ pub fn vnni_gemm(p: &LutPacked, acts: &QuantizedActs, out: &mut [f32], isa: Isa,
     lut_gemm(p, acts, out, isa, pool)
 }
 
-/// [`perm`]'s GEMM of every matrix of `ps`, per run of [`GEMM_MAX_COLS`] activation rows. Every
+/// Activation rows one run of [`perm`]'s GEMM takes. Each run streams the weights again, but at 16
+/// rows its accumulators (16 tiles x 16 rows x 32 floats) and a pass's table reads stay close to L1;
+/// runs of 64 kept 128 KiB of accumulators and read 180 KB of tables per block. Zen 4, 2 threads
+/// unless said, runs of 16 against 64 (a throwaway env switch, alternated): memory-resident
+/// `gemm_speed` at n = 64, 12288x2048 2541-2762 against 2856-2969 µs, 4096x2048 on 1 thread
+/// 1766-1787 against 1992-2074; prefill of 512 tokens (`benches/step_speed.py --contexts 512`)
+/// 299.9-300.3 against 266.4-269.1 tokens/s (1 thread: 164.8-170.2 against 156.1-156.2); 64
+/// concurrent decodes 264-272 against 228-244 tokens/s. Runs of 12 to 24 measured alike
+/// (BENCHMARKS.md, session 13).
+#[cfg(target_arch = "x86_64")]
+const PERM_RUN_COLS: usize = 16;
+
+/// [`perm`]'s GEMM of every matrix of `ps`, in the fewest runs of at most [`PERM_RUN_COLS`]
+/// activation rows, as equal as possible (17 rows are runs of 9 and 8, not 16 and 1). Every
 /// thread that takes a task builds the run's tables itself, once, and keeps them for its other
 /// tasks of the run (all matrices of `ps`): the tables are then written and read by one core. Built
 /// by rows across the threads and read by all, they cost a cross-core transfer per line, which
 /// made the build a tenth of a 16-row decode step. The caller checked AVX-512 (`Isa::has_avx512`).
 #[cfg(target_arch = "x86_64")]
 fn perm_gemm_shared(ps: &[&LutPacked], acts: &QuantizedActs, outs: &mut [&mut [f32]], pool: &Pool) {
-    for first in (0..acts.n).step_by(GEMM_MAX_COLS) {
-        let cols = first..(first + GEMM_MAX_COLS).min(acts.n);
+    for cols in balanced_runs(acts.n, PERM_RUN_COLS) {
         let run = next_table_run();
         for (p, out) in ps.iter().zip(outs.iter_mut()) {
             let out = SharedOut::new(&mut out[cols.start * p.rows..cols.end * p.rows]);
