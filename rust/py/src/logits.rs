@@ -8,7 +8,7 @@
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use numpy::ndarray::Array2;
+use numpy::ndarray::ArrayView2;
 use numpy::PyArray2;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -38,12 +38,12 @@ pub fn buffer() -> Vec<f32> {
 /// The owner of one step's logits array: holds the buffer while the array lives, then gives it back.
 #[pyclass(frozen, module = "oxibonsai._core")]
 pub struct StepLogits {
-    data: Array2<f32>,
+    data: Vec<f32>,
 }
 
 impl Drop for StepLogits {
     fn drop(&mut self) {
-        let (buf, _) = std::mem::replace(&mut self.data, Array2::zeros((0, 0))).into_raw_vec_and_offset();
+        let buf = std::mem::take(&mut self.data);
         if buf.capacity() * size_of::<f32>() > KEEP_BYTES {
             return;
         }
@@ -58,11 +58,11 @@ impl Drop for StepLogits {
 /// memory goes back to the pool when Python frees it.
 pub fn into_array(py: Python<'_>, logits: Vec<f32>, vocab: usize) -> PyResult<Bound<'_, PyArray2<f32>>> {
     let rows = logits.len().checked_div(vocab).unwrap_or(0);
-    let data = Array2::from_shape_vec((rows, vocab), logits).map_err(|e| PyValueError::new_err(e.to_string()))?;
-    let owner = Bound::new(py, StepLogits { data })?;
-    let base = owner.clone().into_any();
+    let owner = Bound::new(py, StepLogits { data: logits })?;
+    let view = ArrayView2::from_shape((rows, vocab), &owner.get().data[..rows * vocab])
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
     // SAFETY: the array's memory is `owner`'s, and `owner` is the array's base object, so it outlives
     // the array. `owner` is frozen: nothing reallocates or touches the buffer until it is dropped,
     // after the array, when the buffer moves (not its contents) to the pool.
-    Ok(unsafe { PyArray2::borrow_from_array(&owner.get().data, base) })
+    Ok(unsafe { PyArray2::borrow_from_array(&view, owner.clone().into_any()) })
 }

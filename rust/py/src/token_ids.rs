@@ -25,17 +25,16 @@ pub fn token_ids_with_room(obj: &Bound<'_, PyAny>, room: usize) -> PyResult<Vec<
         // SAFETY: `tuple` is an exact tuple, alive for the call, and the GIL is held.
         return unsafe { read_items(obj.py(), tuple.as_ptr(), room, ffi::PyTuple_GET_SIZE, ffi::PyTuple_GET_ITEM) };
     }
-    let mut ids = Vec::new();
     if let Ok(array) = obj.cast::<PyArray1<u32>>() {
         let view = array.readonly();
-        ids.reserve_exact(view.len() + room);
+        let mut ids = Vec::with_capacity(view.len() + room);
         match view.as_slice() {
             Ok(slice) => ids.extend_from_slice(slice),
             Err(_) => ids.extend(view.as_array().iter()),
         }
         return Ok(ids);
     }
-    ids = obj.extract()?;
+    let mut ids: Vec<u32> = obj.extract()?;
     ids.reserve_exact(room);
     Ok(ids)
 }
