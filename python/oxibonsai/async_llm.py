@@ -69,6 +69,11 @@ class RequestStream:
     def __aiter__(self) -> RequestStream:
         return self
 
+    @property
+    def done(self) -> bool:
+        """Whether the last output was delivered or the stream was closed."""
+        return self._done
+
     async def __anext__(self) -> RequestOutput:
         if self._done:
             raise StopAsyncIteration
@@ -279,6 +284,16 @@ class AsyncLLM:
     @property
     def max_model_len(self) -> int:
         return self._llm.max_model_len
+
+    @property
+    def model_name(self) -> str:
+        """The GGUF's ``general.name``, else its file name without the extension."""
+        return self._llm.model_name
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block (the prefix cache shares whole blocks)."""
+        return self._llm.block_size
 
     def chat_prompt(
         self, messages: Sequence[Message], *, add_generation_prompt: bool = True, **template_kwargs: Any

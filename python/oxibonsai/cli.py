@@ -1,5 +1,6 @@
 """The ``oxibonsai`` command: ``generate`` (stream a completion), ``chat`` (interactive, keeps the
-history), ``info`` (what a GGUF file holds) and ``demo`` (time the Q1_0 kernels). Text goes to stdout;
+history), ``info`` (what a GGUF file holds), ``demo`` (time the Q1_0 kernels) and ``serve`` (the
+OpenAI-compatible HTTP server, ``oxibonsai.server``). Text goes to stdout;
 progress and timing lines go to stderr. Without ``--model`` the embedded default model is used."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from oxibonsai import _core
 from oxibonsai.llm import LLM, default_model_path
 from oxibonsai.outputs import RequestOutput
 from oxibonsai.sampling_params import SamplingParams
+from oxibonsai.server.cli_args import add_serve_flags
 
 _SAMPLING_FIELDS = (
     "max_tokens",
@@ -166,6 +168,14 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from oxibonsai.server.launcher import serve
+    except ImportError as e:
+        raise OSError(f"the server needs its extra: pip install 'oxibonsai[server]' ({e})") from e
+    return serve(args)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oxibonsai", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -188,6 +198,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--cols", type=int, default=2048)
     demo.add_argument("--repeats", type=int, default=200)
     demo.set_defaults(run=_demo)
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs oxibonsai[server])")
+    add_serve_flags(serve)
+    serve.set_defaults(run=_serve)
     return parser
 
 

@@ -147,6 +147,17 @@ class LLM:
     def max_model_len(self) -> int:
         return self._model.max_model_len
 
+    @property
+    def model_name(self) -> str:
+        """The GGUF's ``general.name``, else its file name without the extension."""
+        name = self.metadata.get("general.name")
+        return name if isinstance(name, str) and name else self.model_path.stem
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block (the prefix cache shares whole blocks)."""
+        return int(self._model.block_tokens)
+
     # -- prefix cache -----------------------------------------------------------------------------
 
     def cache_stats(self) -> dict[str, Any]:

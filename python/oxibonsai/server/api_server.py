@@ -1,0 +1,426 @@
+"""The FastAPI app: routes, auth, body limits, HTTP metrics and the engine's lifecycle. Routes only parse,
+check and hand over: ``serving_completion`` / ``serving_chat`` do the translation.
+
+Every error is OpenAI's envelope (``errors``), never FastAPI's 422: bodies are parsed by the protocol
+models, and each route turns exceptions into answers in one place (``_answer``). A generation request is
+admitted (tokenized, checked, submitted) before any response byte is sent, so a full queue is a clean
+503 with ``Retry-After``. A non-streaming request whose client disconnects is cancelled, and a stream
+whose client leaves is closed; both abort their engine requests, which frees their KV blocks.
+``ServerState`` counts requests in flight and knows whether the server is draining, for ``/ready`` and
+for the launcher's SIGTERM handling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import importlib.metadata
+import ipaddress
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import pydantic
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from oxibonsai.async_llm import AsyncLLM
+from oxibonsai.server.config import ServerConfig
+from oxibonsai.server.errors import APIError, error_from_exception, not_found_model
+from oxibonsai.server.generation import Samples
+from oxibonsai.server.metrics import HttpMetrics, vllm_aliases
+from oxibonsai.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from oxibonsai.server.serving_chat import ChatServing, render_chat
+from oxibonsai.server.serving_completion import CompletionServing
+
+log = logging.getLogger("oxibonsai.server")
+
+#: Paths any client may call without an API key (probes).
+PUBLIC_PATHS = frozenset({"/health", "/ready"})
+#: Handler labels of the HTTP metrics; anything else is counted as "other".
+ROUTES = (
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health",
+    "/ready", "/metrics", "/version",
+)  # fmt: skip
+
+ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
+EngineSource = AsyncLLM | Callable[[], AsyncLLM]
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("oxibonsai")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class ServerState:
+    """The engine, the config and what the lifecycle needs: requests in flight, draining, loading."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.engine: AsyncLLM | None = None
+        self.draining = False
+        self.in_flight = 0
+        self.http = HttpMetrics()
+        self.completion: CompletionServing | None = None
+        self.chat: ChatServing | None = None
+        self._key_digests = [hashlib.sha256(k.encode()).digest() for k in config.api_keys]
+
+    def attach(self, engine: AsyncLLM) -> None:
+        self.engine = engine
+        self.completion = CompletionServing(engine, self.config)
+        self.chat = ChatServing(engine, self.config)
+
+    def live_engine(self) -> AsyncLLM:
+        """The engine, or 503 while loading, after a failure or while draining."""
+        if self.engine is None:
+            raise APIError(503, "The model is loading.")
+        if not self.engine.is_running:
+            raise APIError(503, "The engine is not running (it failed or is shutting down).")
+        if self.draining:
+            raise APIError(503, "The server is shutting down and takes no new requests.")
+        return self.engine
+
+    def key_ok(self, key: str | None) -> bool:
+        if not self._key_digests:
+            return True
+        if key is None:
+            return False
+        digest = hashlib.sha256(key.encode()).digest()
+        # Every key is compared, in constant time, so the answer's timing says nothing about which.
+        return sum(secrets.compare_digest(digest, d) for d in self._key_digests) > 0
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def _answer(call: Callable[[], Awaitable[Response]], state: ServerState) -> Response:
+    """Runs a route; any exception becomes an OpenAI error answer (500s are logged, not exposed)."""
+    try:
+        return await call()
+    except Exception as exc:
+        error = error_from_exception(exc, overload_status=state.config.overload_status)
+        if error.status >= 500 and not isinstance(exc, APIError):
+            log.exception("request failed")
+        return error_response(error)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, or 413 as soon as it is known to exceed ``limit`` (from Content-Length or counted)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"The request body is larger than {limit} bytes.")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"The request body is larger than {limit} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def parse(request: Request, model: type[ModelT], limit: int) -> ModelT:
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if ctype != "application/json" and not ctype.endswith("+json"):
+        raise APIError(400, f"Content-Type must be application/json, got {ctype!r}.")
+    return model.model_validate_json(await read_body(request, limit))
+
+
+async def cancel_on_disconnect(request: Request, work: Coroutine[Any, Any, Any]) -> Any:
+    """Runs ``work`` unless the client disconnects first, in which case it is cancelled (aborting its
+    engine requests). Returns None when cancelled."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watcher):
+            if not t.done():
+                t.cancel()
+    if task.cancelled() or not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class SSEResponse(StreamingResponse):
+    """A text/event-stream whose body generator is always closed and whose ``on_close`` always runs,
+    however the stream ends (finished, client gone, cancelled)."""
+
+    def __init__(self, body: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]]) -> None:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(body, media_type="text/event-stream", headers=headers)
+        self._body = body
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close = getattr(self._body, "aclose", None)
+            if close is not None:
+                await close()
+            await self._on_close()
+
+
+class GuardMiddleware:
+    """Outermost layer: HTTP metrics for every request, then the API key for all but the probes."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), [500]
+
+        async def send_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            if self._authorized(scope):
+                await self.app(scope, receive, send_status)
+            else:
+                error = APIError(401, "Invalid or missing API key.", type="authentication_error")
+                await error_response(error)(scope, receive, send_status)
+        finally:
+            path = scope["path"] if scope["path"] in ROUTES else "other"
+            self.state.http.observe(path, scope["method"], status[0], time.perf_counter() - start)
+
+    def _authorized(self, scope: Scope) -> bool:
+        if scope["method"] == "OPTIONS" or scope["path"] in PUBLIC_PATHS:
+            return True
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        auth = headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        key = token.strip() if scheme.lower() == "bearer" else headers.get("x-api-key")
+        return self.state.key_ok(key)
+
+
+def build_app(engine: EngineSource, config: ServerConfig | None = None) -> FastAPI:
+    """The app over ``engine``: an ``AsyncLLM`` (owned by the caller) or a factory that the app calls
+    at startup, in a worker thread, and shuts down at exit."""
+    config = config or ServerConfig()
+    state = ServerState(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = not isinstance(engine, AsyncLLM)
+        if not isinstance(engine, AsyncLLM):
+            state.attach(await asyncio.to_thread(engine))
+        try:
+            yield
+        finally:
+            if owned and state.engine is not None:
+                state.engine.shutdown()
+
+    app = FastAPI(title="oxibonsai", version=package_version(), lifespan=lifespan)
+    app.state.server = state
+    if isinstance(engine, AsyncLLM):
+        state.attach(engine)  # usable without running the lifespan (in-process tests)
+    if config.allowed_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.allowed_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
+    app.add_middleware(GuardMiddleware, state=state)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return error_response(APIError(exc.status_code, str(exc.detail)))
+
+    _add_probe_routes(app, state)
+    _add_generation_routes(app, state)
+    _add_tokenizer_routes(app, state)
+    return app
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    if model is not None and model != state.config.served_model_name:
+        raise not_found_model(model)
+
+
+def _add_probe_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/health")
+    async def health() -> Response:
+        engine = state.engine
+        if engine is None or not engine.is_running:
+            return error_response(APIError(503, "The engine is not running."))
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        return await _answer(lambda: _ready(state), state)
+
+    @app.get("/version")
+    async def version() -> Response:
+        return JSONResponse({"version": package_version()})
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        engine = state.engine
+        card = {
+            "id": state.config.served_model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "oxibonsai",
+            "root": state.config.model_path,
+            "parent": None,
+            "max_model_len": engine.max_model_len if engine is not None else None,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return await _answer(lambda: _metrics(state), state)
+
+
+async def _ready(state: ServerState) -> Response:
+    state.live_engine()
+    return JSONResponse({"status": "ready"})
+
+
+async def _metrics(state: ServerState) -> Response:
+    text = state.http.to_prometheus()
+    engine = state.engine
+    if engine is not None:
+        snapshot, cache = engine.metrics(), engine.cache_stats()
+        text = (
+            engine.prometheus_metrics()
+            + vllm_aliases(snapshot, cache, state.config.served_model_name, engine.block_size)
+            + text
+        )
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+
+def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        async def run() -> Response:
+            req = await parse(request, CompletionRequest, state.config.max_body_bytes)
+            check_model(state, req.model)
+            state.live_engine()
+            assert state.completion is not None
+            return await _generate(request, state, state.completion, req)
+
+        return await _answer(run, state)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        async def run() -> Response:
+            req = await parse(request, ChatCompletionRequest, state.config.max_body_bytes)
+            check_model(state, req.model)
+            state.live_engine()
+            assert state.chat is not None
+            return await _generate(request, state, state.chat, req)
+
+        return await _answer(run, state)
+
+
+async def _generate(request: Request, state: ServerState, serving: Any, req: Any) -> Response:
+    """Admits the request (errors before any byte is sent), then streams or answers in full."""
+    state.in_flight += 1
+    released = False
+
+    async def release(samples: Samples | None = None) -> None:
+        nonlocal released
+        if samples is not None:
+            await samples.aclose()
+        if not released:
+            released = True
+            state.in_flight -= 1
+
+    try:
+        samples: Samples = await serving.start(req)
+    except BaseException:
+        await release()
+        raise
+    if req.stream:
+        return SSEResponse(serving.stream(req, samples), lambda: release(samples))
+    try:
+        body = await cancel_on_disconnect(request, serving.full_response(req, samples))
+    finally:
+        await release(samples)
+    if body is None:  # the client left; nobody reads this
+        return Response(status_code=499)
+    return Response(json.dumps(body, ensure_ascii=False).encode(), media_type="application/json")
+
+
+def _add_tokenizer_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        async def run() -> Response:
+            req = await parse(request, TokenizeRequest, state.config.max_body_bytes)
+            check_model(state, req.model)
+            engine = state.live_engine()
+            ids = await asyncio.to_thread(_tokenize, engine, req)
+            return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len})
+
+        return await _answer(run, state)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        async def run() -> Response:
+            req = await parse(request, DetokenizeRequest, state.config.max_body_bytes)
+            check_model(state, req.model)
+            engine = state.live_engine()
+            vocab = engine.tokenizer.vocab_size
+            bad = next((t for t in req.tokens if t >= vocab), None)
+            if bad is not None:
+                raise APIError(
+                    400, f"token id {bad} is out of range for a vocabulary of {vocab}", param="tokens"
+                )
+            return JSONResponse({"prompt": engine.tokenizer.decode(req.tokens, skip_special_tokens=False)})
+
+        return await _answer(run, state)
+
+
+def _tokenize(engine: AsyncLLM, req: TokenizeRequest) -> list[int]:
+    if req.prompt is not None:
+        return engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    chat = ChatCompletionRequest.model_validate(
+        {
+            "messages": [m.model_dump(exclude_none=True) for m in req.messages or []],
+            "tools": [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
+            "add_generation_prompt": req.add_generation_prompt,
+            "chat_template_kwargs": req.chat_template_kwargs,
+        },
+        strict=False,
+    )
+    return render_chat(engine, chat).token_ids

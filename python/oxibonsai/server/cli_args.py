@@ -1,0 +1,64 @@
+"""The ``oxibonsai serve`` flags, spelled as vLLM's where vLLM has the flag, and the ``AsyncLLM``
+arguments they give. Light to import (no FastAPI, no uvicorn): every ``oxibonsai`` command builds its
+parser from it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from oxibonsai.server.config import DEFAULT_MAX_BODY_BYTES
+
+
+def add_serve_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", default=None, help="path to a .gguf (default: the embedded model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", action="append", default=None, help="required Bearer key (repeatable)")
+    p.add_argument(
+        "--served-model-name", default=None, help="model id clients use (default: the GGUF's name)"
+    )
+    engine = p.add_argument_group("engine")
+    engine.add_argument("--num-threads", "--threads", type=int, default=None)
+    engine.add_argument("--max-model-len", type=int, default=None)
+    engine.add_argument("--max-num-seqs", type=int, default=8)
+    engine.add_argument("--max-num-batched-tokens", type=int, default=None)
+    engine.add_argument("--max-waiting", type=int, default=None, help="waiting requests before 503")
+    engine.add_argument("--kv-cache-bytes", type=int, default=None)
+    engine.add_argument("--kv-cache-blocks", type=int, default=None)
+    engine.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "f16", "f32"])
+    engine.add_argument("--device", default="cpu", help="only 'cpu' today (the native runner)")
+    engine.add_argument("--seed", type=int, default=0)
+    engine.add_argument("--scheduling-policy", default="priority", choices=["priority", "longest_prefix"])
+    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    server = p.add_argument_group("server")
+    server.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    server.add_argument("--allowed-origins", action="append", default=None, help="CORS origin (repeatable)")
+    server.add_argument("--enable-force-include-usage", "--force-include-usage", action="store_true")
+    server.add_argument("--overload-status", type=int, default=503, choices=[503, 429])
+    server.add_argument("--shutdown-timeout", type=float, default=30.0)
+    server.add_argument("--keep-alive-on-engine-death", action="store_true")
+    server.add_argument("--disable-uvicorn-access-log", action="store_true")
+    server.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+
+
+def engine_args(args: argparse.Namespace) -> dict[str, Any]:
+    if args.device != "cpu":
+        raise ValueError(f"--device {args.device!r} is not available yet: this build serves on the CPU only")
+    return {
+        "num_threads": args.num_threads,
+        "max_model_len": args.max_model_len,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_waiting": args.max_waiting,
+        "kv_cache_bytes": args.kv_cache_bytes,
+        "kv_cache_blocks": args.kv_cache_blocks,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "seed": args.seed,
+        "scheduling_policy": args.scheduling_policy,
+        "enable_prefix_caching": args.enable_prefix_caching,
+        "enable_chunked_prefill": args.enable_chunked_prefill,
+    }

@@ -1,0 +1,125 @@
+"""Engine outputs in OpenAI's response shapes: usage, logprobs (the chat and the legacy completions
+forms), finish reasons and SSE events. Pure functions over ``RequestOutput`` data; no engine calls."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from oxibonsai.outputs import Logprob, RequestOutput
+from oxibonsai.tokenizer import Tokenizer
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def response_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def created() -> int:
+    return int(time.time())
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    """One server-sent event carrying a JSON object."""
+    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+class UsageCounter:
+    """Usage of a request with ``n`` samples per prompt: each prompt counted once (with the cached
+    tokens of its first sample), completion tokens summed over every choice."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+        self._prompt: dict[int, tuple[int, int]] = {}
+        self._completion: dict[int, int] = {}
+
+    def update(self, choice: int, out: RequestOutput) -> None:
+        prompt = choice // self._n
+        if choice % self._n == 0 or prompt not in self._prompt:
+            self._prompt[prompt] = (len(out.prompt_token_ids), out.num_cached_tokens)
+        self._completion[choice] = len(out.outputs[0].token_ids)
+
+    def usage(self) -> dict[str, Any]:
+        prompt = sum(p for p, _ in self._prompt.values())
+        cached = sum(c for _, c in self._prompt.values())
+        return usage(prompt, sum(self._completion.values()), cached)
+
+
+def finish_reason(out: RequestOutput) -> str | None:
+    return out.outputs[0].finish_reason
+
+
+def _token_bytes(tokenizer: Tokenizer, token_id: int) -> list[int]:
+    return list(tokenizer.token_pieces.token_bytes(token_id))
+
+
+def _text(entry: Logprob, tokenizer: Tokenizer, token_id: int) -> str:
+    if entry.decoded_token is not None:
+        return entry.decoded_token
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _ranked(entries: dict[int, Logprob], limit: int) -> list[tuple[int, Logprob]]:
+    ranked = sorted(
+        ((t, lp) for t, lp in entries.items() if lp.rank is not None), key=lambda x: x[1].rank or 0
+    )
+    return ranked[:limit]
+
+
+def chat_logprobs(
+    tokenizer: Tokenizer, token_ids: Sequence[int], entries: Sequence[dict[int, Logprob]], top: int
+) -> dict[str, Any]:
+    """``{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}`` for the given tokens."""
+    content = []
+    for token, entry in zip(token_ids, entries, strict=True):
+        chosen = entry[token]
+        content.append(
+            {
+                "token": _text(chosen, tokenizer, token),
+                "logprob": chosen.logprob,
+                "bytes": _token_bytes(tokenizer, token),
+                "top_logprobs": [
+                    {
+                        "token": _text(lp, tokenizer, t),
+                        "logprob": lp.logprob,
+                        "bytes": _token_bytes(tokenizer, t),
+                    }
+                    for t, lp in _ranked(entry, top)
+                ],
+            }
+        )
+    return {"content": content}
+
+
+def completion_logprobs(
+    tokenizer: Tokenizer,
+    token_ids: Sequence[int],
+    entries: Sequence[dict[int, Logprob]],
+    top: int,
+    text_offset: int,
+) -> dict[str, Any]:
+    """The legacy form: parallel lists ``tokens``, ``token_logprobs``, ``top_logprobs`` (one
+    ``{token: logprob}`` per position) and ``text_offset`` (starting at ``text_offset``)."""
+    tokens, logprobs, tops, offsets = [], [], [], []
+    offset = text_offset
+    for token, entry in zip(token_ids, entries, strict=True):
+        text = _text(entry[token], tokenizer, token)
+        tokens.append(text)
+        logprobs.append(entry[token].logprob)
+        tops.append({_text(lp, tokenizer, t): lp.logprob for t, lp in _ranked(entry, top)} if top else None)
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}

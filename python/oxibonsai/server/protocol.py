@@ -1,0 +1,304 @@
+"""Request models of the OpenAI-compatible API, with OpenAI's and vLLM's field names.
+
+Validation happens here, at the edge: bodies are parsed as strict JSON (``model_validate_json``: invalid
+UTF-8, lone surrogates, ``"10"`` for an int and ``1.5`` for a count are all rejected), every range is a
+field constraint so a 400 names its field, and unknown fields are ignored as OpenAI's API does.
+Features the engine does not have (``logit_bias``, ``response_format`` other than text, request chat
+templates, forced tool choice, ``suffix``) are refused with a 400 rather than silently ignored.
+``sampling_params`` turns a validated request into the engine's ``SamplingParams``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from oxibonsai.sampling_params import MAX_LOGPROBS, SamplingParams
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+MAX_N = 128
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 1024
+COMPLETION_MAX_LOGPROBS = 5  # OpenAI's limit for the legacy completions API
+
+Count = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = True
+    continuous_usage_stats: bool = False
+
+
+class _SamplingFields(_Strict):
+    """The sampling fields both endpoints share."""
+
+    model: str | None = None
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1, le=INT32_MAX)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool = False
+    min_tokens: Count = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    priority: int = Field(default=0, ge=INT32_MIN, le=INT32_MAX)
+    cache_salt: str | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        items = [value] if isinstance(value, str) else (value or [])
+        if len(items) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are accepted, got {len(items)}")
+        for s in items:
+            if not s:
+                raise ValueError("stop strings must not be empty")
+            if len(s) > MAX_STOP_STRING_CHARS:
+                raise ValueError(f"stop strings must be at most {MAX_STOP_STRING_CHARS} characters")
+        return value
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _check_salt(cls, value: str | None) -> str | None:
+        if value is not None and not value:
+            raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _refuse_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("logit_bias is not supported by this server")
+        return value
+
+    @model_validator(mode="after")
+    def _check_stream_options(self) -> _SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("Stream options can only be defined when `stream=True`.")
+        return self
+
+    def include_usage(self, force: bool) -> bool:
+        """Whether a stream ends with a usage chunk (asked for, or forced by the server)."""
+        return force or (self.stream_options is not None and self.stream_options.include_usage)
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """The engine's parameters; fields left out take vLLM's defaults. ``max_tokens`` is the checked
+        output budget; a negative ``seed`` is taken modulo 2**64."""
+        given: dict[str, Any] = {
+            name: getattr(self, name)
+            for name in (
+                "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                "repetition_penalty",
+            )
+            if getattr(self, name) is not None
+        }  # fmt: skip
+        return SamplingParams(
+            max_tokens=max_tokens,
+            min_tokens=min(self.min_tokens, max_tokens) if max_tokens is not None else self.min_tokens,
+            seed=None if self.seed is None else self.seed % 2**64,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+            logprobs=logprobs,
+            **given,
+        )
+
+
+PromptField = str | list[str] | list[TokenId] | list[list[TokenId]]
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``."""
+
+    prompt: PromptField
+    max_tokens: int | None = Field(default=16, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=COMPLETION_MAX_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1)
+
+    @field_validator("prompt")
+    @classmethod
+    def _check_prompt(cls, value: PromptField) -> PromptField:
+        if isinstance(value, list) and not value:
+            raise ValueError("the prompt list must not be empty")
+        if isinstance(value, list) and isinstance(value[0], list) and not all(value):
+            raise ValueError("a token-id prompt must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _check_unsupported(self) -> CompletionRequest:
+        if self.suffix:
+            raise ValueError("suffix is not supported by this server")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of must equal n (best-of sampling is not supported)")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs is not supported (prompt logprobs are not computed)")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: a string or a token-id list."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and isinstance(p[0], int):
+            return [list(p)]
+        return list(p)  # type: ignore[arg-type]
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str | dict[str, Any]
+
+
+class ToolCallItem(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    """One message. Content is a string or a list of text parts (joined with newlines)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallItem] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_unsupported_parts(cls, data: Any) -> Any:
+        content = data.get("content") if isinstance(data, dict) else None
+        if isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError(f"content parts of type {kind!r} are not supported (text only)")
+        return data
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates expect it: a string content, ``developer`` as ``system``."""
+        content = self.content
+        text = "\n".join(p.text for p in content) if isinstance(content, list) else (content or "")
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class FunctionDef(_Strict):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ResponseFormat(_Strict):
+    type: str
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _check_chat(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("when using `top_logprobs`, `logprobs` must be set to true.")
+        if self.tools is not None and not self.tools:
+            raise ValueError("tools must not be an empty list")
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise ValueError("only tool_choice 'auto' and 'none' are supported")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise ValueError(f"response_format {self.response_format.type!r} is not supported")
+        if self.chat_template is not None:
+            raise ValueError("request chat templates are not accepted; the model's own template is used")
+        return self
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def parses_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.for_template() for m in self.messages]
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+
+class TokenizeRequest(_Strict):
+    """``POST /tokenize``: a ``prompt`` or chat ``messages`` (vLLM's shape)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    tools: list[Tool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    """``POST /detokenize``."""
+
+    model: str | None = None
+    tokens: list[TokenId]

@@ -1,0 +1,171 @@
+"""``/v1/chat/completions``: messages through the model's chat template (tools included) to an engine
+request, and engine outputs to a ``chat.completion`` response or its SSE chunks. With ``tools``, the
+Qwen3/Hermes ``<tool_call>`` blocks in the output become ``tool_calls`` (``finish_reason:
+"tool_calls"``), in streams too; the text around them stays ``content``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from oxibonsai.async_llm import AsyncLLM
+from oxibonsai.outputs import RequestOutput
+from oxibonsai.server.config import ServerConfig
+from oxibonsai.server.generation import Prompt, Samples, output_budget
+from oxibonsai.server.openai_format import DONE_EVENT, UsageCounter, chat_logprobs, created, response_id, sse
+from oxibonsai.server.protocol import ChatCompletionRequest
+from oxibonsai.server.streaming import ChoiceCursor, error_event
+from oxibonsai.server.tool_parser import StreamingToolParser, ToolCall, parse_tool_calls
+
+# Template variables a request's chat_template_kwargs may not override.
+_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "tokenize"})
+
+
+def render_chat(engine: AsyncLLM, req: ChatCompletionRequest) -> Prompt:
+    """The request's conversation through the model's template, tokenized (special tokens in the text
+    map to their ids). Runs in a worker thread: templates and tokenizing can take a while."""
+    kwargs = {k: v for k, v in (req.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
+    text = engine.tokenizer.apply_chat_template(
+        req.template_messages(),
+        add_generation_prompt=req.add_generation_prompt,
+        tools=req.template_tools(),
+        **kwargs,
+    )
+    return Prompt(text, engine.tokenizer.encode(text, add_special_tokens=False), req.cache_salt)
+
+
+def _tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+    if index is not None:
+        out = {"index": index, **out}
+    return out
+
+
+def _finish(reason: str | None, made_tool_calls: bool) -> str | None:
+    return "tool_calls" if made_tool_calls and reason == "stop" else reason
+
+
+class ChatServing:
+    def __init__(self, engine: AsyncLLM, config: ServerConfig) -> None:
+        self._engine = engine
+        self._config = config
+
+    async def start(self, req: ChatCompletionRequest) -> Samples:
+        prompt = await asyncio.to_thread(render_chat, self._engine, req)
+        budget = output_budget(self._engine.max_model_len, len(prompt.token_ids), req.requested_max_tokens())
+        params = req.sampling_params(budget, (req.top_logprobs or 0) if req.logprobs else None)
+        return await Samples.start(self._engine, [(prompt, params)], req.n, priority=req.priority)
+
+    def _logprobs(self, req: ChatCompletionRequest, tokens: list[int], entries: Any) -> dict[str, Any] | None:
+        if not req.logprobs or entries is None:
+            return None
+        return chat_logprobs(self._engine.tokenizer, tokens, entries, req.top_logprobs or 0)
+
+    def _choice(self, req: ChatCompletionRequest, index: int, out: RequestOutput) -> dict[str, Any]:
+        completion = out.outputs[0]
+        content: str | None = completion.text
+        calls: list[ToolCall] = []
+        if req.parses_tools():
+            content, calls = parse_tool_calls(completion.text)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [_tool_call_json(c) for c in calls]
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": self._logprobs(req, completion.token_ids, completion.logprobs),
+            "finish_reason": _finish(completion.finish_reason, bool(calls)),
+            "stop_reason": completion.stop_reason,
+        }
+
+    async def full_response(self, req: ChatCompletionRequest, samples: Samples) -> dict[str, Any]:
+        finals = await samples.final_outputs()
+        counter = UsageCounter(req.n)
+        for i, out in enumerate(finals):
+            counter.update(i, out)
+        return {
+            "id": response_id("chatcmpl"),
+            "object": "chat.completion",
+            "created": created(),
+            "model": self._config.served_model_name,
+            "choices": [self._choice(req, i, out) for i, out in enumerate(finals)],
+            "usage": counter.usage(),
+        }
+
+    async def stream(self, req: ChatCompletionRequest, samples: Samples) -> AsyncIterator[bytes]:
+        """SSE chunks: each choice's first chunk carries the role, then content and tool-call deltas,
+        ``finish_reason`` on its last; a usage chunk when asked; ``[DONE]``."""
+        stream = _ChatStream(self, req)
+        try:
+            for i in range(req.n):
+                yield sse(stream.chunk({"index": i, "delta": {"role": "assistant", "content": ""}}))
+            async for index, out in samples.events():
+                for choice in stream.deltas(index, out):
+                    yield sse(stream.chunk(choice))
+            if req.include_usage(self._config.force_include_usage):
+                yield sse(stream.chunk(None, with_usage=True))
+        except Exception as error:
+            yield error_event(error)
+        yield DONE_EVENT
+
+
+class _ChatStream:
+    """One chat stream's state: the chunk envelope, each choice's cursor and tool parser, the usage."""
+
+    def __init__(self, serving: ChatServing, req: ChatCompletionRequest) -> None:
+        self._serving = serving
+        self._req = req
+        self._base = {
+            "id": response_id("chatcmpl"),
+            "object": "chat.completion.chunk",
+            "created": created(),
+            "model": serving._config.served_model_name,
+        }
+        self._cursors: dict[int, ChoiceCursor] = {}
+        self._parsers: dict[int, StreamingToolParser] = {}
+        self._calls: dict[int, int] = {}  # tool calls sent per choice
+        self._usage = UsageCounter(req.n)
+        opts = req.stream_options
+        self._continuous = opts is not None and opts.continuous_usage_stats
+
+    def chunk(self, choice: dict[str, Any] | None, *, with_usage: bool = False) -> dict[str, Any]:
+        out = {**self._base, "choices": [] if choice is None else [choice]}
+        if with_usage or (self._continuous and choice is not None):
+            out["usage"] = self._usage.usage()
+        return out
+
+    def deltas(self, index: int, out: RequestOutput) -> list[dict[str, Any]]:
+        """The choice objects this output adds (none when nothing new can be sent yet)."""
+        self._usage.update(index, out)
+        completion = out.outputs[0]
+        cursor = self._cursors.setdefault(index, ChoiceCursor())
+        text = cursor.new_text(completion.text)
+        tokens, entries = cursor.new_tokens(completion.token_ids, completion.logprobs)
+        content, calls = self._parse(index, text, completion.finish_reason is not None)
+        logprobs = self._serving._logprobs(self._req, tokens, entries)
+        delta: dict[str, Any] = {}
+        if content:
+            delta["content"] = content
+        if calls:
+            first = self._calls.get(index, 0)
+            delta["tool_calls"] = [_tool_call_json(c, first + k) for k, c in enumerate(calls)]
+            self._calls[index] = first + len(calls)
+        if not delta and completion.finish_reason is None and logprobs is None:
+            return []
+        reason = _finish(completion.finish_reason, self._calls.get(index, 0) > 0)
+        return [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]
+
+    def _parse(self, index: int, text: str, finished: bool) -> tuple[str, list[ToolCall]]:
+        if not self._req.parses_tools():
+            return text, []
+        parser = self._parsers.setdefault(index, StreamingToolParser())
+        content, calls = parser.feed(text)
+        if finished:
+            rest, more = parser.finish()
+            content, calls = content + rest, calls + more
+        return content, calls
