@@ -113,8 +113,8 @@ def error_from_exception(error: BaseException, *, overload_status: int = 503) ->
         return validation_error(error)
     if isinstance(error, QueueFull):
         return overloaded(overload_status, 1)
-    if isinstance(error, EngineDeadError):
-        return APIError(503, "The engine is not running (it failed or is shutting down).")
+    if isinstance(error, EngineDeadError):  # raised while serving: admission answers 503 before this
+        return APIError(500, f"The engine failed while serving this request: {error}")
     if isinstance(error, (ValueError, TypeError, OverflowError)):
         message = str(error)
         match = _LEADING_FIELD.match(message)

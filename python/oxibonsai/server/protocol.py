@@ -111,7 +111,7 @@ class _SamplingFields(_Strict):
         }  # fmt: skip
         return SamplingParams(
             max_tokens=max_tokens,
-            min_tokens=min(self.min_tokens, max_tokens) if max_tokens is not None else self.min_tokens,
+            min_tokens=self.min_tokens,
             seed=None if self.seed is None else self.seed % 2**64,
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,

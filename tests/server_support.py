@@ -1,0 +1,139 @@
+"""Helpers for the server tests: an in-process client over the ASGI app, a real uvicorn server on a
+free loopback port in a background thread, SSE parsing, and the engine's block accounting."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
+
+import httpx
+import uvicorn
+
+import oxibonsai as ob
+from oxibonsai.server import ServerConfig, build_app
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def asgi_client(app: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver", timeout=60)
+
+
+def app_for(engine: ob.AsyncLLM, **config: Any) -> Any:
+    config.setdefault("served_model_name", "bonsai")
+    return build_app(engine, ServerConfig(**config))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def live_server(app: Any) -> Iterator[str]:
+    """uvicorn serving ``app`` on 127.0.0.1 in a thread; yields the base URL; stops it on exit."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+
+
+def sse_payloads(text: str) -> list[Any]:
+    """The JSON objects of an SSE body, then the string ``"[DONE]"`` if it ended with it."""
+    out: list[Any] = []
+    for block in text.split("\n\n"):
+        block = block.strip()
+        if not block:
+            continue
+        assert block.startswith("data: "), block
+        data = block[len("data: ") :]
+        out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def blocks_held(engine: ob.AsyncLLM) -> int:
+    """KV blocks some request still references (neither free nor idle in the prefix cache)."""
+    s = engine.cache_stats()
+    return int(s["capacity_blocks"] - s["free_blocks"] - s["idle_blocks"])
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+def engine_idle(engine: ob.AsyncLLM) -> bool:
+    m = engine.metrics()
+    return m["num_running"] == 0 and m["num_waiting"] == 0 and blocks_held(engine) == 0
+
+
+@contextlib.contextmanager
+def server_process(
+    *flags: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``python -m oxibonsai serve`` on a free loopback port; yields (base URL, process) once /health
+    answers; kills it on exit if it is still running."""
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "oxibonsai",
+        "serve",
+        "--port",
+        str(port),
+        "--disable-uvicorn-access-log",
+        *flags,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                out = proc.stdout.read().decode() if proc.stdout else ""
+                raise RuntimeError(f"the server exited with {proc.returncode}: {out[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not answer /health within 60 s")
+            time.sleep(0.05)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        if proc.stdout:
+            proc.stdout.close()

@@ -1,0 +1,229 @@
+"""The server under load and faults: a full queue answers 503 + Retry-After before any byte; clients
+that disconnect (streaming or not, running or queued) free every KV block; an engine failure becomes
+500s and a 503 /health, never a hang; 64 concurrent streams give the tokens each gives alone; a seeded
+request gives the same output whatever else runs. Real-socket tests run uvicorn in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Any
+
+import httpx
+import pytest
+
+import oxibonsai as ob
+
+from server_support import (
+    app_for,
+    asgi_client,
+    blocks_held,
+    engine_idle,
+    live_server,
+    run,
+    sse_payloads,
+    wait_until,
+)
+
+pytest.importorskip("fastapi")
+
+
+def words(rng: random.Random, n: int) -> str:
+    pool = ["the", "module", "returns", "a", "list", "of", "files", "in", "path", "os", "data", "string"]
+    return " ".join(rng.choice(pool) for _ in range(n))
+
+
+def long_request(stream: bool = False) -> dict[str, Any]:
+    return {"prompt": "os", "max_tokens": 400, "ignore_eos": True, "stream": stream}
+
+
+def test_a_full_queue_is_503_with_retry_after_before_any_byte() -> None:
+    engine = ob.AsyncLLM(None, max_num_seqs=1, max_waiting=1)
+    app = app_for(engine)
+
+    async def go() -> None:
+        async with asgi_client(app) as c:
+            running = asyncio.ensure_future(c.post("/v1/completions", json=long_request()))
+            await asyncio.to_thread(wait_until, lambda: engine.metrics()["num_running"] == 1)
+            waiting = asyncio.ensure_future(c.post("/v1/completions", json=long_request()))
+            await asyncio.to_thread(wait_until, lambda: engine.metrics()["num_waiting"] == 1)
+            for stream in (False, True):
+                r = await c.post("/v1/completions", json=long_request(stream))
+                assert r.status_code == 503, r.text
+                assert r.headers["retry-after"] == "1"
+                assert r.headers["content-type"].startswith("application/json")
+                assert r.json()["error"]["code"] == 503
+            assert (await c.get("/health")).status_code == 200
+            for task in (running, waiting):
+                assert (await task).json()["usage"]["completion_tokens"] == 400
+
+    try:
+        run(go())
+        assert wait_until(lambda: engine_idle(engine))
+    finally:
+        engine.shutdown()
+
+
+def test_overload_status_429_when_configured() -> None:
+    engine = ob.AsyncLLM(None, max_num_seqs=1, max_waiting=0)
+    app = app_for(engine, overload_status=429)
+
+    async def go() -> None:
+        async with asgi_client(app) as c:
+            busy = asyncio.ensure_future(c.post("/v1/completions", json=long_request()))
+            await asyncio.to_thread(wait_until, lambda: engine.metrics()["num_running"] == 1)
+            r = await c.post("/v1/completions", json=long_request())
+            assert r.status_code == 429 and "retry-after" in r.headers
+            await busy
+
+    try:
+        run(go())
+    finally:
+        engine.shutdown()
+
+
+def test_engine_failure_is_500_for_waiters_and_503_health() -> None:
+    engine = ob.AsyncLLM(None, max_num_seqs=1)
+    app = app_for(engine)
+    real_step = engine._engine.step
+    steps = 0
+
+    def failing_step() -> Any:
+        nonlocal steps
+        steps += 1
+        if steps > 5:
+            raise RuntimeError("injected step failure")
+        return real_step()
+
+    engine._engine.step = failing_step  # type: ignore[method-assign]
+
+    async def go() -> None:
+        async with asgi_client(app) as c:
+            plain = asyncio.ensure_future(c.post("/v1/completions", json=long_request()))
+            streamed = asyncio.ensure_future(c.post("/v1/completions", json=long_request(stream=True)))
+            r = await asyncio.wait_for(plain, 30)
+            assert r.status_code == 500 and "injected" in r.json()["error"]["message"]
+            events = sse_payloads((await asyncio.wait_for(streamed, 30)).text)
+            assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 500
+            assert (await c.get("/health")).status_code == 503
+            assert (await c.get("/ready")).status_code == 503
+            after = await c.post("/v1/completions", json={"prompt": "os"})
+            assert after.status_code == 503
+
+    try:
+        run(go())
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def served() -> Any:
+    engine = ob.AsyncLLM(None, max_num_seqs=8, seed=random.randrange(2**32))
+    with live_server(app_for(engine)) as url:
+        yield engine, url
+    engine.shutdown()
+
+
+async def read_stream(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], stop_after: int | None
+) -> Any:
+    """The stream's text and finish reason, or None when it was left after ``stop_after`` events."""
+    text, finish, seen = "", None, 0
+    async with client.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        if stop_after == 0:  # admitted, maybe still queued: leave before the first event
+            return None
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            seen += 1
+            if stop_after is not None and seen >= stop_after:
+                return None
+            choice = json.loads(line[6:])["choices"][0]
+            text += choice["text"]
+            finish = choice["finish_reason"] or finish
+    return text, finish
+
+
+def test_64_concurrent_streams_give_the_tokens_each_gives_alone(served: Any) -> None:
+    engine, url = served
+    rng = random.Random()
+    bodies = [
+        {"prompt": words(rng, rng.randrange(2, 30)), "max_tokens": rng.randrange(8, 32), "temperature": 0}
+        for _ in range(64)
+    ]
+
+    async def go() -> tuple[list[Any], list[Any]]:
+        async with httpx.AsyncClient(timeout=120) as c:
+            alone = [await read_stream(c, url, b, None) for b in bodies]
+            together = await asyncio.gather(*(read_stream(c, url, b, None) for b in bodies))
+        return alone, list(together)
+
+    alone, together = run(go())
+    assert together == alone
+    assert all(finish in ("stop", "length") for _, finish in alone)
+    assert wait_until(lambda: engine_idle(engine))
+
+
+def test_random_disconnects_leave_no_block_held(served: Any) -> None:
+    """32 streams over 8 running slots: some leave while queued, some mid-stream, some finish."""
+    engine, url = served
+    rng = random.Random()
+
+    async def go() -> None:
+        async with httpx.AsyncClient(timeout=120) as c:
+            jobs = []
+            for _ in range(32):
+                body = {"prompt": words(rng, rng.randrange(2, 60)), "max_tokens": 64, "ignore_eos": True}
+                jobs.append(read_stream(c, url, body, rng.choice([None, 0, 1, 2, 5, 20])))
+            await asyncio.gather(*jobs)
+
+    run(go())
+    assert wait_until(lambda: engine_idle(engine)), (blocks_held(engine), engine.metrics()["num_running"])
+
+
+def test_non_streaming_clients_that_time_out_are_cancelled(served: Any) -> None:
+    engine, url = served
+
+    async def go() -> None:
+        async with httpx.AsyncClient() as c:
+            for _ in range(12):
+                with pytest.raises(httpx.TimeoutException):
+                    await c.post(url + "/v1/completions", json=long_request(), timeout=0.05)
+        assert await asyncio.to_thread(wait_until, lambda: engine_idle(engine))
+        async with httpx.AsyncClient(timeout=30) as c:
+            r = await c.post(url + "/v1/completions", json={"prompt": "os", "max_tokens": 4})
+            assert r.status_code == 200
+
+    run(go())
+    finished = engine.metrics()["counters"]["requests_finished"]
+    assert finished["abort"] >= 12
+
+
+def test_a_seeded_request_is_the_same_whatever_else_runs(served: Any) -> None:
+    _, url = served
+    rng = random.Random()
+    seeded = {
+        "prompt": words(rng, 8),
+        "max_tokens": 24,
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "seed": rng.randrange(2**62),
+    }
+    noise = [
+        {"prompt": words(rng, rng.randrange(2, 40)), "max_tokens": rng.randrange(4, 40)} for _ in range(12)
+    ]
+
+    async def go() -> tuple[Any, Any]:
+        async with httpx.AsyncClient(timeout=120) as c:
+            alone = (await c.post(url + "/v1/completions", json=seeded)).json()
+            results = await asyncio.gather(
+                *(c.post(url + "/v1/completions", json=b) for b in noise[:6]),
+                c.post(url + "/v1/completions", json=seeded),
+                *(c.post(url + "/v1/completions", json=b) for b in noise[6:]),
+            )
+        return alone, results[6].json()
+
+    alone, busy = run(go())
+    assert busy["choices"][0]["text"] == alone["choices"][0]["text"]
