@@ -34,7 +34,8 @@ def reference() -> ob.LLM:
 
 class StepGate:
     """Makes the engine's step wait for a permit; waiting on the AsyncLLM's condition releases its lock,
-    so submissions and aborts go through while the loop is held."""
+    so submissions and aborts go through while the loop is held. A permitted step first admits what was
+    submitted while it waited (the loop would otherwise admit it one step later)."""
 
     def __init__(self, engine: ob.AsyncLLM) -> None:
         self._engine = engine
@@ -44,6 +45,7 @@ class StepGate:
         def gated() -> list[ob.RequestOutput]:
             engine._wake.wait_for(lambda: self._permits > 0 or engine._closed)
             self._permits = max(0, self._permits - 1)
+            engine._admit_inbox()
             return step()
 
         engine._engine.step = gated
@@ -327,3 +329,37 @@ def test_event_loops_on_several_threads_share_one_engine(reference, rng):
     finally:
         engine.shutdown()
     assert results == expected
+
+
+def test_generate_does_not_wait_for_a_running_step(rng):
+    """A step holds the engine lock for its whole length (up to a second on a big model); submitting
+    meanwhile must not block the submitter's event loop. The step here is held open on an event."""
+    release = threading.Event()
+    entered = threading.Event()
+
+    async def main() -> None:
+        engine = ob.AsyncLLM(max_model_len=MAX_LEN, max_num_seqs=1, max_waiting=2)
+        step = engine._engine.step
+
+        def held_step() -> list[ob.RequestOutput]:
+            entered.set()
+            release.wait()
+            return step()
+
+        engine._engine.step = held_step
+        try:
+            first = engine.generate(words(rng), greedy(3))
+            await asyncio.to_thread(entered.wait, 30)  # the loop is inside the step, holding the lock
+            second = engine.generate(words(rng), greedy(3))  # returns at once: it goes to the inbox
+            with pytest.raises(ob.QueueFull):  # the first (waiting in the engine) and the inbox count
+                engine.generate(words(rng), greedy(3))
+            with pytest.raises(ValueError):  # and validation still happens at submission
+                engine.generate([], greedy(3))
+            release.set()
+            for outs in await asyncio.gather(collect(first), collect(second)):
+                assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 3
+        finally:
+            release.set()
+            engine.shutdown()
+
+    asyncio.run(main())

@@ -1,12 +1,16 @@
 """``AsyncLLM``: the engine's step loop on a background thread, with one asyncio stream per request.
 
 It owns the thread, the lock and the hand-off of outputs to asyncio; loading, tokenizing and scheduling
-stay in the ``LLM`` it builds and that ``LLM``'s engine. Every engine call happens under one lock: the
-step loop holds it for one step at a time (the native step releases the GIL, so the event loop keeps
-running) and ``generate`` / ``abort`` hold it to submit or drop a request, so a submission error
-(``ValueError``, ``QueueFull``) reaches the caller of ``generate`` before anything is queued. After a
-step the loop hands each request's output to its event loop with ``call_soon_threadsafe``; it never
-calls back into user code and never busy-waits (it sleeps on a condition while no request is left).
+stay in the ``LLM`` it builds and that ``LLM``'s engine. Every engine call happens under one lock, which
+the step loop holds for one step at a time (the native step releases the GIL). ``generate`` never
+waits for that lock, since a step can take a second and the caller is usually an event loop serving
+other streams: it validates the request against the engine's constants, checks the waiting limit
+(``max_waiting``, which ``AsyncLLM`` enforces itself: queued submissions plus the engine's waiting
+requests) and puts the request in an inbox that the loop moves into the engine before its next step. So
+a submission error (``ValueError``, ``QueueFull``) still reaches the caller of ``generate`` before
+anything is queued. After a step the loop hands each request's output to its event loop with
+``call_soon_threadsafe``; it never calls back into user code and never busy-waits (it sleeps on a
+condition while there is no work).
 A consumer that stops listening (``break``, ``aclose``, cancellation) aborts its request, which frees
 its KV blocks. A failing step ends the engine: every waiting consumer gets ``EngineDeadError``."""
 
@@ -23,7 +27,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from oxibonsai._core import OxiBonsaiError
+from oxibonsai._core import OxiBonsaiError, QueueFull
 from oxibonsai.llm import LLM, Message, PromptType, _cache_salt
 from oxibonsai.metrics import EngineMetrics
 from oxibonsai.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -36,6 +40,19 @@ class EngineDeadError(OxiBonsaiError):
 
 
 _ABORTED = object()  # mailbox item: the request was aborted by someone other than its consumer
+
+
+@dataclasses.dataclass(frozen=True)
+class _Submission:
+    """A validated request waiting in the inbox for the step loop to move it into the engine."""
+
+    request_id: str
+    prompt: str | None
+    token_ids: list[int]
+    params: SamplingParams
+    cache_salt: str | None
+    priority: int
+    arrival_time: float
 
 
 class _Mailbox:
@@ -117,10 +134,16 @@ class AsyncLLM:
     its (daemon) thread until the interpreter exits."""
 
     def __init__(self, model: str | os.PathLike[str] | None = None, **engine_args: Any) -> None:
+        self._max_waiting: int | None = engine_args.pop("max_waiting", None)
+        if self._max_waiting is not None and self._max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0 or None, got {self._max_waiting}")
         self._llm = LLM(model, **engine_args)
         self._engine = self._llm._engine
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # every engine call; held by the loop for a whole step
         self._wake = threading.Condition(self._lock)
+        self._work = threading.Condition()  # the idle loop sleeps here; submitters notify without waiting
+        self._inbox: deque[_Submission] = deque()  # guarded by _work's lock
+        self._waiting_after_step = 0  # the engine's waiting requests when the loop last looked
         self._mailboxes: dict[str, _Mailbox] = {}
         self._dropped: deque[str] = deque()  # appended by finalizers without the lock
         self._dead: BaseException | None = None
@@ -147,17 +170,22 @@ class AsyncLLM:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         loop = asyncio.get_running_loop()
+        arrival = time.perf_counter()
         text, ids = self._llm._tokenize(prompt)
         salt = _cache_salt(prompt)
+        self._engine.check_prompt(ids, params)  # the engine's constants only: no lock needed
         rid = uuid.uuid4().hex if request_id is None else str(request_id)
         mailbox = _Mailbox(loop)
-        with self._lock:
+        with self._work:
             self._check_alive()
             if rid in self._mailboxes:
                 raise ValueError(f"request_id {rid!r} is already in use")
-            self._engine.add_request(rid, text, ids, params, stream=True, cache_salt=salt, priority=priority)
+            waiting = self._waiting_after_step + len(self._inbox)
+            if self._max_waiting is not None and waiting >= self._max_waiting:
+                raise QueueFull(f"{waiting} requests are waiting (max_waiting={self._max_waiting})")
+            self._inbox.append(_Submission(rid, text, ids, params, salt, priority, arrival))
             self._mailboxes[rid] = mailbox
-            self._wake.notify()
+            self._work.notify()
         return RequestStream(self, rid, mailbox, _empty_output(rid, text, ids))
 
     def abort(self, request_id: str) -> bool:
@@ -177,6 +205,11 @@ class AsyncLLM:
             self._abort_locked(request_id)
 
     def _abort_locked(self, request_id: str) -> bool:
+        with self._work:
+            queued = next((s for s in self._inbox if s.request_id == request_id), None)
+            if queued is not None:
+                self._inbox.remove(queued)
+                return True
         return bool(self._engine.abort(request_id)) if self._dead is None else False
 
     def _check_alive(self) -> None:
@@ -193,9 +226,10 @@ class AsyncLLM:
 
     def _step_once(self) -> bool:
         """Waits for work, runs one step and delivers its outputs; False when the loop must end."""
+        with self._work:
+            while not self._closed and not (self._engine.has_unfinished() or self._dropped or self._inbox):
+                self._work.wait()
         with self._lock:
-            while not self._closed and not (self._engine.has_unfinished() or self._dropped):
-                self._wake.wait()
             if self._closed:
                 return False
             while self._dropped:
@@ -203,11 +237,30 @@ class AsyncLLM:
                 self._mailboxes.pop(rid, None)
                 self._abort_locked(rid)
             try:
+                self._admit_inbox()
                 self._deliver(self._engine.step() if self._engine.has_unfinished() else [])
+                self._waiting_after_step = self._engine.num_waiting
             except BaseException as error:  # delivered to every consumer, not swallowed
                 self._fail(error)
                 return False
         return True
+
+    def _admit_inbox(self) -> None:
+        """Moves the submitted requests into the engine, in arrival order."""
+        with self._work:
+            batch = list(self._inbox)
+            self._inbox.clear()
+            self._waiting_after_step += len(batch)  # until the step's own count replaces it
+        for sub in batch:
+            try:
+                self._engine.add_request(
+                    sub.request_id, sub.prompt, sub.token_ids, sub.params, stream=True,
+                    cache_salt=sub.cache_salt, priority=sub.priority, arrival_time=sub.arrival_time,
+                )  # fmt: skip
+            except Exception as error:  # validated at submission; reported to its consumer if not
+                mailbox = self._mailboxes.pop(sub.request_id, None)
+                if mailbox is not None:
+                    mailbox.put(error)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
@@ -222,6 +275,8 @@ class AsyncLLM:
 
     def _fail(self, error: BaseException) -> None:
         self._dead = error
+        with self._work:
+            self._inbox.clear()
         try:
             self._engine.abort_all()
         except Exception:  # the engine is already broken; the consumers hear about the first error
@@ -239,7 +294,10 @@ class AsyncLLM:
         and waits for its thread. Idempotent."""
         with self._lock:
             if not self._closed:
-                self._closed = True
+                with self._work:
+                    self._closed = True
+                    self._inbox.clear()
+                    self._work.notify_all()
                 if self._dead is None:
                     self._engine.abort_all()
                 for mailbox in self._mailboxes.values():
@@ -267,7 +325,7 @@ class AsyncLLM:
     def metrics(self) -> dict[str, Any]:
         """The engine metrics (``EngineMetrics.snapshot()``) plus ``num_running`` and ``num_waiting``."""
         with self._lock:
-            running, waiting = self._engine.num_running, self._engine.num_waiting
+            running, waiting = self._engine.num_running, self._engine.num_waiting + len(self._inbox)
             self._engine.refresh_gauges()
             snapshot = self._metrics.snapshot()
         return {**snapshot, "num_running": running, "num_waiting": waiting}

@@ -115,6 +115,12 @@ class Engine:
         if config.max_waiting is not None and config.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0 or None, got {config.max_waiting}")
         self._model = model
+        # The model's constants, read once: the native getters take the model's lock, which a running
+        # step holds, so check_prompt must not call them (AsyncLLM validates outside its step lock).
+        self.max_model_len = int(model.max_model_len)
+        self.vocab_size = int(model.vocab_size)
+        self.num_blocks = int(model.num_blocks)
+        self.block_tokens = int(model.block_tokens)
         self._tokenizer = tokenizer
         self._seed = seed
         self.config = config
@@ -142,8 +148,11 @@ class Engine:
         stream: bool = False,
         cache_salt: str | None = None,
         priority: int = 0,
+        arrival_time: float | None = None,
     ) -> None:
         """Queues a request after checking it can ever run (length against the context and the cache).
+        ``arrival_time`` (``time.perf_counter``; default now) is when the request reached the engine's
+        owner, so queueing before this call counts in its time to first token.
         A streamed request reports its output after every step; others only when they finish.
         Requests share cached prompt blocks only with requests of the same ``cache_salt``; a lower
         ``priority`` runs first. Raises ``QueueFull`` when ``max_waiting`` requests already wait."""
@@ -161,7 +170,10 @@ class Engine:
             max_new=max_new,
             detok=IncrementalDetokenizer(self._tokenizer, prompt_ids, params.skip_special_tokens),
             stops=StopStringMatcher(params.stop or [], params.include_stop_str_in_output),
-            metrics=RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(prompt_ids)),
+            metrics=RequestMetrics(
+                arrival_time=time.perf_counter() if arrival_time is None else arrival_time,
+                num_prompt_tokens=len(prompt_ids),
+            ),
             logprobs=[] if params.logprobs is not None else None,
             streamed=stream,
         )
@@ -172,7 +184,7 @@ class Engine:
 
     def check_prompt(self, prompt_ids: list[int], params: SamplingParams) -> int:
         """Validates a prompt; returns how many tokens the request may generate."""
-        limit = self._model.max_model_len
+        limit = self.max_model_len
         if not prompt_ids:
             raise ValueError("the prompt is empty: at least one token is needed")
         if len(prompt_ids) >= limit:
@@ -180,16 +192,16 @@ class Engine:
                 f"the prompt is {len(prompt_ids)} tokens, but the context (max_model_len={limit}) "
                 "must also leave room for at least one generated token"
             )
-        vocab = self._model.vocab_size
+        vocab = self.vocab_size
         bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is out of range for a vocabulary of {vocab}")
         room = limit - len(prompt_ids)
         max_new = room if params.max_tokens is None else min(params.max_tokens, room)
-        if self._blocks_for(len(prompt_ids) + max_new) > self._model.num_blocks:
+        if self._blocks_for(len(prompt_ids) + max_new) > self.num_blocks:
             raise ValueError(
                 f"the request needs {self._blocks_for(len(prompt_ids) + max_new)} KV blocks but the cache "
-                f"has {self._model.num_blocks}; raise kv_cache_blocks or lower max_tokens"
+                f"has {self.num_blocks}; raise kv_cache_blocks or lower max_tokens"
             )
         return max_new
 
@@ -259,7 +271,7 @@ class Engine:
         return outputs
 
     def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self._model.block_tokens)
+        return -(-tokens // self.block_tokens)
 
     def _banned(self, r: _Request) -> list[int]:
         if len(r.output_ids) >= r.params.min_tokens:

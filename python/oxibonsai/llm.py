@@ -145,7 +145,7 @@ class LLM:
 
     @property
     def max_model_len(self) -> int:
-        return self._model.max_model_len
+        return self._engine.max_model_len
 
     @property
     def model_name(self) -> str:
@@ -156,7 +156,7 @@ class LLM:
     @property
     def block_size(self) -> int:
         """Tokens per KV block (the prefix cache shares whole blocks)."""
-        return int(self._model.block_tokens)
+        return self._engine.block_tokens
 
     # -- prefix cache -----------------------------------------------------------------------------
 

@@ -320,12 +320,11 @@ async def _metrics(state: ServerState) -> Response:
     text = state.http.to_prometheus()
     engine = state.engine
     if engine is not None:
-        snapshot, cache = engine.metrics(), engine.cache_stats()
-        text = (
-            engine.prometheus_metrics()
-            + vllm_aliases(snapshot, cache, state.config.served_model_name, engine.block_size)
-            + text
+        # These take the engine's lock, which a step holds: read them off the event loop.
+        snapshot, cache, ours = await asyncio.to_thread(
+            lambda: (engine.metrics(), engine.cache_stats(), engine.prometheus_metrics())
         )
+        text = ours + vllm_aliases(snapshot, cache, state.config.served_model_name, engine.block_size) + text
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
