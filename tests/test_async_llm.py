@@ -331,14 +331,15 @@ def test_event_loops_on_several_threads_share_one_engine(reference, rng):
     assert results == expected
 
 
-def test_generate_does_not_wait_for_a_running_step(rng):
+def test_generate_and_dropping_do_not_wait_for_a_running_step(rng):
     """A step holds the engine lock for its whole length (up to a second on a big model); submitting
-    meanwhile must not block the submitter's event loop. The step here is held open on an event."""
+    or leaving a stream meanwhile must not block the caller's event loop. The step here is held open
+    on an event; a caller that waited for it would never return."""
     release = threading.Event()
     entered = threading.Event()
 
     async def main() -> None:
-        engine = ob.AsyncLLM(max_model_len=MAX_LEN, max_num_seqs=1, max_waiting=2)
+        engine = ob.AsyncLLM(max_model_len=MAX_LEN, max_num_seqs=1, max_waiting=3)
         step = engine._engine.step
 
         def held_step() -> list[ob.RequestOutput]:
@@ -351,13 +352,23 @@ def test_generate_does_not_wait_for_a_running_step(rng):
             first = engine.generate(words(rng), greedy(3))
             await asyncio.to_thread(entered.wait, 30)  # the loop is inside the step, holding the lock
             second = engine.generate(words(rng), greedy(3))  # returns at once: it goes to the inbox
+            left = engine.generate(words(rng), greedy(3))
             with pytest.raises(ob.QueueFull):  # the first (waiting in the engine) and the inbox count
                 engine.generate(words(rng), greedy(3))
             with pytest.raises(ValueError):  # and validation still happens at submission
                 engine.generate([], greedy(3))
+            dropper = threading.Thread(target=engine._drop, args=(left.request_id,))
+            dropper.start()
+            dropper.join(30)
+            assert not dropper.is_alive(), "dropping a stream waited for the step"
             release.set()
             for outs in await asyncio.gather(collect(first), collect(second)):
                 assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 3
+            await until_idle(engine)
+            counters = engine.metrics()["counters"]
+            assert counters["generation_tokens_total"] == 6, "the dropped request left the inbox unrun"
+            assert counters["requests_finished"]["abort"] == 0
+            assert_all_blocks_free(engine)
         finally:
             release.set()
             engine.shutdown()

@@ -192,6 +192,7 @@ class AsyncLLM:
         """Aborts a waiting or running request (its stream ends with a ``"abort"`` output) and frees
         its KV blocks; False if no such request is in the engine."""
         with self._lock:
+            self._apply_drops_locked()
             found = self._abort_locked(request_id)
             mailbox = self._mailboxes.pop(request_id, None)
         if mailbox is not None:
@@ -199,10 +200,25 @@ class AsyncLLM:
         return found
 
     def _drop(self, request_id: str) -> None:
-        """A consumer stopped listening: abort without telling it."""
-        with self._lock:
-            self._mailboxes.pop(request_id, None)
-            self._abort_locked(request_id)
+        """A consumer stopped listening: abort without telling it. Never waits for a running step: if
+        one holds the lock, the abort is left for the loop, which applies it before its next step (and
+        so does anyone else who takes the lock first, so no reader sees the request as still alive)."""
+        self._mailboxes.pop(request_id, None)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._abort_locked(request_id)
+            finally:
+                self._lock.release()
+            return
+        self._dropped.append(request_id)
+        with self._work:
+            self._work.notify()
+
+    def _apply_drops_locked(self) -> None:
+        while self._dropped:
+            rid = self._dropped.popleft()
+            self._mailboxes.pop(rid, None)
+            self._abort_locked(rid)
 
     def _abort_locked(self, request_id: str) -> bool:
         with self._work:
@@ -232,10 +248,7 @@ class AsyncLLM:
         with self._lock:
             if self._closed:
                 return False
-            while self._dropped:
-                rid = self._dropped.popleft()
-                self._mailboxes.pop(rid, None)
-                self._abort_locked(rid)
+            self._apply_drops_locked()
             try:
                 self._admit_inbox()
                 self._deliver(self._engine.step() if self._engine.has_unfinished() else [])
@@ -325,6 +338,7 @@ class AsyncLLM:
     def metrics(self) -> dict[str, Any]:
         """The engine metrics (``EngineMetrics.snapshot()``) plus ``num_running`` and ``num_waiting``."""
         with self._lock:
+            self._apply_drops_locked()
             running, waiting = self._engine.num_running, self._engine.num_waiting + len(self._inbox)
             self._engine.refresh_gauges()
             snapshot = self._metrics.snapshot()
@@ -361,10 +375,12 @@ class AsyncLLM:
 
     def cache_stats(self) -> dict[str, Any]:
         with self._lock:
+            self._apply_drops_locked()
             return self._llm.cache_stats()
 
     def reset_prefix_cache(self) -> int:
         with self._lock:
+            self._apply_drops_locked()
             return self._llm.reset_prefix_cache()
 
 
