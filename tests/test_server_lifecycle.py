@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
 from typing import Any
 
 import httpx
@@ -84,15 +85,14 @@ def test_overload_status_429_when_configured() -> None:
 
 
 def test_engine_failure_is_500_for_waiters_and_503_health() -> None:
+    """Two requests are admitted (one plain, one streaming), then the next step fails."""
     engine = ob.AsyncLLM(None, max_num_seqs=1)
     app = app_for(engine)
     real_step = engine._engine.step
-    steps = 0
+    fail = threading.Event()
 
     def failing_step() -> Any:
-        nonlocal steps
-        steps += 1
-        if steps > 5:
+        if fail.is_set():
             raise RuntimeError("injected step failure")
         return real_step()
 
@@ -102,6 +102,9 @@ def test_engine_failure_is_500_for_waiters_and_503_health() -> None:
         async with asgi_client(app) as c:
             plain = asyncio.ensure_future(c.post("/v1/completions", json=long_request()))
             streamed = asyncio.ensure_future(c.post("/v1/completions", json=long_request(stream=True)))
+            admitted = lambda: sum(engine.metrics()[k] for k in ("num_running", "num_waiting")) == 2  # noqa: E731
+            assert await asyncio.to_thread(wait_until, admitted)
+            fail.set()
             r = await asyncio.wait_for(plain, 30)
             assert r.status_code == 500 and "injected" in r.json()["error"]["message"]
             events = sse_payloads((await asyncio.wait_for(streamed, 30)).text)

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oxibonsai.async_llm import AsyncLLM, RequestStream
+from oxibonsai.async_llm import AsyncLLM, EngineDeadError, RequestStream
 from oxibonsai.outputs import RequestOutput
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.server.errors import APIError
@@ -107,12 +107,15 @@ class Samples:
     def _submit(
         self, prompt: Prompt, params: SamplingParams, choice: int, sample: int, priority: int
     ) -> RequestStream:
-        stream = self._engine.generate(
-            prompt.engine_prompt(),
-            sample_params(params, sample),
-            request_id=f"{self._request_id}-{choice}",
-            priority=priority,
-        )
+        try:
+            stream = self._engine.generate(
+                prompt.engine_prompt(),
+                sample_params(params, sample),
+                request_id=f"{self._request_id}-{choice}",
+                priority=priority,
+            )
+        except EngineDeadError as error:  # refused at admission: unavailable, not a failure mid-request
+            raise APIError(503, "The engine is not running (it failed or is shutting down).") from error
         self._streams[choice] = stream
         return stream
 
