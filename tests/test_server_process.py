@@ -5,9 +5,11 @@ classes, tool calls from a real (scripted) model, and SIGTERM draining."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import random
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,15 +193,20 @@ def _stream_text(url: str, max_tokens: int) -> tuple[str, str | None]:
     return text, finish
 
 
-def _wait_for_running(url: str, n: int) -> None:
+def _wait_for_admitted(url: str, n: int) -> None:
+    """Until the engine holds ``n`` requests, running or waiting."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        metrics = httpx.get(url + "/metrics", timeout=5).text
-        line = next(x for x in metrics.splitlines() if x.startswith("vllm:num_requests_running{"))
-        if float(line.split()[-1]) >= n:
+        lines = httpx.get(url + "/metrics", timeout=5).text.splitlines()
+        held = sum(
+            float(x.split()[-1])
+            for x in lines
+            if x.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))
+        )
+        if held >= n:
             return
-        time.sleep(0.02)
-    raise AssertionError("requests did not start")
+        time.sleep(0.01)
+    raise AssertionError("requests were not admitted")
 
 
 def test_sigterm_drains_running_requests_then_exits_0() -> None:
@@ -208,7 +215,7 @@ def test_sigterm_drains_running_requests_then_exits_0() -> None:
     with server_process("--shutdown-timeout", "60", "--max-num-seqs", "1") as (url, proc):
         pool = concurrent.futures.ThreadPoolExecutor(8)
         streams = [pool.submit(_stream_text, url, 480) for _ in range(8)]
-        _wait_for_running(url, 1)
+        _wait_for_admitted(url, 8)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.1)
         assert proc.poll() is None, "the server must wait for its requests"
@@ -224,9 +231,30 @@ def test_sigterm_with_zero_timeout_aborts_at_once() -> None:
     with server_process("--shutdown-timeout", "0", "--max-num-seqs", "2") as (url, proc):
         pool = concurrent.futures.ThreadPoolExecutor(2)
         streams = [pool.submit(_stream_text, url, 400) for _ in range(2)]
-        _wait_for_running(url, 2)
+        _wait_for_admitted(url, 2)
         start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert [f.result(timeout=60)[1] for f in streams] == ["abort", "abort"]
         assert proc.wait(timeout=30) == 0
         assert time.monotonic() - start < 10
+
+
+def _raw_exchange(url: str, head: bytes) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        try:
+            sock.sendall(head)
+        except OSError:  # the server may close while we are still sending
+            pass
+        chunks = []
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def test_oversized_request_heads_are_refused(default_server: str) -> None:
+    big = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (5 << 20) + b"\r\nConnection: close\r\n\r\n"
+    answer = _raw_exchange(default_server, big)
+    assert answer == b"" or answer.split(b" ", 2)[1] in (b"400", b"413", b"431")
+    assert httpx.get(default_server + "/health", timeout=5).status_code == 200

@@ -26,7 +26,8 @@ from oxibonsai.server.config import ServerConfig
 
 log = logging.getLogger("oxibonsai.server")
 
-H11_MAX_INCOMPLETE_EVENT_BYTES = 4 << 20
+# A request head (line and headers) larger than this is refused; h11 always (httptools has no limit).
+H11_MAX_INCOMPLETE_EVENT_BYTES = 64 << 10
 DRAIN_POLL_S = 0.05
 ABORT_FLUSH_S = 2.0
 
@@ -110,6 +111,7 @@ def serve(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         access_log=not args.disable_uvicorn_access_log,
+        http="h11",
         h11_max_incomplete_event_size=H11_MAX_INCOMPLETE_EVENT_BYTES,
         timeout_graceful_shutdown=5,
     )
