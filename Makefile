@@ -1,7 +1,7 @@
 # One command surface: CI and the README call these targets.
 PYTHON ?= python3
 
-.PHONY: install build lint test test-rust test-python bench bench-model bench-prefix bench-batching bench-sched fmt device-bundle
+.PHONY: install build lint test test-rust test-python bench bench-model bench-prefix bench-batching bench-sched bench-serve fmt device-bundle
 
 install:
 	$(PYTHON) -m pip install -e '.[test]'
@@ -52,6 +52,11 @@ bench-batching:
 # The scheduler: one schedule()+update() cycle at 64 running requests, Rust vs the pure-Python model.
 bench-sched:
 	$(PYTHON) -m pytest benches/bench_scheduler.py --benchmark-only --benchmark-group-by=group
+
+# The OpenAI server against llama-cpp-python's on the Bonsai-1.7B-shaped random model (~8 min a round;
+# llama-cpp-python[server] in its own venv, --llama-python PATH; without it, ours only).
+bench-serve:
+	$(PYTHON) benches/bench_serve.py --threads 2
 
 # What the lent GPU machine needs to run this tree on its CPU (Python 3.12, no Rust): see the script.
 device-bundle:

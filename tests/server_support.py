@@ -46,10 +46,18 @@ def free_port() -> int:
 @contextlib.contextmanager
 def live_server(app: Any) -> Iterator[str]:
     """uvicorn serving ``app`` on 127.0.0.1 in a thread; yields the base URL; stops it on exit."""
+    with threaded_server(app, uvicorn.Server) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def threaded_server(
+    app: Any, make_server: Callable[[uvicorn.Config], uvicorn.Server]
+) -> Iterator[tuple[str, uvicorn.Server]]:
+    """``make_server(config)`` serving ``app`` in a thread; yields (base URL, server); stops it on exit."""
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    server = make_server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -58,10 +66,23 @@ def live_server(app: Any) -> Iterator[str]:
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", server
     finally:
         server.should_exit = True
         thread.join(timeout=20)
+
+
+def slow_steps(engine: ob.AsyncLLM, seconds: float) -> None:
+    """Every engine step takes at least ``seconds`` longer, so a test's requests are surely still
+    running when it looks, on however fast a machine."""
+    step = engine._engine.step
+
+    def slow() -> Any:
+        out = step()
+        time.sleep(seconds)
+        return out
+
+    engine._engine.step = slow  # type: ignore[method-assign]
 
 
 def sse_payloads(text: str) -> list[Any]:

@@ -23,7 +23,9 @@ from server_support import (
     engine_idle,
     live_server,
     run,
+    slow_steps,
     sse_payloads,
+    threaded_server,
     wait_until,
 )
 
@@ -36,11 +38,15 @@ def words(rng: random.Random, n: int) -> str:
 
 
 def long_request(stream: bool = False) -> dict[str, Any]:
-    return {"prompt": "os", "max_tokens": 400, "ignore_eos": True, "stream": stream}
+    return {"prompt": "os", "max_tokens": LONG, "ignore_eos": True, "stream": stream}
+
+
+LONG = 200  # tokens; with slow_steps, seconds of work whatever the machine
 
 
 def test_a_full_queue_is_503_with_retry_after_before_any_byte() -> None:
     engine = ob.AsyncLLM(None, max_num_seqs=1, max_waiting=1)
+    slow_steps(engine, 0.005)
     app = app_for(engine)
 
     async def go() -> None:
@@ -57,7 +63,7 @@ def test_a_full_queue_is_503_with_retry_after_before_any_byte() -> None:
                 assert r.json()["error"]["code"] == 503
             assert (await c.get("/health")).status_code == 200
             for task in (running, waiting):
-                assert (await task).json()["usage"]["completion_tokens"] == 400
+                assert (await task).json()["usage"]["completion_tokens"] == LONG
 
     try:
         run(go())
@@ -68,6 +74,7 @@ def test_a_full_queue_is_503_with_retry_after_before_any_byte() -> None:
 
 def test_overload_status_429_when_configured() -> None:
     engine = ob.AsyncLLM(None, max_num_seqs=1, max_waiting=0)
+    slow_steps(engine, 0.005)
     app = app_for(engine, overload_status=429)
 
     async def go() -> None:
@@ -186,10 +193,13 @@ def test_random_disconnects_leave_no_block_held(served: Any) -> None:
     assert wait_until(lambda: engine_idle(engine)), (blocks_held(engine), engine.metrics()["num_running"])
 
 
-def test_non_streaming_clients_that_time_out_are_cancelled(served: Any) -> None:
-    engine, url = served
+def test_non_streaming_clients_that_time_out_are_cancelled() -> None:
+    """vLLM's request-cancellation test: clients give up on long non-streaming requests; the engine
+    drops them and the next request is served."""
+    engine = ob.AsyncLLM(None, max_num_seqs=4)
+    slow_steps(engine, 0.005)
 
-    async def go() -> None:
+    async def go(url: str) -> None:
         async with httpx.AsyncClient() as c:
             for _ in range(12):
                 with pytest.raises(httpx.TimeoutException):
@@ -199,9 +209,14 @@ def test_non_streaming_clients_that_time_out_are_cancelled(served: Any) -> None:
             r = await c.post(url + "/v1/completions", json={"prompt": "os", "max_tokens": 4})
             assert r.status_code == 200
 
-    run(go())
-    finished = engine.metrics()["counters"]["requests_finished"]
-    assert finished["abort"] >= 12
+    try:
+        with live_server(app_for(engine)) as url:
+            run(go(url))
+        counters = engine.metrics()["counters"]
+        assert counters["generation_tokens_total"] < 12 * LONG // 2, "abandoned requests kept running"
+        assert counters["requests_finished"]["length"] == 1
+    finally:
+        engine.shutdown()
 
 
 def test_a_seeded_request_is_the_same_whatever_else_runs(served: Any) -> None:
@@ -230,3 +245,43 @@ def test_a_seeded_request_is_the_same_whatever_else_runs(served: Any) -> None:
 
     alone, busy = run(go())
     assert busy["choices"][0]["text"] == alone["choices"][0]["text"]
+
+
+def test_drain_with_zero_timeout_aborts_running_requests() -> None:
+    """What SIGTERM with --shutdown-timeout 0 does (``DrainingServer.drain``, a real uvicorn server):
+    streams in flight end with finish_reason "abort", and the server stops."""
+    from oxibonsai.server.launcher import DrainingServer
+
+    engine = ob.AsyncLLM(None, max_num_seqs=2)
+    slow_steps(engine, 0.005)
+    app = app_for(engine, shutdown_timeout=0)
+    holder: dict[str, DrainingServer] = {}
+
+    def make(config: Any) -> DrainingServer:
+        holder["server"] = DrainingServer(config, app.state.server, keep_alive_on_engine_death=False)
+        return holder["server"]
+
+    async def finish_reason(client: httpx.AsyncClient, url: str, started: asyncio.Event) -> str | None:
+        reason = None
+        async with client.stream("POST", url + "/v1/completions", json=long_request(stream=True)) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    started.set()
+                    reason = json.loads(line[6:])["choices"][0]["finish_reason"] or reason
+        return reason
+
+    async def go(url: str) -> list[str | None]:
+        async with httpx.AsyncClient(timeout=60) as c:
+            flags = [asyncio.Event(), asyncio.Event()]
+            streams = [asyncio.ensure_future(finish_reason(c, url, f)) for f in flags]
+            for f in flags:
+                await asyncio.wait_for(f.wait(), 30)
+            holder["server"].drain()
+            return list(await asyncio.gather(*streams))
+
+    try:
+        with threaded_server(app, make) as (url, server):
+            assert run(go(url)) == ["abort", "abort"]
+            assert wait_until(lambda: server.should_exit)
+    finally:
+        engine.shutdown()

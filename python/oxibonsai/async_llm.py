@@ -17,13 +17,14 @@ its KV blocks. A failing step ends the engine: every waiting consumer gets ``Eng
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -144,6 +145,7 @@ class AsyncLLM:
         self._work = threading.Condition()  # the idle loop sleeps here; submitters notify without waiting
         self._inbox: deque[_Submission] = deque()  # guarded by _work's lock
         self._waiting_after_step = 0  # the engine's waiting requests when the loop last looked
+        self._control_waiting = 0  # callers waiting for the lock; the loop lets them go first
         self._mailboxes: dict[str, _Mailbox] = {}
         self._dropped: deque[str] = deque()  # appended by finalizers without the lock
         self._dead: BaseException | None = None
@@ -191,13 +193,30 @@ class AsyncLLM:
     def abort(self, request_id: str) -> bool:
         """Aborts a waiting or running request (its stream ends with a ``"abort"`` output) and frees
         its KV blocks; False if no such request is in the engine."""
-        with self._lock:
-            self._apply_drops_locked()
+        with self._control():
             found = self._abort_locked(request_id)
             mailbox = self._mailboxes.pop(request_id, None)
         if mailbox is not None:
             mailbox.put(_ABORTED)
         return found
+
+    @contextlib.contextmanager
+    def _control(self) -> Iterator[None]:
+        """The engine lock for anyone but the step loop (abort, metrics, shutdown...), with priority:
+        the loop does not start another step while a caller waits, so a caller waits for at most the
+        step that is running, never for a stream of them (threading.Lock is not fair). Applies the
+        aborts left by consumers first."""
+        with self._work:
+            self._control_waiting += 1
+        try:
+            with self._lock:
+                with self._work:
+                    self._control_waiting -= 1
+                self._apply_drops_locked()
+                yield
+        finally:
+            with self._work:
+                self._work.notify_all()
 
     def _drop(self, request_id: str) -> None:
         """A consumer stopped listening: abort without telling it. Never waits for a running step: if
@@ -243,7 +262,7 @@ class AsyncLLM:
     def _step_once(self) -> bool:
         """Waits for work, runs one step and delivers its outputs; False when the loop must end."""
         with self._work:
-            while not self._closed and not (self._engine.has_unfinished() or self._dropped or self._inbox):
+            while not self._closed and (self._control_waiting or not self._has_work()):
                 self._work.wait()
         with self._lock:
             if self._closed:
@@ -257,6 +276,9 @@ class AsyncLLM:
                 self._fail(error)
                 return False
         return True
+
+    def _has_work(self) -> bool:
+        return bool(self._engine.has_unfinished() or self._dropped or self._inbox)
 
     def _admit_inbox(self) -> None:
         """Moves the submitted requests into the engine, in arrival order."""
@@ -305,7 +327,7 @@ class AsyncLLM:
     def shutdown(self) -> None:
         """Aborts every request (their streams end with an ``"abort"`` output), stops the step loop
         and waits for its thread. Idempotent."""
-        with self._lock:
+        with self._control():
             if not self._closed:
                 with self._work:
                     self._closed = True
@@ -337,8 +359,7 @@ class AsyncLLM:
 
     def metrics(self) -> dict[str, Any]:
         """The engine metrics (``EngineMetrics.snapshot()``) plus ``num_running`` and ``num_waiting``."""
-        with self._lock:
-            self._apply_drops_locked()
+        with self._control():
             running, waiting = self._engine.num_running, self._engine.num_waiting + len(self._inbox)
             self._engine.refresh_gauges()
             snapshot = self._metrics.snapshot()
@@ -374,13 +395,11 @@ class AsyncLLM:
         return self._llm.chat_prompt(messages, add_generation_prompt=add_generation_prompt, **template_kwargs)
 
     def cache_stats(self) -> dict[str, Any]:
-        with self._lock:
-            self._apply_drops_locked()
+        with self._control():
             return self._llm.cache_stats()
 
     def reset_prefix_cache(self) -> int:
-        with self._lock:
-            self._apply_drops_locked()
+        with self._control():
             return self._llm.reset_prefix_cache()
 
 

@@ -329,27 +329,22 @@ async def _metrics(state: ServerState) -> Response:
 
 
 def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
+    async def generation(request: Request, model: type[Any], serving: Callable[[], Any]) -> Response:
         async def run() -> Response:
-            req = await parse(request, CompletionRequest, state.config.max_body_bytes)
+            req = await parse(request, model, state.config.max_body_bytes)
             check_model(state, req.model)
             state.live_engine()
-            assert state.completion is not None
-            return await _generate(request, state, state.completion, req)
+            return await _generate(request, state, serving(), req)
 
         return await _answer(run, state)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await generation(request, CompletionRequest, lambda: state.completion)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        async def run() -> Response:
-            req = await parse(request, ChatCompletionRequest, state.config.max_body_bytes)
-            check_model(state, req.model)
-            state.live_engine()
-            assert state.chat is not None
-            return await _generate(request, state, state.chat, req)
-
-        return await _answer(run, state)
+        return await generation(request, ChatCompletionRequest, lambda: state.chat)
 
 
 async def _generate(request: Request, state: ServerState, serving: Any, req: Any) -> Response:

@@ -1,11 +1,12 @@
 """``oxibonsai serve``: the engine and server flags (spelled as vLLM's), and uvicorn with our lifecycle.
 
-``DrainingServer`` changes what SIGTERM/SIGINT do: the first stops admitting (``/ready`` and new
-generation requests answer 503) and waits up to ``--shutdown-timeout`` seconds for the requests in
-flight, then aborts the rest (their streams end with ``finish_reason: "abort"``) and lets uvicorn shut
-down; a second signal exits at once. A watchdog ends the process (exit status 1) when the engine's step
-loop has failed, unless ``--keep-alive-on-engine-death``: ``/health`` answers 503 meanwhile. uvicorn's
-h11 limits bound header sizes (CVE-2025-48956's class of attack)."""
+``DrainingServer`` changes what SIGTERM/SIGINT do (``drain()`` does the same from code): the first
+stops admitting (``/ready`` and new generation requests answer 503) and waits up to
+``--shutdown-timeout`` seconds for the requests in flight, then aborts the rest (their streams end with
+``finish_reason: "abort"``) and lets uvicorn shut down; a second signal exits at once. A watchdog ends
+the process (exit status 1) when the engine's step loop has failed, unless
+``--keep-alive-on-engine-death``: ``/health`` answers 503 meanwhile. uvicorn's h11 limits bound
+header sizes (CVE-2025-48956's class of attack)."""
 
 from __future__ import annotations
 
@@ -40,17 +41,22 @@ class DrainingServer(uvicorn.Server):
         self.state = state
         self.keep_alive_on_engine_death = keep_alive_on_engine_death
         self.engine_died = False
+        self._drain_requested = False
         self._drain_task: asyncio.Task[None] | None = None
 
+    def drain(self) -> None:
+        """Starts the graceful shutdown a first SIGTERM starts; safe to call from any thread. The
+        server stops admitting at once and its loop begins waiting for the requests within a tick."""
+        self.state.draining = True
+        self._drain_requested = True
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._drain_task is not None or self.state.engine is None:
+        if self._drain_requested or self.state.engine is None:
             super().handle_exit(sig, frame)  # a second signal, or nothing to drain: uvicorn's own exit
             return
-        log.info(
-            "signal %d: draining (up to %.0fs), no new requests", sig, self.state.config.shutdown_timeout
-        )
-        self.state.draining = True
-        self._drain_task = asyncio.get_event_loop().create_task(self._drain())
+        timeout = self.state.config.shutdown_timeout
+        log.info("signal %d: draining (up to %.0fs), no new requests", sig, timeout)
+        self.drain()
 
     async def _drain(self) -> None:
         deadline = time.monotonic() + self.state.config.shutdown_timeout
@@ -58,13 +64,15 @@ class DrainingServer(uvicorn.Server):
             await asyncio.sleep(DRAIN_POLL_S)
         if self.state.in_flight and self.state.engine is not None:
             log.info("drain timeout: aborting %d requests", self.state.in_flight)
-            self.state.engine.shutdown()
+            await asyncio.to_thread(self.state.engine.shutdown)  # waits for the running step
             flush_deadline = time.monotonic() + ABORT_FLUSH_S
             while self.state.in_flight and time.monotonic() < flush_deadline:
                 await asyncio.sleep(DRAIN_POLL_S)
         self.should_exit = True
 
     async def on_tick(self, counter: int) -> bool:
+        if self._drain_requested and self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain())
         engine = self.state.engine
         if engine is not None and not engine.is_running and not self.state.draining and not self.engine_died:
             self.engine_died = True

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from oxibonsai.outputs import Logprob, RequestOutput
 from oxibonsai.tokenizer import Tokenizer
 
 DONE_EVENT = b"data: [DONE]\n\n"
+ChoiceBuilder = Callable[[int, RequestOutput], dict[str, Any]]
 
 
 def response_id(prefix: str) -> str:
@@ -58,8 +59,21 @@ class UsageCounter:
         return usage(prompt, sum(self._completion.values()), cached)
 
 
-def finish_reason(out: RequestOutput) -> str | None:
-    return out.outputs[0].finish_reason
+def full_response(
+    id_prefix: str, kind: str, model: str, n: int, finals: Sequence[RequestOutput], choice: ChoiceBuilder
+) -> dict[str, Any]:
+    """A non-streaming response: one choice per final output (``choice(index, output)``) and the usage."""
+    counter = UsageCounter(n)
+    for i, out in enumerate(finals):
+        counter.update(i, out)
+    return {
+        "id": response_id(id_prefix),
+        "object": kind,
+        "created": created(),
+        "model": model,
+        "choices": [choice(i, out) for i, out in enumerate(finals)],
+        "usage": counter.usage(),
+    }
 
 
 def _token_bytes(tokenizer: Tokenizer, token_id: int) -> list[int]:

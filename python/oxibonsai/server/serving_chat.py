@@ -13,7 +13,15 @@ from oxibonsai.async_llm import AsyncLLM
 from oxibonsai.outputs import RequestOutput
 from oxibonsai.server.config import ServerConfig
 from oxibonsai.server.generation import Prompt, Samples, output_budget
-from oxibonsai.server.openai_format import DONE_EVENT, UsageCounter, chat_logprobs, created, response_id, sse
+from oxibonsai.server.openai_format import (
+    DONE_EVENT,
+    UsageCounter,
+    chat_logprobs,
+    created,
+    full_response,
+    response_id,
+    sse,
+)
 from oxibonsai.server.protocol import ChatCompletionRequest
 from oxibonsai.server.streaming import ChoiceCursor, error_event
 from oxibonsai.server.tool_parser import StreamingToolParser, ToolCall, parse_tool_calls
@@ -85,17 +93,10 @@ class ChatServing:
 
     async def full_response(self, req: ChatCompletionRequest, samples: Samples) -> dict[str, Any]:
         finals = await samples.final_outputs()
-        counter = UsageCounter(req.n)
-        for i, out in enumerate(finals):
-            counter.update(i, out)
-        return {
-            "id": response_id("chatcmpl"),
-            "object": "chat.completion",
-            "created": created(),
-            "model": self._config.served_model_name,
-            "choices": [self._choice(req, i, out) for i, out in enumerate(finals)],
-            "usage": counter.usage(),
-        }
+        model = self._config.served_model_name
+        return full_response(
+            "chatcmpl", "chat.completion", model, req.n, finals, lambda i, out: self._choice(req, i, out)
+        )
 
     async def stream(self, req: ChatCompletionRequest, samples: Samples) -> AsyncIterator[bytes]:
         """SSE chunks: each choice's first chunk carries the role, then content and tool-call deltas,

@@ -16,6 +16,7 @@ from oxibonsai.server.openai_format import (
     UsageCounter,
     completion_logprobs,
     created,
+    full_response,
     response_id,
     sse,
 )
@@ -71,17 +72,10 @@ class CompletionServing:
 
     async def full_response(self, req: CompletionRequest, samples: Samples) -> dict[str, Any]:
         finals = await samples.final_outputs()
-        counter = UsageCounter(req.n)
-        for i, out in enumerate(finals):
-            counter.update(i, out)
-        return {
-            "id": response_id("cmpl"),
-            "object": "text_completion",
-            "created": created(),
-            "model": self._config.served_model_name,
-            "choices": [self._choice(req, i, out) for i, out in enumerate(finals)],
-            "usage": counter.usage(),
-        }
+        model = self._config.served_model_name
+        return full_response(
+            "cmpl", "text_completion", model, req.n, finals, lambda i, out: self._choice(req, i, out)
+        )
 
     async def stream(self, req: CompletionRequest, samples: Samples) -> AsyncIterator[bytes]:
         """SSE chunks: text deltas per choice (the prompt first with ``echo``), ``finish_reason`` on a
