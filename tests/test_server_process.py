@@ -246,3 +246,23 @@ def test_oversized_request_heads_are_refused(default_server: str) -> None:
     answer = _raw_exchange(default_server, big)
     assert answer == b"" or answer.split(b" ", 2)[1] in (b"400", b"413", b"431")
     assert httpx.get(default_server + "/health", timeout=5).status_code == 200
+
+
+def _non_loopback_address() -> str | None:
+    """An address of this machine other than loopback, if it has one (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only picks the outgoing interface
+        except OSError:
+            return None
+        address = str(s.getsockname()[0])
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def test_binds_loopback_only_by_default(default_server: str) -> None:
+    address = _non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback address")
+    port = int(default_server.rsplit(":", 1)[1])
+    with pytest.raises(OSError), socket.create_connection((address, port), timeout=5):
+        pass
