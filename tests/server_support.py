@@ -52,11 +52,12 @@ def live_server(app: Any) -> Iterator[str]:
 
 @contextlib.contextmanager
 def threaded_server(
-    app: Any, make_server: Callable[[uvicorn.Config], uvicorn.Server]
+    app: Any, make_server: Callable[[uvicorn.Config], uvicorn.Server], lifespan: str = "off"
 ) -> Iterator[tuple[str, uvicorn.Server]]:
-    """``make_server(config)`` serving ``app`` in a thread; yields (base URL, server); stops it on exit."""
+    """``make_server(config)`` serving ``app`` in a thread; yields (base URL, server); stops it on exit.
+    ``lifespan="on"`` runs the app's startup and shutdown (an engine factory is loaded and shut down)."""
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan)
     server = make_server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -6,6 +6,7 @@ request gives the same output whatever else runs. Real-socket tests run uvicorn 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import threading
@@ -13,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 
 import oxibonsai as ob
 
@@ -285,3 +287,55 @@ def test_drain_with_zero_timeout_aborts_running_requests() -> None:
             assert wait_until(lambda: server.should_exit)
     finally:
         engine.shutdown()
+
+
+def test_probes_answer_503_while_the_model_loads_then_200() -> None:
+    """The socket is bound before the model is loaded: a probe gets 503 ("loading"), not a refused
+    connection; the app owns an engine it built and shuts it down at exit."""
+    from oxibonsai.server import ServerConfig, build_app
+
+    loaded = threading.Event()
+    built: list[ob.AsyncLLM] = []
+
+    def factory() -> ob.AsyncLLM:
+        loaded.wait(30)
+        built.append(ob.AsyncLLM(None))
+        return built[0]
+
+    app = build_app(factory, ServerConfig(served_model_name="bonsai"))
+    with threaded_server(app, uvicorn.Server, lifespan="on") as (url, _):
+        for path in ("/health", "/ready", "/v1/models"):
+            r = httpx.get(url + path, timeout=5)
+            assert r.status_code == 503 and "loading" in r.json()["error"]["message"]
+        busy = httpx.post(url + "/v1/completions", json={"prompt": "os"}, timeout=5)
+        assert busy.status_code == 503
+        loaded.set()
+        assert wait_until(lambda: httpx.get(url + "/ready", timeout=5).status_code == 200)
+        assert (
+            httpx.post(
+                url + "/v1/completions", json={"prompt": "os", "max_tokens": 2}, timeout=30
+            ).status_code
+            == 200
+        )
+    assert not built[0].is_running, "the app shuts down the engine it built"
+
+
+def test_a_failed_load_is_503_and_stops_the_server() -> None:
+    from oxibonsai.server import ServerConfig, build_app
+    from oxibonsai.server.launcher import DrainingServer
+
+    def factory() -> ob.AsyncLLM:
+        raise ob.GGUFError("tensor blk.0.attn_q.weight: truncated data")
+
+    app = build_app(factory, ServerConfig())
+
+    def make(config: Any) -> DrainingServer:
+        return DrainingServer(config, app.state.server, keep_alive_on_engine_death=True)
+
+    with threaded_server(app, make, lifespan="on") as (url, server):
+        assert wait_until(lambda: app.state.server.load_error is not None)
+        with contextlib.suppress(httpx.HTTPError):  # it may already be closing
+            r = httpx.get(url + "/health", timeout=5)
+            assert r.status_code == 503 and "failed to load" in r.json()["error"]["message"]
+        assert wait_until(lambda: server.should_exit)
+        assert server.engine_died  # serve() turns this into exit status 1

@@ -10,6 +10,8 @@ import json
 import random
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +21,7 @@ import httpx
 import pytest
 
 from scripted_model import write_scripted_model
-from server_support import server_process
+from server_support import free_port, server_process
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -266,3 +268,13 @@ def test_binds_loopback_only_by_default(default_server: str) -> None:
     port = int(default_server.rsplit(":", 1)[1])
     with pytest.raises(OSError), socket.create_connection((address, port), timeout=5):
         pass
+
+
+def test_a_model_that_fails_to_load_ends_the_process_with_status_1(tmp_path: Path) -> None:
+    bad = tmp_path / "truncated.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 10)
+    port = str(free_port())
+    cmd = [sys.executable, "-m", "oxibonsai", "serve", "--model", str(bad), "--port", port]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "GGUF" in done.stdout + done.stderr or "gguf" in (done.stdout + done.stderr).lower()

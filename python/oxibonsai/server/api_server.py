@@ -71,12 +71,22 @@ class ServerState:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.engine: AsyncLLM | None = None
+        self.load_error: Exception | None = None
         self.draining = False
         self.in_flight = 0
         self.http = HttpMetrics()
         self.completion: CompletionServing | None = None
         self.chat: ChatServing | None = None
         self._key_digests = [hashlib.sha256(k.encode()).digest() for k in config.api_keys]
+
+    async def load(self, factory: Callable[[], AsyncLLM]) -> None:
+        """Builds the engine in a worker thread; a failure is kept in ``load_error`` (the launcher
+        exits on it) and every route keeps answering 503."""
+        try:
+            self.attach(await asyncio.to_thread(factory))
+        except Exception as error:
+            log.error("the model failed to load: %s", error)
+            self.load_error = error
 
     def attach(self, engine: AsyncLLM) -> None:
         self.engine = engine
@@ -85,6 +95,8 @@ class ServerState:
 
     def live_engine(self) -> AsyncLLM:
         """The engine, or 503 while loading, after a failure or while draining."""
+        if self.load_error is not None:
+            raise APIError(503, "The model failed to load.")
         if self.engine is None:
             raise APIError(503, "The model is loading.")
         if not self.engine.is_running:
@@ -239,14 +251,16 @@ def build_app(engine: EngineSource, config: ServerConfig | None = None) -> FastA
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        owned = not isinstance(engine, AsyncLLM)
-        if not isinstance(engine, AsyncLLM):
-            state.attach(await asyncio.to_thread(engine))
+        # uvicorn binds its socket only after startup: load in the background, so probes get a 503
+        # ("loading") rather than a refused connection while a big model loads.
+        loading = None if isinstance(engine, AsyncLLM) else asyncio.ensure_future(state.load(engine))
         try:
             yield
         finally:
-            if owned and state.engine is not None:
-                state.engine.shutdown()
+            if loading is not None:
+                await asyncio.shield(loading)  # a load in a thread cannot be cancelled
+                if state.engine is not None:
+                    state.engine.shutdown()
 
     app = FastAPI(title="oxibonsai", version=package_version(), lifespan=lifespan)
     app.state.server = state
@@ -280,7 +294,10 @@ def _add_probe_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health")
     async def health() -> Response:
         engine = state.engine
-        if engine is None or not engine.is_running:
+        if engine is None:
+            failed = "failed to load" if state.load_error is not None else "is loading"
+            return error_response(APIError(503, f"The model {failed}."))
+        if not engine.is_running:
             return error_response(APIError(503, "The engine is not running."))
         return JSONResponse({"status": "ok"})
 
@@ -295,6 +312,8 @@ def _add_probe_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models")
     async def models() -> Response:
         engine = state.engine
+        if engine is None:  # clients (and benchmark tools) poll this to know the server is up
+            return error_response(APIError(503, "The model is loading."))
         card = {
             "id": state.config.served_model_name,
             "object": "model",
@@ -302,7 +321,7 @@ def _add_probe_routes(app: FastAPI, state: ServerState) -> None:
             "owned_by": "oxibonsai",
             "root": state.config.model_path,
             "parent": None,
-            "max_model_len": engine.max_model_len if engine is not None else None,
+            "max_model_len": engine.max_model_len,
         }
         return JSONResponse({"object": "list", "data": [card]})
 

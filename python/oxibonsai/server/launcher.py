@@ -73,6 +73,9 @@ class DrainingServer(uvicorn.Server):
     async def on_tick(self, counter: int) -> bool:
         if self._drain_requested and self._drain_task is None:
             self._drain_task = asyncio.ensure_future(self._drain())
+        if self.state.load_error is not None and not self.engine_died:
+            self.engine_died = True  # nothing to serve: exit 1
+            self.should_exit = True
         engine = self.state.engine
         if engine is not None and not engine.is_running and not self.state.draining and not self.engine_died:
             self.engine_died = True
