@@ -87,11 +87,12 @@ def slow_steps(engine: ob.AsyncLLM, seconds: float) -> None:
 
 
 def sse_payloads(text: str) -> list[Any]:
-    """The JSON objects of an SSE body, then the string ``"[DONE]"`` if it ended with it."""
+    """The JSON objects of an SSE body, then the string ``"[DONE]"`` if it ended with it (comments,
+    the keep-alives, are skipped as SSE clients skip them)."""
     out: list[Any] = []
     for block in text.split("\n\n"):
         block = block.strip()
-        if not block:
+        if not block or block.startswith(":"):
             continue
         assert block.startswith("data: "), block
         data = block[len("data: ") :]

@@ -339,3 +339,25 @@ def test_a_failed_load_is_503_and_stops_the_server() -> None:
             assert r.status_code == 503 and "failed to load" in r.json()["error"]["message"]
         assert wait_until(lambda: server.should_exit)
         assert server.engine_died  # serve() turns this into exit status 1
+
+
+def test_an_idle_stream_sends_keep_alive_comments() -> None:
+    """Steps slower than the keep-alive interval: the stream carries SSE comments between chunks, and
+    its data events are what they would be without them."""
+    engine = ob.AsyncLLM(None)
+    slow_steps(engine, 0.05)
+    body = {"prompt": "os", "max_tokens": 4, "temperature": 0, "stream": True}
+
+    async def stream(keepalive: float) -> str:
+        async with asgi_client(app_for(engine, sse_keepalive_s=keepalive)) as c:
+            r = await c.post("/v1/completions", json=body)
+            assert r.status_code == 200
+            return r.text
+
+    try:
+        with_pings, without = run(stream(0.01)), run(stream(0))
+        assert ": keep-alive\n\n" in with_pings and ": keep-alive" not in without
+        texts = [[e["choices"][0]["text"] for e in sse_payloads(t)[:-1]] for t in (with_pings, without)]
+        assert texts[0] == texts[1] and sse_payloads(with_pings)[-1] == "[DONE]"
+    finally:
+        engine.shutdown()

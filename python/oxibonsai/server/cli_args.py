@@ -38,6 +38,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     server.add_argument("--enable-force-include-usage", "--force-include-usage", action="store_true")
     server.add_argument("--overload-status", type=int, default=503, choices=[503, 429])
     server.add_argument("--shutdown-timeout", type=float, default=30.0)
+    server.add_argument("--sse-keepalive-interval", type=float, default=15.0, help="seconds; 0: none")
     server.add_argument("--keep-alive-on-engine-death", action="store_true")
     server.add_argument("--disable-uvicorn-access-log", action="store_true")
     server.add_argument(

@@ -14,7 +14,9 @@ class ServerConfig:
     ``max_body_bytes``: larger request bodies get 413. ``allowed_origins``: CORS origins (none: no CORS
     headers). ``force_include_usage``: every stream ends with a usage chunk, asked for or not.
     ``overload_status``: 503 (default) or 429 when the waiting queue is full. ``shutdown_timeout``:
-    seconds a SIGTERM waits for running requests before aborting them."""
+    seconds a SIGTERM waits for running requests before aborting them. ``sse_keepalive_s``: a stream
+    idle this long (a long prefill, a long queue) sends an SSE comment, so proxies keep it open (0:
+    never)."""
 
     served_model_name: str = "default"
     model_path: str | None = None
@@ -25,11 +27,14 @@ class ServerConfig:
     overload_status: int = 503
     retry_after_s: int = 1
     shutdown_timeout: float = 30.0
+    sse_keepalive_s: float = 15.0
 
     def __post_init__(self) -> None:
         if self.overload_status not in (429, 503):
             raise ValueError(f"overload_status must be 429 or 503, got {self.overload_status}")
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if self.sse_keepalive_s < 0:
+            raise ValueError(f"sse_keepalive_s must be >= 0, got {self.sse_keepalive_s}")
         if self.shutdown_timeout < 0:
             raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")

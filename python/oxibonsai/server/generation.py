@@ -119,9 +119,10 @@ class Samples:
         self._streams[choice] = stream
         return stream
 
-    async def events(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Every output of every sample as it arrives; ends when all have finished. Leaving early (or an
-        error) aborts the samples still running."""
+    async def events(self, idle_s: float | None = None) -> AsyncIterator[tuple[int, RequestOutput] | None]:
+        """Every output of every sample as it arrives; ends when all have finished. With ``idle_s``, a
+        ``None`` whenever that long passes without an output (a stream's keep-alive). Leaving early (or
+        an error) aborts the samples still running."""
         queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
         pumps = [asyncio.ensure_future(_pump(i, s, queue)) for i, s in self._streams.items() if not s.done]
         try:
@@ -130,7 +131,11 @@ class Samples:
                 yield item
             remaining = len(pumps)
             while remaining:
-                index, out = await queue.get()
+                try:
+                    index, out = await asyncio.wait_for(queue.get(), idle_s)
+                except asyncio.TimeoutError:
+                    yield None
+                    continue
                 if out is None:
                     remaining -= 1
                 elif isinstance(out, BaseException):
@@ -145,7 +150,9 @@ class Samples:
     async def final_outputs(self) -> list[RequestOutput]:
         """Reads every sample to its end; the last output of each, by choice index."""
         last: dict[int, RequestOutput] = {}
-        async for index, out in self.events():
+        async for event in self.events():
+            assert event is not None  # no keep-alive without idle_s
+            index, out = event
             last[index] = out
         return [last[i] for i in sorted(last)]
 

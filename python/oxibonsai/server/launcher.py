@@ -98,6 +98,7 @@ def server_config(args: argparse.Namespace, model_path: str, name: str) -> Serve
         force_include_usage=args.enable_force_include_usage,
         overload_status=args.overload_status,
         shutdown_timeout=args.shutdown_timeout,
+        sse_keepalive_s=args.sse_keepalive_interval,
     )
 
 

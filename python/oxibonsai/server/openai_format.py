@@ -13,6 +13,7 @@ from oxibonsai.outputs import Logprob, RequestOutput
 from oxibonsai.tokenizer import Tokenizer
 
 DONE_EVENT = b"data: [DONE]\n\n"
+KEEPALIVE_EVENT = b": keep-alive\n\n"  # an SSE comment: clients ignore it, proxies see traffic
 ChoiceBuilder = Callable[[int, RequestOutput], dict[str, Any]]
 
 

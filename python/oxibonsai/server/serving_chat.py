@@ -15,6 +15,7 @@ from oxibonsai.server.config import ServerConfig
 from oxibonsai.server.generation import Prompt, Samples, output_budget
 from oxibonsai.server.openai_format import (
     DONE_EVENT,
+    KEEPALIVE_EVENT,
     UsageCounter,
     chat_logprobs,
     created,
@@ -105,8 +106,11 @@ class ChatServing:
         try:
             for i in range(req.n):
                 yield sse(stream.chunk({"index": i, "delta": {"role": "assistant", "content": ""}}))
-            async for index, out in samples.events():
-                for choice in stream.deltas(index, out):
+            async for event in samples.events(self._config.sse_keepalive_s or None):
+                if event is None:
+                    yield KEEPALIVE_EVENT
+                    continue
+                for choice in stream.deltas(*event):
                     yield sse(stream.chunk(choice))
             if req.include_usage(self._config.force_include_usage):
                 yield sse(stream.chunk(None, with_usage=True))

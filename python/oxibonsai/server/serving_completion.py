@@ -13,6 +13,7 @@ from oxibonsai.server.config import ServerConfig
 from oxibonsai.server.generation import Prompt, Samples, output_budget
 from oxibonsai.server.openai_format import (
     DONE_EVENT,
+    KEEPALIVE_EVENT,
     UsageCounter,
     completion_logprobs,
     created,
@@ -87,7 +88,11 @@ class CompletionServing:
         cursors: dict[int, ChoiceCursor] = {}
         continuous = req.stream_options is not None and req.stream_options.continuous_usage_stats
         try:
-            async for index, out in samples.events():
+            async for event in samples.events(self._config.sse_keepalive_s or None):
+                if event is None:
+                    yield KEEPALIVE_EVENT
+                    continue
+                index, out = event
                 counter.update(index, out)
                 cursor = cursors.setdefault(index, ChoiceCursor())
                 choice = self._delta_choice(req, index, out, cursor)
