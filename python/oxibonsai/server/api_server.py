@@ -6,55 +6,42 @@ models, and each route turns exceptions into answers in one place (``_answer``).
 admitted (tokenized, checked, submitted) before any response byte is sent, so a full queue is a clean
 503 with ``Retry-After``. A non-streaming request whose client disconnects is cancelled, and a stream
 whose client leaves is closed; both abort their engine requests, which frees their KV blocks.
-``ServerState`` counts requests in flight and knows whether the server is draining, for ``/ready`` and
-for the launcher's SIGTERM handling."""
+The HTTP plumbing (body limits, disconnects, SSE, auth and metrics middleware) is in ``http``; what the
+routes and the launcher share (engine, draining, requests in flight) in ``state``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import importlib.metadata
-import ipaddress
 import json
 import logging
-import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
-import pydantic
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from oxibonsai.async_llm import AsyncLLM
 from oxibonsai.server.config import ServerConfig
 from oxibonsai.server.errors import APIError, error_from_exception, not_found_model
 from oxibonsai.server.generation import Samples
-from oxibonsai.server.metrics import HttpMetrics, vllm_aliases
+from oxibonsai.server.http import GuardMiddleware, SSEResponse, cancel_on_disconnect, error_response, parse
+from oxibonsai.server.metrics import vllm_aliases
 from oxibonsai.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from oxibonsai.server.serving_chat import ChatServing, render_chat
-from oxibonsai.server.serving_completion import CompletionServing
+from oxibonsai.server.serving_chat import render_chat
+from oxibonsai.server.state import ServerState
 
 log = logging.getLogger("oxibonsai.server")
 
-#: Paths any client may call without an API key (probes).
-PUBLIC_PATHS = frozenset({"/health", "/ready"})
-#: Handler labels of the HTTP metrics; anything else is counted as "other".
-ROUTES = (
-    "/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health",
-    "/ready", "/metrics", "/version",
-)  # fmt: skip
-
-ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 EngineSource = AsyncLLM | Callable[[], AsyncLLM]
 
 
@@ -63,69 +50,6 @@ def package_version() -> str:
         return importlib.metadata.version("oxibonsai")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-class ServerState:
-    """The engine, the config and what the lifecycle needs: requests in flight, draining, loading."""
-
-    def __init__(self, config: ServerConfig) -> None:
-        self.config = config
-        self.engine: AsyncLLM | None = None
-        self.load_error: Exception | None = None
-        self.draining = False
-        self.in_flight = 0
-        self.http = HttpMetrics()
-        self.completion: CompletionServing | None = None
-        self.chat: ChatServing | None = None
-        self._key_digests = [hashlib.sha256(k.encode()).digest() for k in config.api_keys]
-
-    async def load(self, factory: Callable[[], AsyncLLM]) -> None:
-        """Builds the engine in a worker thread; a failure is kept in ``load_error`` (the launcher
-        exits on it) and every route keeps answering 503."""
-        try:
-            self.attach(await asyncio.to_thread(factory))
-        except Exception as error:
-            log.error("the model failed to load: %s", error)
-            self.load_error = error
-
-    def attach(self, engine: AsyncLLM) -> None:
-        self.engine = engine
-        self.completion = CompletionServing(engine, self.config)
-        self.chat = ChatServing(engine, self.config)
-
-    def live_engine(self) -> AsyncLLM:
-        """The engine, or 503 while loading, after a failure or while draining."""
-        if self.load_error is not None:
-            raise APIError(503, "The model failed to load.")
-        if self.engine is None:
-            raise APIError(503, "The model is loading.")
-        if not self.engine.is_running:
-            raise APIError(503, "The engine is not running (it failed or is shutting down).")
-        if self.draining:
-            raise APIError(503, "The server is shutting down and takes no new requests.")
-        return self.engine
-
-    def key_ok(self, key: str | None) -> bool:
-        if not self._key_digests:
-            return True
-        if key is None:
-            return False
-        digest = hashlib.sha256(key.encode()).digest()
-        # Every key is compared, in constant time, so the answer's timing says nothing about which.
-        return sum(secrets.compare_digest(digest, d) for d in self._key_digests) > 0
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 async def _answer(call: Callable[[], Awaitable[Response]], state: ServerState) -> Response:
@@ -137,110 +61,6 @@ async def _answer(call: Callable[[], Awaitable[Response]], state: ServerState) -
         if error.status >= 500 and not isinstance(exc, APIError):
             log.exception("request failed")
         return error_response(error)
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, or 413 as soon as it is known to exceed ``limit`` (from Content-Length or counted)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"The request body is larger than {limit} bytes.")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"The request body is larger than {limit} bytes.")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def parse(request: Request, model: type[ModelT], limit: int) -> ModelT:
-    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    if ctype != "application/json" and not ctype.endswith("+json"):
-        raise APIError(400, f"Content-Type must be application/json, got {ctype!r}.")
-    return model.model_validate_json(await read_body(request, limit))
-
-
-async def cancel_on_disconnect(request: Request, work: Coroutine[Any, Any, Any]) -> Any:
-    """Runs ``work`` unless the client disconnects first, in which case it is cancelled (aborting its
-    engine requests). Returns None when cancelled."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (task, watcher):
-            if not t.done():
-                t.cancel()
-    if task.cancelled() or not task.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        return None
-    return task.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-class SSEResponse(StreamingResponse):
-    """A text/event-stream whose body generator is always closed and whose ``on_close`` always runs,
-    however the stream ends (finished, client gone, cancelled)."""
-
-    def __init__(self, body: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]]) -> None:
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        super().__init__(body, media_type="text/event-stream", headers=headers)
-        self._body = body
-        self._on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            close = getattr(self._body, "aclose", None)
-            if close is not None:
-                await close()
-            await self._on_close()
-
-
-class GuardMiddleware:
-    """Outermost layer: HTTP metrics for every request, then the API key for all but the probes."""
-
-    def __init__(self, app: ASGIApp, state: ServerState) -> None:
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start, status = time.perf_counter(), [500]
-
-        async def send_status(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            if self._authorized(scope):
-                await self.app(scope, receive, send_status)
-            else:
-                error = APIError(401, "Invalid or missing API key.", type="authentication_error")
-                await error_response(error)(scope, receive, send_status)
-        finally:
-            path = scope["path"] if scope["path"] in ROUTES else "other"
-            self.state.http.observe(path, scope["method"], status[0], time.perf_counter() - start)
-
-    def _authorized(self, scope: Scope) -> bool:
-        if scope["method"] == "OPTIONS" or scope["path"] in PUBLIC_PATHS:
-            return True
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        auth = headers.get("authorization", "")
-        scheme, _, token = auth.partition(" ")
-        key = token.strip() if scheme.lower() == "bearer" else headers.get("x-api-key")
-        return self.state.key_ok(key)
 
 
 def build_app(engine: EngineSource, config: ServerConfig | None = None) -> FastAPI:

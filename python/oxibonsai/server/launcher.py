@@ -21,9 +21,10 @@ import uvicorn
 
 from oxibonsai.async_llm import AsyncLLM
 from oxibonsai.llm import default_model_path
-from oxibonsai.server.api_server import ServerState, build_app, is_loopback
+from oxibonsai.server.api_server import build_app
 from oxibonsai.server.cli_args import engine_args
 from oxibonsai.server.config import ServerConfig
+from oxibonsai.server.state import ServerState, is_loopback
 
 log = logging.getLogger("oxibonsai.server")
 

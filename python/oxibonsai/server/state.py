@@ -1,0 +1,80 @@
+"""``ServerState``: what the routes and the launcher share about one server: the engine (None while it
+loads), the serving objects, requests in flight, whether it is draining, the HTTP metrics and the API
+keys (kept as SHA-256 digests and compared in constant time)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ipaddress
+import logging
+import secrets
+from collections.abc import Callable
+
+from oxibonsai.async_llm import AsyncLLM
+from oxibonsai.server.config import ServerConfig
+from oxibonsai.server.errors import APIError
+from oxibonsai.server.metrics import HttpMetrics
+from oxibonsai.server.serving_chat import ChatServing
+from oxibonsai.server.serving_completion import CompletionServing
+
+log = logging.getLogger("oxibonsai.server")
+
+
+class ServerState:
+    """The engine, the config and what the lifecycle needs: requests in flight, draining, loading."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.engine: AsyncLLM | None = None
+        self.load_error: Exception | None = None
+        self.draining = False
+        self.in_flight = 0
+        self.http = HttpMetrics()
+        self.completion: CompletionServing | None = None
+        self.chat: ChatServing | None = None
+        self._key_digests = [hashlib.sha256(k.encode()).digest() for k in config.api_keys]
+
+    async def load(self, factory: Callable[[], AsyncLLM]) -> None:
+        """Builds the engine in a worker thread; a failure is kept in ``load_error`` (the launcher
+        exits on it) and every route keeps answering 503."""
+        try:
+            self.attach(await asyncio.to_thread(factory))
+        except Exception as error:
+            log.error("the model failed to load: %s", error)
+            self.load_error = error
+
+    def attach(self, engine: AsyncLLM) -> None:
+        self.engine = engine
+        self.completion = CompletionServing(engine, self.config)
+        self.chat = ChatServing(engine, self.config)
+
+    def live_engine(self) -> AsyncLLM:
+        """The engine, or 503 while loading, after a failure or while draining."""
+        if self.load_error is not None:
+            raise APIError(503, "The model failed to load.")
+        if self.engine is None:
+            raise APIError(503, "The model is loading.")
+        if not self.engine.is_running:
+            raise APIError(503, "The engine is not running (it failed or is shutting down).")
+        if self.draining:
+            raise APIError(503, "The server is shutting down and takes no new requests.")
+        return self.engine
+
+    def key_ok(self, key: str | None) -> bool:
+        if not self._key_digests:
+            return True
+        if key is None:
+            return False
+        digest = hashlib.sha256(key.encode()).digest()
+        # Every key is compared, in constant time, so the answer's timing says nothing about which.
+        return sum(secrets.compare_digest(digest, d) for d in self._key_digests) > 0
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
