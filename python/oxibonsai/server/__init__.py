@@ -1,9 +1,12 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over one ``AsyncLLM`` (``oxibonsai serve``).
 
-``api_server`` holds the app, its routes and middleware; ``protocol`` the request models with OpenAI's
-and vLLM's field names (validated at the edge); ``serving_completion`` / ``serving_chat`` translate a
-request into engine calls and engine outputs into OpenAI responses and SSE chunks; ``launcher`` runs
-uvicorn with draining on SIGTERM; ``cli_args`` holds the flags. Importing ``oxibonsai`` never imports
+``api_server`` holds the app, its routes and lifespan; ``http`` the plumbing under them (body limits,
+disconnects, SSE, auth and metrics middleware); ``state`` what routes and launcher share; ``protocol``
+the request models with OpenAI's and vLLM's field names (validated at the edge); ``serving_completion``
+/ ``serving_chat`` translate a request into engine calls (``generation``) and engine outputs into
+OpenAI responses and SSE chunks (``openai_format``, ``streaming``, ``tool_parser``); ``metrics`` the
+vLLM-named series; ``launcher`` runs uvicorn with draining on SIGTERM; ``cli_args`` holds the flags.
+Importing ``oxibonsai`` never imports
 this package, and importing this package imports FastAPI only when ``build_app`` is first used (the
 ``server`` extra: fastapi, uvicorn)."""
 
