@@ -6,9 +6,8 @@ the request models with OpenAI's and vLLM's field names (validated at the edge);
 / ``serving_chat`` translate a request into engine calls (``generation``) and engine outputs into
 OpenAI responses and SSE chunks (``openai_format``, ``streaming``, ``tool_parser``); ``metrics`` the
 vLLM-named series; ``launcher`` runs uvicorn with draining on SIGTERM; ``cli_args`` holds the flags.
-Importing ``oxibonsai`` never imports
-this package, and importing this package imports FastAPI only when ``build_app`` is first used (the
-``server`` extra: fastapi, uvicorn)."""
+Importing ``oxibonsai`` never imports this package, and importing this package imports FastAPI only
+when ``build_app`` is first used (the ``server`` extra: fastapi, uvicorn)."""
 
 from __future__ import annotations
 
