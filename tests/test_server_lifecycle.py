@@ -54,9 +54,9 @@ def test_a_full_queue_is_503_with_retry_after_before_any_byte() -> None:
     async def go() -> None:
         async with asgi_client(app) as c:
             running = asyncio.ensure_future(c.post("/v1/completions", json=long_request()))
-            await asyncio.to_thread(wait_until, lambda: engine.metrics()["num_running"] == 1)
+            assert await asyncio.to_thread(wait_until, lambda: engine.metrics()["num_running"] == 1)
             waiting = asyncio.ensure_future(c.post("/v1/completions", json=long_request()))
-            await asyncio.to_thread(wait_until, lambda: engine.metrics()["num_waiting"] == 1)
+            assert await asyncio.to_thread(wait_until, lambda: engine.metrics()["num_waiting"] == 1)
             for stream in (False, True):
                 r = await c.post("/v1/completions", json=long_request(stream))
                 assert r.status_code == 503, r.text
@@ -75,17 +75,21 @@ def test_a_full_queue_is_503_with_retry_after_before_any_byte() -> None:
 
 
 def test_overload_status_429_when_configured() -> None:
-    engine = ob.AsyncLLM(None, max_num_seqs=1, max_waiting=0)
+    engine = ob.AsyncLLM(None, max_num_seqs=1, max_waiting=1)
     slow_steps(engine, 0.005)
     app = app_for(engine, overload_status=429)
 
     async def go() -> None:
         async with asgi_client(app) as c:
-            busy = asyncio.ensure_future(c.post("/v1/completions", json=long_request()))
-            await asyncio.to_thread(wait_until, lambda: engine.metrics()["num_running"] == 1)
+            running = asyncio.ensure_future(c.post("/v1/completions", json=long_request()))
+            assert await asyncio.to_thread(wait_until, lambda: engine.metrics()["num_running"] == 1)
+            waiting = asyncio.ensure_future(c.post("/v1/completions", json=long_request()))
+            assert await asyncio.to_thread(wait_until, lambda: engine.metrics()["num_waiting"] == 1)
             r = await c.post("/v1/completions", json=long_request())
             assert r.status_code == 429 and "retry-after" in r.headers
-            await busy
+            assert r.json()["error"]["code"] == 429
+            for task in (running, waiting):
+                assert (await task).status_code == 200
 
     try:
         run(go())
