@@ -154,7 +154,8 @@ def test_completion_logprobs_shape(app: Any) -> None:
         == 5
     )
     for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True):
-        assert value <= 0 and len(top) == 3
+        # The legacy shape keys by text: tokens that decode alike (lone UTF-8 bytes) share a key.
+        assert value <= 0 and 1 <= len(top) <= 3
         assert max(top.values()) == pytest.approx(value, abs=1e-5), "greedy picks the top token"
         assert tok in top
     assert lp["text_offset"] == sorted(lp["text_offset"])
