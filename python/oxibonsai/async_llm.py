@@ -352,8 +352,10 @@ class AsyncLLM:
 
     @property
     def is_running(self) -> bool:
-        """Whether the step loop is alive (not shut down, not failed)."""
-        return self._thread.is_alive()
+        """Whether the step loop is alive (not shut down, not failed). False from the moment a step
+        fails or shutdown begins, before the thread has ended: a consumer that got
+        ``EngineDeadError`` never sees the engine as running."""
+        return self._dead is None and not self._closed and self._thread.is_alive()
 
     # -- state and helpers ------------------------------------------------------------------------
 
