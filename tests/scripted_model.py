@@ -35,6 +35,17 @@ from tiny_vocab import NORMAL, byte_level
 from tokenizer_fixture import make_tokenizer_metadata
 
 USER_DEFINED = 4  # gguf.TokenType.USER_DEFINED
+
+# A tool and the call a scripted model can be made to answer with (shared by the tool-call tests).
+CALL_JSON = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 HIDDEN = 256  # Hadamard rows: the cycle may hold at most this many tokens
 LOGIT_GAIN = 20.0  # the successor's logit; every other logit after a cycle token is 0
 

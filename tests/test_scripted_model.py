@@ -11,18 +11,9 @@ import pytest
 
 import oxibonsai
 
-from scripted_model import write_scripted_model
+from scripted_model import CALL_JSON, WEATHER_TOOL, write_scripted_model
 
-CALL_JSON = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 SCRIPT = ["<tool_call>", CALL_JSON, "</tool_call>", "<|im_end|>"]
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 CLOCK_TOOL = {"type": "function", "function": {"name": "now", "description": "Heure à Zürich"}}
 USER = {"role": "user", "content": "What's the weather in Paris?"}
 

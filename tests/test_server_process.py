@@ -20,21 +20,11 @@ from typing import Any
 import httpx
 import pytest
 
-from scripted_model import write_scripted_model
+from scripted_model import CALL_JSON, WEATHER_TOOL, write_scripted_model
 from server_support import free_port, server_process
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
-
-CALL_JSON = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 
 
 def client(url: str, **kw: Any) -> Any:
