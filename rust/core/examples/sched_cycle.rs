@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use oxibonsai_core::model::SequenceTable;
+use oxibonsai_core::kv::SequenceTable;
 use oxibonsai_core::sched::{Scheduler, SchedulerConfig};
 
 const RUNNING: usize = 64;

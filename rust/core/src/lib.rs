@@ -15,5 +15,6 @@ pub mod pool;
 pub mod q1;
 pub mod sample;
 pub mod sched;
+pub mod step;
 
 pub use error::{Error, Result};

@@ -7,9 +7,10 @@ use common::gguf_writer::{build, TensorSpec};
 use common::Rng;
 use oxibonsai_core::bytes::SharedBytes;
 use oxibonsai_core::gguf::{GgufFile, Value};
-use oxibonsai_core::model::{KvDtype, Logits, MatmulPlan, ModelRunner, Qwen3Model, StepItem};
+use oxibonsai_core::model::{KvDtype, MatmulPlan, ModelRunner, Qwen3Model};
 use oxibonsai_core::pool::Pool;
 use oxibonsai_core::q1::{format::quantize, Isa, Kernel};
+use oxibonsai_core::step::{Logits, StepItem};
 use oxibonsai_core::Error;
 
 const HIDDEN: u64 = 128;

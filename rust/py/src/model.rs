@@ -7,10 +7,11 @@ use std::sync::Mutex;
 use numpy::PyArray2;
 use oxibonsai_core::gguf::GgufFile;
 use oxibonsai_core::model::{
-    KvDtype, Logits, MatmulPlan, ModelRunner, Qwen3Model, StepItem, DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN,
+    KvDtype, MatmulPlan, ModelRunner, Qwen3Model, DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN,
 };
 use oxibonsai_core::pool;
 use oxibonsai_core::q1::{Isa, Kernel};
+use oxibonsai_core::step::{Logits, StepItem};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;

@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use numpy::PyArray2;
-use oxibonsai_core::model::{SequenceTable, GENERATION_ROOM};
+use oxibonsai_core::kv::{SequenceTable, GENERATION_ROOM};
 use oxibonsai_core::pool;
 use oxibonsai_core::sched::{Policy, Scheduler as CoreScheduler, SchedulerConfig, SchedulerOutput as CoreOutput};
 use oxibonsai_core::Error;

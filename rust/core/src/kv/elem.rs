@@ -4,7 +4,6 @@
 //! both types (`inline(always)`, so an AVX2 caller vectorizes it in place).
 
 use crate::huge::Plain;
-use crate::model::ops::axpy_lanes;
 
 /// An element type of the KV cache (a [`Plain`] number: the cache starts as zeroed memory).
 pub trait KvElem: Plain + Default {
@@ -100,6 +99,15 @@ pub fn widen(h: F16) -> f32 {
     let scaled = (f32::from_bits(magnitude << 13) * f32::from_bits(0x7780_0000)).to_bits();
     let special = (magnitude << 13) | 0x7f80_0000;
     f32::from_bits(if magnitude >= 0x7c00 { special } else { scaled } | sign)
+}
+
+/// `y += alpha * x`, element by element in order (the compiler vectorizes it in the caller).
+#[inline(always)]
+pub(crate) fn axpy_lanes(y: &mut [f32], alpha: f32, x: &[f32]) {
+    assert_eq!(y.len(), x.len());
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += alpha * xi;
+    }
 }
 
 #[cfg(test)]

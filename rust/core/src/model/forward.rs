@@ -6,20 +6,13 @@
 use crate::error::Result;
 use crate::kv::{KvCache, KvLayout, BLOCK_TOKENS};
 use crate::pool::Pool;
+use crate::step::Logits;
 
 use super::attention::{attend, AttendElem, AttentionShape, TokenSlot};
 use super::config::Qwen3Config;
 use super::linear::{Linear, MatmulPlan};
 use super::ops::{rms_norm, rms_norm_in_place, swiglu_in_place, RopeTable};
 use super::weights::{LayerWeights, Qwen3Weights};
-
-/// Which logits a chunk wants back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Logits {
-    None,
-    Last,
-    All,
-}
 
 /// `tokens` of one sequence at positions `start..start + tokens.len()`, stored through `block_table`.
 pub struct SeqChunk<'a> {

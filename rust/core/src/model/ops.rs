@@ -1,7 +1,6 @@
 //! The element-wise pieces of the forward pass: a vector dot (with an AVX2 build of the same code),
 //! RMSNorm, SwiGLU and rotate-half RoPE. Sums accumulate in a fixed order (32 lanes, then a fixed
-//! reduction), so results do not depend on the instruction set or thread count. `axpy_lanes` is
-//! `inline(always)` so that the KV element types' axpy vectorizes inside AVX2-built attention.
+//! reduction), so results do not depend on the instruction set or thread count.
 
 use crate::sample::math::exp_nonpositive;
 
@@ -35,14 +34,6 @@ fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     reduce_lanes(acc) + tail
-}
-
-#[inline(always)]
-pub(crate) fn axpy_lanes(y: &mut [f32], alpha: f32, x: &[f32]) {
-    assert_eq!(y.len(), x.len());
-    for (yi, xi) in y.iter_mut().zip(x) {
-        *yi += alpha * xi;
-    }
 }
 
 /// Pairwise, in a fixed order: lanes `i` and `i + half` first, halving until one is left.

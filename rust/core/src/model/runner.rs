@@ -4,11 +4,12 @@
 //! bounded. A failed check changes nothing; lengths only advance after the forward pass succeeds.
 
 use crate::error::{Error, Result};
+use crate::kv::{blocks_for, SequenceTable};
 use crate::kv::{KvCache, KvElem, F16};
 use crate::pool::Pool;
+use crate::step::{Logits, StepItem};
 
-use super::forward::{Logits, Qwen3Model, SeqChunk};
-use super::sequence_table::{blocks_for, SequenceTable};
+use super::forward::{Qwen3Model, SeqChunk};
 
 /// Most tokens in one forward pass; longer prompts run in several (chunked prefill).
 pub const MAX_BATCH_TOKENS: usize = 256;
@@ -61,13 +62,6 @@ impl KvStore {
 
 fn new_store<E: KvElem>(model: &Qwen3Model, num_blocks: usize) -> Result<KvCache<E>> {
     KvCache::new(model.kv_layout(), num_blocks)
-}
-
-/// One entry of a step: append `tokens` to sequence `seq` and return the requested logits.
-pub struct StepItem<'a> {
-    pub seq: u64,
-    pub tokens: &'a [u32],
-    pub logits: Logits,
 }
 
 pub struct ModelRunner {

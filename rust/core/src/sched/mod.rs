@@ -9,7 +9,7 @@
 //! request is finished: the engine samples, calls [`Scheduler::update`], and calls
 //! [`Scheduler::finish`] on stop tokens, stop strings or length.
 //!
-//! [`SequenceTable`]: crate::model::SequenceTable
+//! [`SequenceTable`]: crate::kv::SequenceTable
 
 mod config;
 mod output;

@@ -2,8 +2,7 @@
 //! [`crate::sched`]).
 
 use crate::error::{Error, Result};
-use crate::kv::{PrefixMatch, BLOCK_TOKENS};
-use crate::model::{blocks_for, SequenceTable, GENERATION_ROOM};
+use crate::kv::{blocks_for, PrefixMatch, SequenceTable, BLOCK_TOKENS, GENERATION_ROOM};
 
 use super::config::{Policy, SchedulerConfig, LONGEST_PREFIX_WINDOW};
 use super::output::{SchedulerOutput, SchedulerStats};

@@ -4,7 +4,8 @@
 //! preempted) since `schedule` are skipped everywhere.
 
 use crate::error::{Error, Result};
-use crate::model::{Logits, SequenceTable, StepItem};
+use crate::kv::SequenceTable;
+use crate::step::{Logits, StepItem};
 
 use super::output::{ScheduledItem, SchedulerOutput};
 use super::scheduler::Scheduler;

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::error::Error;
-use crate::model::SequenceTable;
+use crate::kv::SequenceTable;
 
 fn config(max_num_seqs: usize, max_num_batched_tokens: usize) -> SchedulerConfig {
     SchedulerConfig { max_num_seqs, max_num_batched_tokens, ..Default::default() }

@@ -6,8 +6,8 @@
 //! its full blocks, and every block a sequence fills is cached as it fills; without it, the cache is
 //! just the block pool.
 
+use super::{CacheStats, PrefixCache, PrefixMatch, BLOCK_TOKENS};
 use crate::error::{Error, Result};
-use crate::kv::{CacheStats, PrefixCache, PrefixMatch, BLOCK_TOKENS};
 
 use super::sequence::Sequence;
 use super::sequence_slab::SequenceSlab;

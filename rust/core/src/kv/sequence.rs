@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
+use super::{BlockKey, Inserted, PrefixCache, PrefixMatch, BLOCK_TOKENS};
 use crate::error::Result;
-use crate::kv::{BlockKey, Inserted, PrefixCache, PrefixMatch, BLOCK_TOKENS};
 
-use super::{blocks_for, GENERATION_ROOM};
+use super::sequence_table::{blocks_for, GENERATION_ROOM};
 
 /// A sequence's KV: position `p` lives in `block_table[p / 16]`, slot `p % 16`. The chain is boxed
 /// so that a sequence is 40 bytes: a step over many sequences reads their lengths and block tables

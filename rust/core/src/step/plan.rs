@@ -1,0 +1,133 @@
+//! `StepPlan`: a step's work as flat arrays, for runners other than the native one. Built after the
+//! sequences' block tables have grown for the step (their blocks reserved) and before the tokens are
+//! recorded, so a sequence's length is still its context before the step.
+
+use crate::error::{Error, Result};
+use crate::kv::{blocks_for, SequenceTable, BLOCK_TOKENS};
+
+use super::{Logits, StepItem};
+
+pub use crate::kv::TierCopies;
+
+/// The attention metadata of one step, in vLLM's shape. Token `t` of the batch is `input_ids[t]` at
+/// `positions[t]`, its K/V written to KV slot `slot_mapping[t]` (block * 16 + offset); sequence `s`
+/// owns tokens `query_start_loc[s]..query_start_loc[s + 1]`, holds `seq_lens[s]` tokens of KV once
+/// they are written, and reads them through row `s` of `block_tables` (`num_seqs x max_blocks`,
+/// row-major, padded with 0). `logits_indices` lists the tokens whose logits the step returns, in
+/// order. `copies` must run before the forward pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepPlan {
+    pub input_ids: Vec<i32>,
+    pub positions: Vec<i32>,
+    pub slot_mapping: Vec<i64>,
+    pub query_start_loc: Vec<i32>,
+    pub seq_lens: Vec<i32>,
+    pub block_tables: Vec<i32>,
+    pub max_blocks: usize,
+    pub logits_indices: Vec<i32>,
+    pub copies: TierCopies,
+}
+
+impl StepPlan {
+    /// The plan of `items` over `table`, whose block tables already cover every item's tokens.
+    pub fn build(items: &[StepItem], table: &SequenceTable) -> Result<StepPlan> {
+        let tokens: usize = items.iter().map(|it| it.tokens.len()).sum();
+        let mut plan = StepPlan {
+            input_ids: Vec::with_capacity(tokens),
+            positions: Vec::with_capacity(tokens),
+            slot_mapping: Vec::with_capacity(tokens),
+            query_start_loc: Vec::with_capacity(items.len() + 1),
+            seq_lens: Vec::with_capacity(items.len()),
+            ..StepPlan::default()
+        };
+        plan.query_start_loc.push(0);
+        for item in items {
+            let seq = table.get(item.seq)?;
+            let end = seq.len + item.tokens.len();
+            if seq.block_table.len() < blocks_for(end) {
+                return Err(Error::Value(format!("sequence {} has no blocks reserved for this step", item.seq)));
+            }
+            plan.max_blocks = plan.max_blocks.max(blocks_for(end));
+            plan.push_item(item, seq.len, &seq.block_table);
+        }
+        plan.block_tables = vec![0; items.len() * plan.max_blocks];
+        for (row, item) in plan.block_tables.chunks_mut(plan.max_blocks.max(1)).zip(items) {
+            let seq = table.get(item.seq)?;
+            let used = blocks_for(seq.len + item.tokens.len());
+            for (dst, &block) in row.iter_mut().zip(&seq.block_table[..used]) {
+                *dst = block as i32;
+            }
+        }
+        Ok(plan)
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.input_ids.len()
+    }
+
+    pub fn num_seqs(&self) -> usize {
+        self.seq_lens.len()
+    }
+
+    /// Appends one item's tokens, starting at position `start`, stored through `block_table`.
+    fn push_item(&mut self, item: &StepItem, start: usize, block_table: &[u32]) {
+        let first = self.input_ids.len();
+        for (i, &token) in item.tokens.iter().enumerate() {
+            let pos = start + i;
+            self.input_ids.push(token as i32);
+            self.positions.push(pos as i32);
+            let block = block_table[pos / BLOCK_TOKENS] as i64;
+            self.slot_mapping.push(block * BLOCK_TOKENS as i64 + (pos % BLOCK_TOKENS) as i64);
+        }
+        let last = self.input_ids.len();
+        match item.logits {
+            Logits::None => {}
+            Logits::Last => self.logits_indices.push(last as i32 - 1),
+            Logits::All => self.logits_indices.extend(first as i32..last as i32),
+        }
+        self.query_start_loc.push(last as i32);
+        self.seq_lens.push((start + item.tokens.len()) as i32);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_locates_every_token_through_its_block_table() {
+        let mut table = SequenceTable::new(8, 0, false);
+        let a = table.add_sequence();
+        let b = table.add_sequence();
+        table.reserve(&[(a, 20)]).unwrap();
+        table.append(a, &[7; 20]).unwrap();
+        let decode = [5];
+        let prompt = [1, 2, 3];
+        let items = [
+            StepItem { seq: a, tokens: &decode, logits: Logits::Last },
+            StepItem { seq: b, tokens: &prompt, logits: Logits::All },
+        ];
+        table.reserve(&[(a, 1), (b, 3)]).unwrap();
+        let plan = StepPlan::build(&items, &table).unwrap();
+        let ta = &table.get(a).unwrap().block_table;
+        let tb = &table.get(b).unwrap().block_table;
+        assert_eq!(plan.input_ids, vec![5, 1, 2, 3]);
+        assert_eq!(plan.positions, vec![20, 0, 1, 2]);
+        let slot = |block: u32, off: i64| block as i64 * 16 + off;
+        assert_eq!(plan.slot_mapping, vec![slot(ta[1], 4), slot(tb[0], 0), slot(tb[0], 1), slot(tb[0], 2)]);
+        assert_eq!(plan.query_start_loc, vec![0, 1, 4]);
+        assert_eq!(plan.seq_lens, vec![21, 3]);
+        assert_eq!(plan.max_blocks, 2);
+        assert_eq!(plan.block_tables, vec![ta[0] as i32, ta[1] as i32, tb[0] as i32, 0]);
+        assert_eq!(plan.logits_indices, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_plan_needs_the_blocks_reserved() {
+        let mut table = SequenceTable::new(4, 0, false);
+        let a = table.add_sequence();
+        let tokens = [1; 17];
+        let items = [StepItem { seq: a, tokens: &tokens, logits: Logits::Last }];
+        assert!(StepPlan::build(&items, &table).is_err());
+    }
+}
