@@ -12,6 +12,7 @@ pub mod cache;
 pub mod copies;
 pub mod elem;
 pub mod hash;
+pub mod host_tier;
 pub mod idle;
 pub mod prefix;
 pub mod sequence;

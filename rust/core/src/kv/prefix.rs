@@ -7,13 +7,22 @@
 //! allocation fails only when no block is free or evictable. Callers see [`PrefixMatch`] and block ids,
 //! never trie nodes or reference counts. Sequences must hold whole chains (every cached block from the
 //! first one on), as the model runner's block tables do; then every idle block is evictable in turn.
+//!
+//! With a host tier ([`PrefixCache::with_host_tier`]), an idle block that allocation evicts is
+//! *demoted* (cached in a host block, its KV copied there) rather than dropped, and a prompt whose
+//! chain continues in the host tier *promotes* those blocks back into fresh device blocks when it is
+//! acquired. The copies are recorded as [`TierCopies`] for the runner ([`PrefixCache::take_copies`]);
+//! a promoted device block keeps an extra reference until [`PrefixCache::complete_copies`], so it is
+//! neither evicted nor demoted before its contents arrive.
 
 use std::sync::Arc;
 
 use super::blocks::BlockPool;
 use super::cache::BLOCK_TOKENS;
+use super::copies::TierCopies;
 use super::hash::{BlockKey, SaltTag};
-use super::trie::{BlockTrie, Found, Lookup};
+use super::host_tier::HostTier;
+use super::trie::{BlockTrie, Evicted, Found, Lookup};
 use crate::error::{Error, Result};
 
 /// Blocks whose keys [`PrefixCache::lookup`] hashes before confirming them.
@@ -24,8 +33,10 @@ const LOOKAHEAD: usize = 8;
 pub struct PrefixMatch {
     /// Tokens covered by the cached blocks (a multiple of `BLOCK_TOKENS`).
     pub cached_tokens: usize,
-    /// The cached physical blocks, in order.
+    /// The cached device blocks, in order.
     pub block_ids: Vec<u32>,
+    /// The host blocks that continue the chain after them (promoted when acquired).
+    pub host_blocks: Vec<u32>,
     /// How many of them no sequence uses yet (acquiring takes them out of the evictable pool).
     pub idle_blocks: usize,
     /// The key of the last cached block: the parent of the next block to insert.
@@ -63,6 +74,15 @@ pub struct CacheStats {
     /// Bytes of the blocks that hold data (held or cached).
     pub bytes_in_use: usize,
     pub capacity_bytes: usize,
+    /// The host tier (all 0 without one): its blocks, the prompt tokens found there, the blocks moved
+    /// each way and host entries dropped to make room.
+    pub host_capacity_blocks: usize,
+    pub host_cached_blocks: usize,
+    pub host_free_blocks: usize,
+    pub host_hit_tokens: u64,
+    pub demotions: u64,
+    pub promotions: u64,
+    pub host_evictions: u64,
 }
 
 /// The pool of physical blocks with the trie of cached ones.
@@ -73,6 +93,10 @@ pub struct PrefixCache {
     idle: usize,
     tick: u64,
     stats: CacheStats,
+    host: Option<HostTier>,
+    copies: TierCopies,
+    /// Promoted device blocks holding an extra reference until their copies complete.
+    promoting: Vec<u32>,
 }
 
 impl PrefixCache {
@@ -85,7 +109,39 @@ impl PrefixCache {
             idle: 0,
             tick: 0,
             stats: CacheStats::default(),
+            host: None,
+            copies: TierCopies::default(),
+            promoting: Vec::new(),
         }
+    }
+
+    /// A cache over `num_blocks` device blocks whose evicted blocks are demoted to `host_blocks` host
+    /// blocks (none: no host tier).
+    pub fn with_host_tier(num_blocks: usize, host_blocks: usize, block_bytes: usize) -> PrefixCache {
+        let mut cache = PrefixCache::new(num_blocks, block_bytes);
+        cache.host = (host_blocks > 0).then(|| HostTier::new(host_blocks));
+        cache
+    }
+
+    pub fn host_capacity(&self) -> usize {
+        self.host.as_ref().map_or(0, HostTier::capacity)
+    }
+
+    /// The copies recorded since the last call, for the runner to execute before its forward pass.
+    pub fn take_copies(&mut self) -> TierCopies {
+        std::mem::take(&mut self.copies)
+    }
+
+    /// The copies handed out by [`take_copies`](Self::take_copies) have run: the blocks they read or
+    /// wrote may be reused, evicted or demoted again.
+    pub fn complete_copies(&mut self) -> Result<()> {
+        if let Some(host) = self.host.as_mut() {
+            host.complete_copies();
+        }
+        for block in std::mem::take(&mut self.promoting) {
+            self.release(block)?;
+        }
+        Ok(())
     }
 
     pub fn capacity(&self) -> usize {
@@ -144,12 +200,35 @@ impl PrefixCache {
                 parent = Some(*key);
             }
             for (&key, i) in keys.iter().zip(batch) {
-                let Lookup::Hit(node) = self.trie.confirm(key, m.last_key, block(i), salt) else { return m };
+                let Lookup::Hit(node) = self.trie.confirm(key, m.last_key, block(i), salt) else {
+                    return self.lookup_host(tokens, tag, salt, blocks, m);
+                };
                 m.block_ids.push(node.block);
                 m.idle_blocks += usize::from(node.idle);
                 m.cached_tokens += BLOCK_TOKENS;
                 m.last_key = Some(key);
             }
+        }
+        m
+    }
+
+    /// Continues a device match `m` (which stopped short of `blocks`) in the host tier.
+    fn lookup_host(
+        &self,
+        tokens: &[u32],
+        tag: SaltTag,
+        salt: Option<&str>,
+        blocks: usize,
+        mut m: PrefixMatch,
+    ) -> PrefixMatch {
+        let Some(host) = self.host.as_ref() else { return m };
+        for i in m.block_ids.len()..blocks {
+            let block = &tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS];
+            let key = self.trie.key(m.last_key, block, tag);
+            let Some(found) = host.confirm(key, m.last_key, block, salt) else { break };
+            m.host_blocks.push(found);
+            m.cached_tokens += BLOCK_TOKENS;
+            m.last_key = Some(key);
         }
         m
     }
@@ -163,16 +242,47 @@ impl PrefixCache {
 
     /// [`acquire`](Self::acquire) for a match [`lookup`](Self::lookup) just returned for a prompt of
     /// `queried_tokens` tokens, the cache unchanged since: takes its blocks without looking again.
-    pub fn acquire_found(&mut self, queried_tokens: usize, m: PrefixMatch) -> PrefixMatch {
+    /// Host blocks of the match are promoted into fresh device blocks (fewer, and the match shorter,
+    /// if the device runs out of blocks).
+    pub fn acquire_found(&mut self, queried_tokens: usize, mut m: PrefixMatch) -> PrefixMatch {
         self.tick += 1;
         for &block in &m.block_ids {
             self.take(block);
+        }
+        if !m.host_blocks.is_empty() {
+            self.promote(&mut m);
         }
         self.stats.queries += 1;
         self.stats.hits += u64::from(m.cached_tokens > 0);
         self.stats.queried_tokens += queried_tokens as u64;
         self.stats.hit_tokens += m.cached_tokens as u64;
         m
+    }
+
+    /// Moves the host blocks of an acquired match into device blocks the caller holds, recording the
+    /// copies. Every host entry is taken first, so demotions that make room cannot evict them.
+    fn promote(&mut self, m: &mut PrefixMatch) {
+        let host = self.host.as_mut().expect("host blocks come from the host tier");
+        let taken: Vec<Evicted> = m.host_blocks.drain(..).map(|b| host.take(b)).collect();
+        // The chain continues from the last device block (`m.last_key` is the last host block's key).
+        let mut parent = m.block_ids.last().map(|&b| (self.trie.key_of(b).expect("cached"), b));
+        for node in taken {
+            let Some(block) = self.allocate() else { break };
+            let inserted = self.insert_under(parent, &node.tokens, node.salt.as_ref(), block);
+            let Ok(Inserted::Cached { key, block }) = inserted else {
+                self.pool.release(block).expect("allocated above");
+                break;
+            };
+            debug_assert_eq!(key, node.key, "both tiers hash with the trie's seed");
+            self.pool.retain(block).expect("held by the caller");
+            self.promoting.push(block);
+            self.copies.promote.push([node.block, block]);
+            self.stats.host_hit_tokens += BLOCK_TOKENS as u64;
+            m.block_ids.push(block);
+            parent = Some((key, block));
+        }
+        m.cached_tokens = m.block_ids.len() * BLOCK_TOKENS;
+        m.last_key = parent.map(|p| p.0);
     }
 
     /// A block for the caller alone (one reference), evicting the least recently used idle leaf when
@@ -316,7 +426,8 @@ impl PrefixCache {
 
     /// Drops every idle cached block; blocks in use stay cached. Returns how many were dropped.
     pub fn reset(&mut self) -> usize {
-        self.evict(usize::MAX).len()
+        let host = self.host.as_mut().map_or(0, HostTier::reset);
+        self.evict(usize::MAX).len() + host
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -328,13 +439,30 @@ impl PrefixCache {
             capacity_blocks: self.capacity(),
             bytes_in_use: used * self.block_bytes,
             capacity_bytes: self.capacity() * self.block_bytes,
-            ..self.stats
+            ..self.host_stats(self.stats)
+        }
+    }
+
+    fn host_stats(&self, stats: CacheStats) -> CacheStats {
+        let Some(host) = self.host.as_ref() else { return stats };
+        let s = host.stats();
+        CacheStats {
+            host_capacity_blocks: host.capacity(),
+            host_cached_blocks: host.num_cached(),
+            host_free_blocks: host.num_free(),
+            demotions: s.demotions,
+            promotions: s.promotions,
+            host_evictions: s.evictions,
+            ..stats
         }
     }
 
     /// Checks every invariant of the pool and the trie; for tests.
     pub fn check(&self) -> Result<()> {
         self.trie.check().map_err(Error::Value)?;
+        if let Some(host) = self.host.as_ref() {
+            host.check().map_err(Error::Value)?;
+        }
         let free = (0..self.capacity() as u32).filter(|&b| self.pool.ref_count(b) == 0).count();
         if free != self.num_free() {
             return Err(Error::Value(format!("{free} blocks have no reference but {} are free", self.num_free())));
@@ -346,11 +474,16 @@ impl PrefixCache {
         Ok(())
     }
 
+    /// Evicts the least recently used idle leaf, demoting it to the host tier when there is one.
     fn evict_one(&mut self) -> Option<u32> {
-        let block = self.trie.pop_lru()?;
+        let node = self.trie.pop_lru_evicted()?;
+        let block = node.block;
         self.pool.release(block).expect("the trie held the block");
         self.idle -= 1;
         self.stats.evictions += 1;
+        if let Some(host_block) = self.host.as_mut().and_then(|h| h.store(node)) {
+            self.copies.demote.push([block, host_block]);
+        }
         Some(block)
     }
 

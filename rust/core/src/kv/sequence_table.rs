@@ -6,7 +6,7 @@
 //! its full blocks, and every block a sequence fills is cached as it fills; without it, the cache is
 //! just the block pool.
 
-use super::{CacheStats, PrefixCache, PrefixMatch, BLOCK_TOKENS};
+use super::{CacheStats, PrefixCache, PrefixMatch, TierCopies, BLOCK_TOKENS};
 use crate::error::{Error, Result};
 
 use super::sequence::Sequence;
@@ -37,6 +37,30 @@ impl SequenceTable {
             prefix_caching,
             seqs: SequenceSlab::default(),
         }
+    }
+
+    /// A table over `num_blocks` device blocks and `host_blocks` host blocks that idle cached blocks
+    /// are demoted to when the device needs room (see [`PrefixCache::with_host_tier`]).
+    pub fn with_host_tier(num_blocks: usize, host_blocks: usize, block_bytes: usize, prefix_caching: bool) -> Self {
+        SequenceTable {
+            blocks: PrefixCache::with_host_tier(num_blocks, host_blocks, block_bytes),
+            prefix_caching,
+            seqs: SequenceSlab::default(),
+        }
+    }
+
+    /// The tier copies recorded since the last call; the runner runs them before the step.
+    pub fn take_copies(&mut self) -> TierCopies {
+        self.blocks.take_copies()
+    }
+
+    /// The copies handed out have run; their blocks may be reused.
+    pub fn complete_copies(&mut self) -> Result<()> {
+        self.blocks.complete_copies()
+    }
+
+    pub fn num_host_blocks(&self) -> usize {
+        self.blocks.host_capacity()
     }
 
     pub fn num_blocks(&self) -> usize {

@@ -42,6 +42,15 @@ impl Node {
     }
 }
 
+/// An evicted node: its key, chain, contents and the block that held it (now free to reuse).
+pub struct Evicted {
+    pub key: BlockKey,
+    pub parent: Option<BlockKey>,
+    pub tokens: [u32; BLOCK_TOKENS],
+    pub salt: Option<Arc<str>>,
+    pub block: u32,
+}
+
 /// What a lookup of one block found.
 pub enum Lookup<'a> {
     /// A node with exactly this parent, these tokens and this salt.
@@ -218,9 +227,17 @@ impl BlockTrie {
 
     /// Removes the least recently used idle leaf and returns its block; its parent may become one.
     pub fn pop_lru(&mut self) -> Option<u32> {
-        let node = self.take_lru()?;
-        self.blocks.remove(&node.0);
-        Some(node.1)
+        let (key, block, _) = self.take_lru()?;
+        self.blocks.remove(&key);
+        Some(block)
+    }
+
+    /// [`pop_lru`](Self::pop_lru), returning what the node held, so its block can be cached elsewhere.
+    pub fn pop_lru_evicted(&mut self) -> Option<Evicted> {
+        let (key, block, salt) = self.take_lru()?;
+        self.blocks.remove(&key);
+        let node = &self.nodes[block as usize];
+        Some(Evicted { key, parent: node.parent, tokens: node.tokens, salt, block })
     }
 
     /// Removes up to `n` idle leaves in eviction order and appends their blocks to `out`.
@@ -230,13 +247,13 @@ impl BlockTrie {
 
     /// Takes the least recently used idle leaf out of its slot and the eviction order (not the map);
     /// its parent may become an idle leaf.
-    fn take_lru(&mut self) -> Option<(BlockKey, u32)> {
+    fn take_lru(&mut self) -> Option<(BlockKey, u32, Option<Arc<str>>)> {
         let block = self.order.pop_first()?;
         debug_assert!(self.cached[block as usize], "an idle leaf is cached");
         self.cached[block as usize] = false;
         let node = &mut self.nodes[block as usize];
         let (key, parent_block) = (node.key, node.parent_block);
-        node.salt = None;
+        let salt = node.salt.take();
         if parent_block != NO_BLOCK {
             let parent = &mut self.nodes[parent_block as usize];
             parent.children -= 1;
@@ -244,7 +261,7 @@ impl BlockTrie {
                 self.order.insert(parent_block, parent.last_used);
             }
         }
-        Some((key, block))
+        Some((key, block, salt))
     }
 
     /// Checks the trie's own bookkeeping (children counts, the key map, the eviction order); for tests.

@@ -21,6 +21,8 @@ mod slab;
 mod step;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tier_tests;
 
 pub use config::{Policy, SchedulerConfig};
 pub use output::{ScheduledItem, SchedulerOutput, SchedulerStats};

@@ -263,7 +263,9 @@ impl Scheduler {
             let n = remaining.min(budget.tokens);
             let cached_blocks = m.cached_tokens / BLOCK_TOKENS;
             let new_blocks = blocks_for(m.cached_tokens + n) - cached_blocks;
-            if new_blocks + m.idle_blocks > budget.room() {
+            // Acquiring takes idle cached blocks out of the available ones, and promotes host blocks
+            // into new device blocks.
+            if new_blocks + m.idle_blocks + m.host_blocks.len() > budget.room() {
                 return;
             }
             self.start(slot, kv, m);
