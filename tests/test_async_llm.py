@@ -65,7 +65,7 @@ async def until_idle(engine: ob.AsyncLLM) -> None:
 
 def assert_all_blocks_free(engine: ob.AsyncLLM) -> None:
     engine.reset_prefix_cache()
-    model = engine._llm._model
+    model = engine._llm._runner._model
     assert model.num_free_blocks == model.num_blocks
 
 
@@ -204,7 +204,7 @@ def test_invalid_requests_raise_before_anything_is_queued(rng):
                 (TypeError, words(rng), {"temperature": 0.0}),
                 (ValueError, [1] * MAX_LEN, greedy(1)),  # no room for a generated token
                 (ValueError, [], greedy(1)),
-                (ValueError, [engine._llm._model.vocab_size], greedy(1)),
+                (ValueError, [engine._llm._runner._model.vocab_size], greedy(1)),
                 (ValueError, {"text": "no prompt key"}, greedy(1)),
                 (TypeError, {"prompt": "x", "cache_salt": 3}, greedy(1)),
             ]

@@ -154,17 +154,17 @@ def test_batched_requests_equal_each_request_alone(tiny_model, rng):
 
 def test_kv_blocks_are_all_free_after_generation(tiny_model, rng):
     llm = ob.LLM(tiny_model, max_num_seqs=3)
-    total = llm._model.num_blocks
+    total = llm._runner._model.num_blocks
     prompts = [random_ids(rng, llm.config["vocab"], int(rng.integers(1, 40))) for _ in range(5)]
     llm.generate(prompts, ob.SamplingParams(max_tokens=5, temperature=0.0))
     stream = llm.stream(prompts[0], ob.SamplingParams(max_tokens=50, ignore_eos=True))
     next(stream)
     stream.close()
     # Cached blocks outlive their requests, but none is held: all are evictable, and a reset frees them.
-    assert llm._model.num_available_blocks == total
-    assert llm._model.num_sequences == 0
+    assert llm._runner._model.num_available_blocks == total
+    assert llm._runner._model.num_sequences == 0
     llm.reset_prefix_cache()
-    assert llm._model.num_free_blocks == total
+    assert llm._runner._model.num_free_blocks == total
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads resident memory from Linux /proc")
@@ -174,7 +174,7 @@ def test_a_large_kv_cache_costs_no_memory_until_used(tiny_model, rng):
 
     before = resident()
     llm = ob.LLM(tiny_model, kv_cache_blocks=20_000)
-    reserved = 20_000 * llm._model.block_bytes
+    reserved = 20_000 * llm._runner._model.block_bytes
     assert reserved > 500 * 2**20
     assert resident() - before < reserved // 10
     out = llm.generate(
@@ -191,8 +191,8 @@ def test_default_kv_budget_is_a_quarter_of_available_memory_capped_by_context_ne
     budget = default_kv_cache_bytes()
     assert 0 < budget <= KV_MEMORY_FRACTION * available * 1.1  # memory moves a little between reads
     llm = ob.LLM(tiny_model, max_num_seqs=3)
-    m = llm._model
+    m = llm._runner._model
     per_seq = -(-m.max_model_len // m.block_tokens)
     assert m.num_blocks == max(per_seq, min(3 * per_seq, budget // m.block_bytes))
-    small = ob.LLM(tiny_model, max_num_seqs=3, kv_cache_bytes=m.block_bytes * (per_seq + 1))._model
+    small = ob.LLM(tiny_model, max_num_seqs=3, kv_cache_bytes=m.block_bytes * (per_seq + 1))._runner._model
     assert small.num_blocks == per_seq + 1

@@ -65,7 +65,7 @@ def llm(tiny_model: Path) -> ob.LLM:
 def still_works(llm: ob.LLM) -> None:
     out = llm.generate("the model", GREEDY)[0]
     assert len(out.outputs[0].token_ids) == 4
-    assert llm._model.num_free_blocks == llm._model.num_blocks
+    assert llm._runner._model.num_free_blocks == llm._runner._model.num_blocks
 
 
 def test_prompt_longer_than_the_context(llm, rng):

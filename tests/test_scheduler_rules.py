@@ -222,7 +222,7 @@ def test_a_superseded_output_is_refused_and_changes_nothing(rng: np.random.Gener
 
 def test_a_superseded_output_never_runs_the_model(tiny_model: Path, rng: np.random.Generator) -> None:
     llm = ob.LLM(tiny_model, max_model_len=64)
-    model = llm._model
+    model = llm._runner._model
     sched = _core.Scheduler(model, max_num_seqs=2)
     prompt = rng.integers(1, 100, size=int(rng.integers(2, 30))).tolist()
     new = refuse_a_superseded_plan(sched, prompt)

@@ -1,6 +1,7 @@
 """The step loop over the native continuous-batching scheduler: ``schedule()`` picks this step's work
-(decodes first, then prefill chunks, then admissions, preempting when KV blocks run out), one
-``execute()`` runs it as a single batched forward pass with the GIL released, each request that
+(decodes first, then prefill chunks, then admissions, preempting when KV blocks run out), the runner
+computes it as a single batched forward pass (the native one in one call with the GIL released; the
+torch one from the step's plan arrays), each request that
 completed its known tokens samples one token with its own seeded sampler, ``update()`` records them,
 and the engine detokenizes incrementally, applies stop tokens, stop strings and length limits, and
 finishes requests (freeing their blocks). Python never loops over layers or tokens.
@@ -19,6 +20,7 @@ from oxibonsai import _core
 from oxibonsai.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from oxibonsai.metrics import EngineMetrics
 from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from oxibonsai.runner import Runner
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.tokenizer import Tokenizer
 
@@ -100,32 +102,30 @@ DEFAULT_BATCHED_TOKENS = 256
 
 
 class Engine:
-    """Runs requests to completion over one native ``Model``; not thread-safe (``AsyncLLM`` wraps it)."""
+    """Runs requests to completion over one runner; not thread-safe (``AsyncLLM`` wraps it)."""
 
     def __init__(
-        self, model: _core.Model, tokenizer: Tokenizer, *, seed: int, config: SchedulerConfig | None = None
+        self, runner: Runner, tokenizer: Tokenizer, *, seed: int, config: SchedulerConfig | None = None
     ) -> None:
         config = config or SchedulerConfig()
-        budget = config.batched_tokens(model.max_model_len)
-        if not config.enable_chunked_prefill and budget < model.max_model_len:
+        budget = config.batched_tokens(runner.max_model_len)
+        if not config.enable_chunked_prefill and budget < runner.max_model_len:
             raise ValueError(
                 f"without chunked prefill max_num_batched_tokens ({budget}) must be >= max_model_len "
-                f"({model.max_model_len}), or long prompts could never run"
+                f"({runner.max_model_len}), or long prompts could never run"
             )
         if config.max_waiting is not None and config.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0 or None, got {config.max_waiting}")
-        self._model = model
-        # The model's constants, read once: the native getters take the model's lock, which a running
-        # step holds, so check_prompt must not call them (AsyncLLM validates outside its step lock).
-        self.max_model_len = int(model.max_model_len)
-        self.vocab_size = int(model.vocab_size)
-        self.num_blocks = int(model.num_blocks)
-        self.block_tokens = int(model.block_tokens)
+        self._runner = runner
+        # The runner's constants, plain attributes: check_prompt runs outside AsyncLLM's step lock.
+        self.max_model_len = runner.max_model_len
+        self.vocab_size = runner.vocab_size
+        self.num_blocks = runner.num_blocks
+        self.block_tokens = runner.block_tokens
         self._tokenizer = tokenizer
         self._seed = seed
         self.config = config
-        self._sched = _core.Scheduler(
-            model,
+        self._sched = runner.make_scheduler(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=budget,
             max_waiting=config.max_waiting,
@@ -218,7 +218,7 @@ class Engine:
 
     def refresh_gauges(self) -> None:
         """Sets the metrics' gauges: running and waiting requests, KV blocks in use, prefix hit rate."""
-        cache = self._model.cache_stats()
+        cache = self._runner.cache_stats()
         self.metrics.set_gauges(
             num_requests_running=self.num_running,
             num_requests_waiting=self.num_waiting,
@@ -258,8 +258,7 @@ class Engine:
                 r.num_cached_tokens = state[1] if state is not None else 0
             if sample:
                 sampling.append(r)
-        logits = self._sched.execute(plan)
-        assert logits is not None
+        logits = self._runner.execute(self._sched, plan)
         draws = [self._sample(r, row) for r, row in zip(sampling, logits, strict=True)]
         self._sched.update(plan, [token for token, _, _ in draws])
         self.metrics.on_step(plan.num_prefill_tokens, len(draws), len(plan.preempted))

@@ -16,6 +16,7 @@ from oxibonsai import _core
 from oxibonsai.engine import Engine, SchedulerConfig
 from oxibonsai.outputs import RequestOutput
 from oxibonsai.progress import PROGRESS_MIN_PROMPTS, Progress
+from oxibonsai.runner import NativeRunner, Runner, choose
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.tokenizer import Tokenizer
 
@@ -82,6 +83,14 @@ class LLM:
     ``kv_cache_dtype``: ``"auto"``/``"f16"`` (half the memory and bandwidth) or ``"f32"`` (exact).
     ``enable_prefix_caching``: reuse the KV of prompt prefixes computed before (full 16-token blocks,
     kept until evicted, least recently used first); a prompt dict's ``"cache_salt"`` keeps tenants apart.
+    ``device``: ``"auto"`` (CUDA, then MPS, then the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or
+    ``"mps"``. ``runner``: ``"auto"`` (native on the CPU, torch elsewhere), ``"native"`` (the Rust
+    forward pass, CPU only) or ``"torch"`` (the torch runner on ``device``; needs ``oxibonsai[torch]``).
+    On the torch runner ``kv_cache_blocks`` / ``kv_cache_bytes`` size the device KV pool (on CUDA by
+    default ``gpu_memory_utilization`` of the GPU's memory, less the weights), and
+    ``host_kv_cache_blocks`` / ``host_kv_cache_bytes`` the host-memory tier that idle cached blocks are
+    demoted to instead of dropped (0 turns it off; by default as large as the device pool on CUDA, off
+    elsewhere). ``kernel`` applies to the native runner only.
     """
 
     def __init__(
@@ -102,10 +111,16 @@ class LLM:
         enable_chunked_prefill: bool = True,
         priority_aging_steps: int = 256,
         scheduling_policy: str = "priority",
+        device: str = "auto",
+        runner: str = "auto",
+        host_kv_cache_blocks: int | None = None,
+        host_kv_cache_bytes: int | None = None,
+        gpu_memory_utilization: float = 0.9,
     ) -> None:
         path = Path(model) if model is not None else default_model_path()
         if not path.exists():
             raise FileNotFoundError(f"no such model file: {path}")
+        placement = choose(device, runner)
         if num_threads is not None:
             _core.set_num_threads(num_threads)
         if max_num_seqs < 1:
@@ -113,20 +128,31 @@ class LLM:
         self.model_path = path
         self.metadata: dict[str, Any] = _core.GGUFFile(path).metadata
         self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
-        self._model = _core.Model(
-            path,
-            max_model_len=max_model_len,
-            kv_blocks=kv_cache_blocks,
-            kv_cache_bytes=kv_cache_bytes if kv_cache_bytes is not None else default_kv_cache_bytes(),
-            max_num_seqs=max_num_seqs,
-            kernel=kernel,
-            kv_cache_dtype=kv_cache_dtype,
-            enable_prefix_caching=enable_prefix_caching,
-        )
-        if self._model.vocab_size < self.tokenizer.vocab_size:
+        kv = {
+            "max_model_len": max_model_len,
+            "kv_cache_blocks": kv_cache_blocks,
+            "kv_cache_bytes": kv_cache_bytes,
+            "max_num_seqs": max_num_seqs,
+            "kv_cache_dtype": kv_cache_dtype,
+            "enable_prefix_caching": enable_prefix_caching,
+        }
+        if placement.runner == "native":
+            self._runner: Runner = _native_runner(path, kernel=kernel, **kv)
+        else:
+            from oxibonsai.torch_backend.runner import TorchRunner
+
+            self._runner = TorchRunner(
+                path,
+                device=placement.device,
+                host_kv_cache_blocks=host_kv_cache_blocks,
+                host_kv_cache_bytes=host_kv_cache_bytes,
+                gpu_memory_utilization=gpu_memory_utilization,
+                **kv,
+            )
+        if self._runner.vocab_size < self.tokenizer.vocab_size:
             raise _core.GGUFError(
                 f"the tokenizer has {self.tokenizer.vocab_size} tokens but token_embd.weight only "
-                f"{self._model.vocab_size} rows"
+                f"{self._runner.vocab_size} rows"
             )
         config = SchedulerConfig(
             max_num_seqs=max_num_seqs,
@@ -136,12 +162,22 @@ class LLM:
             priority_aging_steps=priority_aging_steps,
             scheduling_policy=scheduling_policy,
         )
-        self._engine = Engine(self._model, self.tokenizer, seed=seed, config=config)
+        self._engine = Engine(self._runner, self.tokenizer, seed=seed, config=config)
         self._ids = itertools.count()
 
     @property
     def config(self) -> dict[str, Any]:
-        return dict(self._model.config)
+        return self._runner.config
+
+    @property
+    def device(self) -> str:
+        """The device the model runs on ("cpu", "cuda:0", "mps")."""
+        return self._runner.device
+
+    @property
+    def runner(self) -> str:
+        """``"native"`` (the Rust forward pass) or ``"torch"``."""
+        return self._runner.kind
 
     @property
     def max_model_len(self) -> int:
@@ -166,8 +202,8 @@ class LLM:
         ``cached_blocks``, ``idle_blocks`` (cached, unused, evictable), ``free_blocks``,
         ``capacity_blocks``, ``bytes_in_use``, ``capacity_bytes``, ``computed_tokens`` (tokens the
         model has run, prefill and decode) and ``enabled``."""
-        stats: dict[str, Any] = dict(self._model.cache_stats())
-        stats["enabled"] = self._model.prefix_caching
+        stats: dict[str, Any] = self._runner.cache_stats()
+        stats["enabled"] = self._runner.prefix_caching
         return stats
 
     def metrics(self) -> dict[str, Any]:
@@ -184,7 +220,7 @@ class LLM:
 
     def reset_prefix_cache(self) -> int:
         """Drops every cached block no running request uses; returns how many were dropped."""
-        return self._model.reset_prefix_cache()
+        return self._runner.reset_prefix_cache()
 
     # -- generation -------------------------------------------------------------------------------
 
@@ -276,11 +312,7 @@ class LLM:
             raise ValueError("token_ids is empty")
         if len(ids) > self.max_model_len:
             raise ValueError(f"{len(ids)} tokens exceed the context (max_model_len={self.max_model_len})")
-        seq = self._model.add_sequence()
-        try:
-            return self._model.step([(seq, ids, "all")])
-        finally:
-            self._model.free_sequence(seq)
+        return self._runner.logits(ids)
 
     def chat_prompt(
         self, messages: Sequence[Message], *, add_generation_prompt: bool = True, **template_kwargs: Any
@@ -373,3 +405,17 @@ def _token_list(ids: Any) -> list[int]:
     if any(isinstance(t, bool) for t in ids):
         raise TypeError("token ids must be integers, not booleans")
     return out
+
+
+def _native_runner(path: Path, *, kernel: str, kv_cache_bytes: int | None, **kv: Any) -> NativeRunner:
+    model = _core.Model(
+        path,
+        max_model_len=kv["max_model_len"],
+        kv_blocks=kv["kv_cache_blocks"],
+        kv_cache_bytes=kv_cache_bytes if kv_cache_bytes is not None else default_kv_cache_bytes(),
+        max_num_seqs=kv["max_num_seqs"],
+        kernel=kernel,
+        kv_cache_dtype=kv["kv_cache_dtype"],
+        enable_prefix_caching=kv["enable_prefix_caching"],
+    )
+    return NativeRunner(model)

@@ -7,6 +7,7 @@ mod gguf;
 mod gil;
 mod logits;
 mod model;
+mod plan;
 mod prefix;
 mod q1;
 mod runtime;
@@ -27,6 +28,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<prefix::PrefixCache>()?;
     m.add_class::<sched::Scheduler>()?;
     m.add_class::<sched::SchedulerOutput>()?;
+    m.add_class::<plan::StepPlan>()?;
     m.add_function(wrap_pyfunction!(q1::quantize_activations, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::get_num_threads, m)?)?;

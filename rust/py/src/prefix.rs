@@ -28,6 +28,13 @@ pub fn stats_dict<'py>(py: Python<'py>, s: &CacheStats) -> PyResult<Bound<'py, P
     d.set_item("capacity_blocks", s.capacity_blocks)?;
     d.set_item("bytes_in_use", s.bytes_in_use)?;
     d.set_item("capacity_bytes", s.capacity_bytes)?;
+    d.set_item("host_capacity_blocks", s.host_capacity_blocks)?;
+    d.set_item("host_cached_blocks", s.host_cached_blocks)?;
+    d.set_item("host_free_blocks", s.host_free_blocks)?;
+    d.set_item("host_hit_tokens", s.host_hit_tokens)?;
+    d.set_item("demotions", s.demotions)?;
+    d.set_item("promotions", s.promotions)?;
+    d.set_item("host_evictions", s.host_evictions)?;
     Ok(d)
 }
 

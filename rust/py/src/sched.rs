@@ -1,6 +1,7 @@
 //! `Scheduler`: the continuous-batching scheduler over a `Model`'s KV cache (the engine's step:
-//! `schedule`, `execute`, `update`), or over a model-free block ledger for tests and benchmarks.
-//! `execute` releases the GIL for the forward pass.
+//! `schedule`, `execute`, `update`), or over a model-free block table: a ledger for tests and
+//! benchmarks (`execute` grows it), or the cache of a runner outside Rust (`prepare` hands it the
+//! step as a `StepPlan`, tier copies included). `execute` releases the GIL for the forward pass.
 
 use std::sync::Mutex;
 
@@ -17,6 +18,8 @@ use crate::errors::to_py;
 use crate::gil::without_gil;
 use crate::logits;
 use crate::model::Model;
+use crate::plan::StepPlan;
+use crate::prefix::stats_dict;
 use crate::token_ids::{token_ids, token_ids_with_room};
 
 /// Where the scheduler's blocks live.
@@ -33,6 +36,8 @@ struct State {
     /// The step `execute` last ran: `update` must record that one, or the blocks and the scheduler
     /// would disagree.
     executed: Option<u64>,
+    /// The step `prepare` last planned (a table's runner computes it; `update` commits it).
+    prepared: Option<u64>,
 }
 
 impl State {
@@ -102,12 +107,15 @@ impl Scheduler {
 
 #[pymethods]
 impl Scheduler {
-    /// `kv`: a `Model` (scheduling over its KV cache) or a number of 16-token blocks (a model-free
-    /// ledger; `enable_prefix_caching` applies to it alone). `policy`: 'priority' or 'longest_prefix'.
+    /// `kv`: a `Model` (scheduling over its KV cache) or a number of 16-token device blocks (a
+    /// model-free table; `enable_prefix_caching`, `host_blocks` and `block_bytes` apply to it alone:
+    /// `host_blocks` > 0 adds a host tier that idle cached blocks are demoted to). `policy`:
+    /// 'priority' or 'longest_prefix'.
     #[new]
     #[pyo3(signature = (
         kv, *, max_num_seqs=8, max_num_batched_tokens=256, max_waiting=None, priority_aging_steps=256,
-        enable_chunked_prefill=true, policy="priority", enable_prefix_caching=false
+        enable_chunked_prefill=true, policy="priority", enable_prefix_caching=false, host_blocks=0,
+        block_bytes=0
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -119,6 +127,8 @@ impl Scheduler {
         enable_chunked_prefill: bool,
         policy: &str,
         enable_prefix_caching: bool,
+        host_blocks: usize,
+        block_bytes: usize,
     ) -> PyResult<Scheduler> {
         let config = SchedulerConfig {
             max_num_seqs,
@@ -136,10 +146,11 @@ impl Scheduler {
                 if blocks == 0 {
                     return Err(PyValueError::new_err("a ledger needs at least one block"));
                 }
-                Backend::Ledger(Box::new(SequenceTable::new(blocks, 0, enable_prefix_caching)))
+                let table = SequenceTable::with_host_tier(blocks, host_blocks, block_bytes, enable_prefix_caching);
+                Backend::Ledger(Box::new(table))
             }
         };
-        Ok(Scheduler { state: Mutex::new(State { sched, backend, executed: None }) })
+        Ok(Scheduler { state: Mutex::new(State { sched, backend, executed: None, prepared: None }) })
     }
 
     /// Queues a request. Raises `QueueFull` when `max_waiting` requests wait, `ValueError` for a
@@ -169,7 +180,8 @@ impl Scheduler {
             let mut guard = self.lock();
             let state = &mut *guard;
             if let Backend::Ledger(table) = &mut state.backend {
-                state.executed.filter(|&s| s == out.inner.step).map_or(Ok(()), already_executed).map_err(to_py)?;
+                let done = state.executed.or(state.prepared).filter(|&s| s == out.inner.step);
+                done.map_or(Ok(()), already_executed).map_err(to_py)?;
                 state.sched.advance_ledger(&out.inner, table).map_err(to_py)?;
                 state.executed = Some(out.inner.step);
                 return Ok(None);
@@ -193,19 +205,56 @@ impl Scheduler {
         Ok(Some(logits::into_array(py, logits, vocab)?))
     }
 
-    /// Records a step `execute` ran: one sampled token per sampling item, in item order (a sequence
-    /// of ints or a uint32 array).
+    /// Plans a step for a runner outside Rust (a table scheduler only): grows the block tables for
+    /// the step's tokens and returns the `StepPlan`, whose tier copies must run before the forward
+    /// pass. `update` then records the step.
+    fn prepare(&self, py: Python<'_>, out: &SchedulerOutput) -> PyResult<StepPlan> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let Backend::Ledger(table) = &mut state.backend else {
+            return Err(PyValueError::new_err("prepare() plans for a block table; a Model's scheduler runs execute()"));
+        };
+        if state.prepared == Some(out.inner.step) || state.executed == Some(out.inner.step) {
+            return Err(to_py(already_executed(out.inner.step).unwrap_err()));
+        }
+        let plan = state.sched.plan(&out.inner, table).map_err(to_py)?;
+        state.prepared = Some(out.inner.step);
+        StepPlan::from_core(py, plan)
+    }
+
+    /// Records a step `execute` ran (or `prepare` planned and its runner computed): one sampled token
+    /// per sampling item, in item order (a sequence of ints or a uint32 array).
     fn update(&self, out: &SchedulerOutput, sampled: &Bound<'_, PyAny>) -> PyResult<()> {
         let sampled = token_ids(sampled)?;
-        let mut state = self.lock();
-        if state.executed != Some(out.inner.step) {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let step = out.inner.step;
+        if state.prepared == Some(step) {
+            if sampled.len() != out.inner.num_sample() {
+                return state.sched.update(&out.inner, &sampled).map_err(to_py);
+            }
+            let Backend::Ledger(table) = &mut state.backend else { unreachable!("only tables are prepared") };
+            state.sched.commit_plan(&out.inner, table).map_err(to_py)?;
+            state.prepared = None;
+            state.executed = Some(step);
+        } else if state.executed != Some(step) {
             return Err(PyValueError::new_err(format!(
-                "update() needs execute() of step {} first: the step's tokens must run (or, for a ledger, \
-                 take their blocks) before they are recorded",
-                out.inner.step
+                "update() needs execute() (or prepare()) of step {step} first: the step's tokens must run \
+                 (or, for a ledger, take their blocks) before they are recorded"
             )));
         }
         state.sched.update(&out.inner, &sampled).map_err(to_py)
+    }
+
+    /// Prefix-cache statistics of the scheduler's blocks (both tiers).
+    fn cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.lock().with_table(|_, t| t.cache_stats());
+        stats_dict(py, &stats)
+    }
+
+    /// Drops every cached block no sequence uses, on both tiers; returns how many.
+    fn reset_prefix_cache(&self) -> usize {
+        self.lock().with_table(|_, t| t.reset_prefix_cache())
     }
 
     /// Ends a request (stop or length) and frees its blocks; False if unknown.

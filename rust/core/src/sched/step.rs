@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::kv::SequenceTable;
-use crate::step::{Logits, StepItem};
+use crate::step::{Logits, StepItem, StepPlan};
 
 use super::output::{ScheduledItem, SchedulerOutput};
 use super::scheduler::Scheduler;
@@ -37,7 +37,34 @@ impl Scheduler {
     /// blocks) can come between.
     pub fn advance_ledger(&self, out: &SchedulerOutput, kv: &mut SequenceTable) -> Result<()> {
         self.check_pending(out)?;
-        kv.advance_planned(out.new_blocks(), out.items.iter().filter_map(|it| Some((it.seq, self.item_tokens(it)?))))
+        kv.advance_planned(out.new_blocks(), out.items.iter().filter_map(|it| Some((it.seq, self.item_tokens(it)?))))?;
+        // No memory to copy: the copies are done as soon as they are made.
+        kv.take_copies();
+        kv.complete_copies()
+    }
+
+    /// A step for a runner other than the native one: grows the block tables for `out`'s tokens (the
+    /// blocks `schedule` reserved) and returns the plan, with every tier copy recorded since the last
+    /// plan. [`commit_plan`](Self::commit_plan) records the tokens once the runner computed them.
+    pub fn plan(&self, out: &SchedulerOutput, kv: &mut SequenceTable) -> Result<StepPlan> {
+        let items = self.step_items(out)?;
+        let growth: Vec<(u64, usize)> = items.iter().map(|it| (it.seq, it.tokens.len())).collect();
+        kv.reserve(&growth)?;
+        let mut plan = StepPlan::build(&items, kv)?;
+        plan.copies = kv.take_copies();
+        Ok(plan)
+    }
+
+    /// The sequences' side of a step [`plan`](Self::plan)ned and computed: every item's tokens now
+    /// hold KV, and the plan's copies are complete. Call before [`update`](Self::update).
+    pub fn commit_plan(&self, out: &SchedulerOutput, kv: &mut SequenceTable) -> Result<()> {
+        self.check_pending(out)?;
+        for it in &out.items {
+            if let Some(tokens) = self.item_tokens(it) {
+                kv.append(it.seq, tokens)?;
+            }
+        }
+        kv.complete_copies()
     }
 
     /// Fails unless `out` is the output of the latest `schedule` and not yet recorded.

@@ -8,7 +8,6 @@
 use super::tests::Rng;
 use super::*;
 use crate::kv::{SequenceTable, BLOCK_TOKENS};
-use crate::step::StepPlan;
 
 type Slots = Vec<[u64; BLOCK_TOKENS]>;
 
@@ -21,36 +20,25 @@ fn fingerprint(tokens: &[u32]) -> u64 {
     tokens.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| (h ^ t as u64).wrapping_mul(0x1000_0000_01b3))
 }
 
-/// One engine step over `kv` and `mem`: schedule, reserve, copy, write, record, complete.
+/// One engine step over `kv` and `mem` as a runner does it: plan, copy, write, commit, update.
 fn step(s: &mut Scheduler, kv: &mut SequenceTable, mem: &mut Memory) -> SchedulerOutput {
     let out = s.schedule(kv);
-    let items = s.step_items(&out).unwrap();
-    let growth: Vec<(u64, usize)> = items.iter().map(|it| (it.seq, it.tokens.len())).collect();
-    kv.reserve(&growth).unwrap();
-    let plan = StepPlan::build(&items, kv).unwrap();
-    let copies = kv.take_copies();
-    for &[d, h] in &copies.demote {
+    let plan = s.plan(&out, kv).unwrap();
+    for &[d, h] in &plan.copies.demote {
         mem.host[h as usize] = mem.device[d as usize];
     }
-    for &[h, d] in &copies.promote {
+    for &[h, d] in &plan.copies.promote {
         mem.device[d as usize] = mem.host[h as usize];
     }
-    let mut t = 0;
-    for (it, r) in items.iter().zip(out.items.iter()) {
-        let tokens = &s.request(r.request).unwrap().tokens;
-        for i in 0..it.tokens.len() {
-            let pos = plan.positions[t] as usize;
-            let slot = plan.slot_mapping[t] as usize;
+    for (s_idx, it) in out.items.iter().enumerate() {
+        let tokens = &s.request(it.request).unwrap().tokens;
+        for t in plan.query_start_loc[s_idx] as usize..plan.query_start_loc[s_idx + 1] as usize {
+            let (pos, slot) = (plan.positions[t] as usize, plan.slot_mapping[t] as usize);
+            assert_eq!(plan.input_ids[t] as u32, tokens[pos]);
             mem.device[slot / BLOCK_TOKENS][slot % BLOCK_TOKENS] = fingerprint(&tokens[..=pos]);
-            debug_assert_eq!(pos, r.start + i);
-            t += 1;
         }
     }
-    let items: Vec<(u64, Vec<u32>)> = items.iter().map(|it| (it.seq, it.tokens.to_vec())).collect();
-    for (seq, tokens) in &items {
-        kv.append(*seq, tokens).unwrap();
-    }
-    kv.complete_copies().unwrap();
+    s.commit_plan(&out, kv).unwrap();
     s.update(&out, &vec![7; out.num_sample()]).unwrap();
     s.check(kv).unwrap();
     check_memory(s, kv, mem);

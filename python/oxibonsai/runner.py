@@ -1,0 +1,171 @@
+"""Runners: what computes the steps the native scheduler plans. The engine talks to a runner, never to
+a model. ``NativeRunner`` is the Rust forward pass on the CPU (the scheduler runs it in one native
+call, GIL released); ``oxibonsai.torch_backend.runner.TorchRunner`` computes the same plans with torch on
+a CUDA, MPS or CPU device, over a device KV pool with a host-memory warm tier.
+
+``choose(device, runner)`` turns the user's ``device`` / ``runner`` arguments into a concrete pair, with
+clear errors for impossible ones before any work. It imports torch only where a GPU may exist (a
+machine with an NVIDIA driver, or an Apple Silicon Mac) or when the torch runner is asked for, so a
+CPU-only ``LLM()`` never pays for importing torch."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from oxibonsai import _core
+
+RUNNERS = ("auto", "native", "torch")
+TORCH_MISSING = "torch is not installed: pip install 'oxibonsai[torch]'"
+
+
+class Runner(Protocol):
+    """What the engine needs from a runner."""
+
+    kind: str
+    device: str
+    max_model_len: int
+    vocab_size: int
+    num_blocks: int
+    block_tokens: int
+
+    @property
+    def config(self) -> dict[str, Any]: ...
+    @property
+    def prefix_caching(self) -> bool: ...
+    def make_scheduler(self, **options: Any) -> _core.Scheduler: ...
+    def execute(self, sched: _core.Scheduler, out: _core.SchedulerOutput) -> np.ndarray: ...
+    def cache_stats(self) -> dict[str, Any]: ...
+    def reset_prefix_cache(self) -> int: ...
+    def logits(self, token_ids: list[int]) -> np.ndarray: ...
+
+
+class NativeRunner:
+    """The Rust forward pass over a native ``Model`` and its KV cache (CPU only)."""
+
+    kind = "native"
+    device = "cpu"
+
+    def __init__(self, model: _core.Model) -> None:
+        self._model = model
+        # Read once: the native getters take the model's lock, which a running step holds.
+        self.max_model_len = int(model.max_model_len)
+        self.vocab_size = int(model.vocab_size)
+        self.num_blocks = int(model.num_blocks)
+        self.block_tokens = int(model.block_tokens)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self._model.config)
+
+    @property
+    def prefix_caching(self) -> bool:
+        return bool(self._model.prefix_caching)
+
+    def make_scheduler(self, **options: Any) -> _core.Scheduler:
+        return _core.Scheduler(self._model, **options)
+
+    def execute(self, sched: _core.Scheduler, out: _core.SchedulerOutput) -> np.ndarray:
+        logits = sched.execute(out)
+        assert logits is not None, "a model's scheduler returns logits"
+        return logits
+
+    def cache_stats(self) -> dict[str, Any]:
+        return dict(self._model.cache_stats())
+
+    def reset_prefix_cache(self) -> int:
+        return self._model.reset_prefix_cache()
+
+    def logits(self, token_ids: list[int]) -> np.ndarray:
+        seq = self._model.add_sequence()
+        try:
+            return self._model.step([(seq, token_ids, "all")])
+        finally:
+            self._model.free_sequence(seq)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a model runs: a torch device string ("cpu", "cuda:0", "mps") and the runner kind."""
+
+    device: str
+    runner: str
+
+
+def choose(device: str = "auto", runner: str = "auto") -> Placement:
+    """Resolves ``device`` ("auto", "cpu", "cuda", "cuda:N", "mps") and ``runner`` ("auto",
+    "native", "torch"). ``device="auto"`` picks CUDA, then MPS, then the CPU; ``runner="auto"`` is
+    native on the CPU and torch elsewhere. Raises ``ValueError`` for an impossible choice and
+    ``ImportError`` when it needs torch and torch is missing."""
+    if runner not in RUNNERS:
+        raise ValueError(f"runner must be one of {', '.join(map(repr, RUNNERS))}, got {runner!r}")
+    if not isinstance(device, str):
+        raise ValueError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
+    device = _auto_device(runner) if device == "auto" else _checked_device(device)
+    if runner == "auto":
+        runner = "native" if device == "cpu" else "torch"
+    if runner == "native" and device != "cpu":
+        raise ValueError(f"the native runner runs on the CPU only; use runner='torch' for device={device!r}")
+    if runner == "torch" and not torch_installed():
+        raise ImportError(TORCH_MISSING)
+    return Placement(device, runner)
+
+
+def torch_installed() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def _may_have_gpu() -> bool:
+    """Cheap signs of a GPU torch could use, read without importing torch."""
+    if sys.platform == "darwin":
+        return platform.machine() == "arm64"
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")
+
+
+def _auto_device(runner: str) -> str:
+    if not torch_installed() or (runner != "torch" and not _may_have_gpu()):
+        return "cpu"
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()}"
+    if _mps_available(torch):
+        return "mps"
+    return "cpu"
+
+
+def _mps_available(torch: Any) -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def _checked_device(device: str) -> str:
+    kind, _, index = device.partition(":")
+    if kind == "cpu" and not index:
+        return "cpu"
+    if kind not in ("cuda", "mps") or (index and not index.isdigit()) or (kind == "mps" and index):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}")
+    if not torch_installed():
+        raise ImportError(f"device={device!r} needs torch. {TORCH_MISSING}")
+    import torch
+
+    if kind == "mps":
+        if not _mps_available(torch):
+            raise ValueError("device='mps' needs MPS (an Apple Silicon Mac); choose device='cpu' or 'cuda'")
+        return "mps"
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r}: CUDA is not available here (torch.cuda.is_available() is False; torch "
+            f"{torch.__version__}); choose device='cpu'"
+        )
+    n = torch.cuda.device_count()
+    i = int(index) if index else torch.cuda.current_device()
+    if i >= n:
+        raise ValueError(f"device={device!r}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
+    return f"cuda:{i}"
