@@ -18,6 +18,7 @@ __all__ = [
     "Sampler",
     "Scheduler",
     "SchedulerOutput",
+    "StepPlan",
     "get_num_threads",
     "kernel_info",
     "quantize_activations",
@@ -130,6 +131,13 @@ class _CacheStats(TypedDict, total=False):
     capacity_blocks: int
     bytes_in_use: int
     capacity_bytes: int
+    host_capacity_blocks: int
+    host_cached_blocks: int
+    host_free_blocks: int
+    host_hit_tokens: int
+    demotions: int
+    promotions: int
+    host_evictions: int
     computed_tokens: int
 
 @final
@@ -192,6 +200,33 @@ class SchedulerOutput:
     def __len__(self) -> int: ...
 
 @final
+class StepPlan:
+    """What one step computes and where its KV goes (see ``Scheduler.prepare``)."""
+
+    @property
+    def input_ids(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def positions(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def slot_mapping(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def query_start_loc(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def seq_lens(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def block_tables(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def logits_indices(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def demote(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def promote(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_seqs(self) -> int: ...
+
+@final
 class Scheduler:
     """The continuous-batching scheduler (priorities with aging, chunked prefill, preemption)."""
 
@@ -206,12 +241,17 @@ class Scheduler:
         enable_chunked_prefill: bool = True,
         policy: Literal["priority", "longest_prefix"] = "priority",
         enable_prefix_caching: bool = False,
+        host_blocks: int = 0,
+        block_bytes: int = 0,
     ) -> Scheduler: ...
     def add(
         self, request_id: int, prompt: _Tokens, *, priority: int = 0, cache_salt: str | None = None
     ) -> None: ...
     def schedule(self) -> SchedulerOutput: ...
     def execute(self, out: SchedulerOutput) -> npt.NDArray[np.float32] | None: ...
+    def prepare(self, out: SchedulerOutput) -> StepPlan: ...
+    def cache_stats(self) -> _CacheStats: ...
+    def reset_prefix_cache(self) -> int: ...
     def update(self, out: SchedulerOutput, sampled: Sequence[int] | npt.NDArray[np.uint32]) -> None: ...
     def finish(self, request_id: int) -> bool: ...
     def abort(self, request_id: int) -> bool: ...
