@@ -1,0 +1,125 @@
+"""The Qwen3 forward pass of the torch path: ``TorchQwen3``, over a flat batch of new tokens and a paged
+KV pool.
+
+Per layer: RMSNorm, q/k/v projections, per-head QK-norm, NeoX RoPE at each token's position, K/V
+written into the pool at the batch's slots, paged causal attention through the block tables, output
+projection and residual; RMSNorm, SwiGLU MLP and residual. The final norm and the LM head run on the
+``logits_indices`` rows only. Activations are float32; the KV pool may be float16.
+
+This module owns the arithmetic order of the model and nothing else: kernels come from an ``ops``
+namespace (``ops.dispatch.ops_for(device)``), weights and their checks from ``weights``, the step plan
+from the Rust core. It never validates weights, allocates KV blocks or samples."""
+
+from __future__ import annotations
+
+import math
+from os import PathLike
+from typing import Any
+
+import torch
+
+from oxibonsai import GGUFFile
+from oxibonsai.torch_backend.batch import DeviceBatch
+from oxibonsai.torch_backend.kv_pool import KvPool
+from oxibonsai.torch_backend.weights import (
+    DenseWeight,
+    LayerWeights,
+    Linear,
+    Qwen3Config,
+    Qwen3Weights,
+    load_qwen3,
+)
+
+Ops = Any  # a namespace of the op functions: a module such as ops.ref_torch, or what ops_for returns
+
+
+class TorchQwen3:
+    """A Qwen3 model on one torch device: ``forward(batch, kv) -> float32 [R, vocab]``."""
+
+    def __init__(self, config: Qwen3Config, weights: Qwen3Weights, ops: Ops) -> None:
+        self.config = config
+        self.weights = weights
+        self.ops = ops
+        self.scale = 1.0 / math.sqrt(config.head_dim)
+
+    @classmethod
+    def from_gguf(
+        cls, source: str | PathLike[str] | GGUFFile, device: torch.device | str, ops: Ops | None = None
+    ) -> TorchQwen3:
+        """Loads a GGUF file onto ``device``; ``ops`` defaults to the set chosen for that device."""
+        config, weights = load_qwen3(source, device)
+        if ops is None:
+            from oxibonsai.torch_backend.ops.dispatch import ops_for
+
+            ops = ops_for(torch.device(device))
+        return cls(config, weights, ops)
+
+    def new_kv_pool(
+        self, num_blocks: int, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+    ) -> KvPool:
+        """An empty pool shaped for this model (on the weights' device unless ``device`` is given)."""
+        c = self.config
+        where = device if device is not None else self.weights.output_norm.device
+        return KvPool(c.n_layers, num_blocks, c.n_kv_heads, c.head_dim, dtype, where)
+
+    @torch.inference_mode()
+    def forward(self, batch: DeviceBatch, kv: KvPool) -> torch.Tensor:
+        """Runs the batch's tokens, writing their K/V into ``kv``; float32 logits ``[R, vocab]`` of the
+        ``batch.logits_indices`` rows, in that order."""
+        self._check_pool(kv)
+        x = self._embed(batch.input_ids)
+        for index, layer in enumerate(self.weights.layers):
+            x = x + self._attention(index, layer, x, batch, kv)
+            x = x + self._mlp(layer, x)
+        if batch.logits_indices.numel() == 0:  # a step that only fills the cache: no LM head launch
+            return x.new_empty((0, self.config.vocab))
+        rows = x.index_select(0, batch.logits_indices)
+        return self._linear(self._norm(rows, self.weights.output_norm), self.weights.lm_head)
+
+    def _attention(
+        self, index: int, layer: LayerWeights, x: torch.Tensor, batch: DeviceBatch, kv: KvPool
+    ) -> torch.Tensor:
+        c, ops, t = self.config, self.ops, x.shape[0]
+        h = self._norm(x, layer.attn_norm)
+        q = self._linear(h, layer.wq).view(t, c.n_heads, c.head_dim)
+        k = self._linear(h, layer.wk).view(t, c.n_kv_heads, c.head_dim)
+        v = self._linear(h, layer.wv).view(t, c.n_kv_heads, c.head_dim)
+        q = ops.rope_neox(self._norm(q, layer.q_norm), batch.positions, c.rope_base)
+        k = ops.rope_neox(self._norm(k, layer.k_norm), batch.positions, c.rope_base)
+        k_cache, v_cache = kv.layer(index)
+        ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        out = ops.paged_attention(
+            q, k_cache, v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc, self.scale
+        )
+        return self._linear(out.reshape(t, c.q_dim), layer.wo)
+
+    def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+        h = self._norm(x, layer.ffn_norm)
+        gated = self.ops.silu_mul(self._linear(h, layer.w_gate), self._linear(h, layer.w_up))
+        return self._linear(gated, layer.w_down)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.ops.rms_norm(x, weight, self.config.rms_eps)
+        return out
+
+    def _linear(self, x: torch.Tensor, w: Linear) -> torch.Tensor:
+        if isinstance(w, DenseWeight):
+            return w.linear(x)
+        out: torch.Tensor = self.ops.q1_linear(x, w)
+        return out
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        w = self.weights.token_embd
+        if isinstance(w, DenseWeight):
+            return w.rows_dequantized(ids)
+        out: torch.Tensor = self.ops.embedding(ids, w)
+        return out
+
+    def _check_pool(self, kv: KvPool) -> None:
+        c = self.config
+        want = (c.n_layers, c.n_kv_heads, c.head_dim)
+        if (kv.num_layers, kv.kv_heads, kv.head_dim) != want:
+            raise ValueError(
+                f"KV pool has (layers, kv_heads, head_dim) = {(kv.num_layers, kv.kv_heads, kv.head_dim)}, "
+                f"the model needs {want}"
+            )

@@ -1,0 +1,265 @@
+"""Triton paged attention over a block table: the twin of ``ref_torch.paged_attention``.
+
+Two kernels, chosen by the wrapper from the host-side maximum query length:
+
+- decode (every sequence has at most one query row): split-KV. One program per (sequence, KV head,
+  split) computes all ``GROUP`` query heads that share the KV head, over a slice of the sequence's
+  positions; a second kernel merges the ``MAX_SPLITS`` partial results by their log-sum-exp. The grid
+  depends only on the batch shape, never on the sequence lengths;
+- prefill/extend (any query length): causal flash attention of a sequence's new rows against its
+  whole cached KV. Query heads of one KV head are packed along the tile's rows (row ``r`` is query
+  ``r // GROUP``, head ``r % GROUP``), and a tile stops at its last row's position.
+
+Both read KV position ``p`` of sequence ``s`` at block ``block_tables[s, p // block_size]``, slot
+``p % block_size``, and mask every position at or past ``seq_lens[s]``: entries beyond a sequence's
+blocks are never loaded. Scores, softmax and sums are float32 whatever the cache dtype."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+DOT_PRECISION = "ieee"  # exact float32 dots, matching the reference; "tf32" is the faster GPU choice
+DECODE_BLOCK_N = 32  # KV positions per decode tile
+PREFILL_BLOCK_M = 32  # packed (query, head) rows per prefill tile
+PREFILL_BLOCK_N = 32  # KV positions per prefill tile
+
+
+@triton.jit
+def _load_kv(
+    cache_ptr, table_ptr, pos, valid, kv_head, offs_d, mask_d,
+    stride_b, stride_s, stride_h,
+    PAGE: tl.constexpr,
+):  # fmt: skip
+    """float32 ``[len(pos), BLOCK_D]`` of one KV head at positions ``pos``; 0 where not ``valid``."""
+    block = tl.load(table_ptr + pos // PAGE, mask=valid, other=0).to(tl.int64)
+    rows = block * stride_b + (pos % PAGE) * stride_s + kv_head * stride_h
+    ptrs = cache_ptr + rows[:, None] + offs_d[None, :]
+    return tl.load(ptrs, mask=valid[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _online_softmax_step(scores, v, m_i, l_i, acc, PRECISION: tl.constexpr):
+    """Fold one tile of (masked, -inf) scores and its values into the running max, sum and output."""
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, seq_lens_ptr, qsl_ptr, mid_o_ptr, mid_lse_ptr,
+    scale, head_dim,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_table,
+    stride_mt, stride_mh, stride_ms,
+    GROUP: tl.constexpr, PAGE: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Partial output and log-sum-exp of split ``program_id(2)`` for the heads of one KV head."""
+    seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    row = tl.load(qsl_ptr + seq)
+    kv_len = tl.load(seq_lens_ptr + seq)
+    if tl.load(qsl_ptr + seq + 1) > row:
+        per_split = tl.cdiv(tl.cdiv(kv_len, MAX_SPLITS), BLOCK_N) * BLOCK_N
+        start = split * per_split
+        end = tl.minimum(start + per_split, kv_len)
+        heads = kv_head * GROUP + tl.arange(0, BLOCK_H)
+        mask_h = tl.arange(0, BLOCK_H) < GROUP
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < head_dim
+        q_ptrs = q_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+        table_ptr = tables_ptr + seq * stride_table
+        for first in range(start, end, BLOCK_N):
+            pos = first + tl.arange(0, BLOCK_N)
+            valid = pos < end
+            k = _load_kv(k_cache_ptr, table_ptr, pos, valid, kv_head, offs_d, mask_d,
+                         stride_kb, stride_ks, stride_kh, PAGE)  # fmt: skip
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            scores = tl.where(valid[None, :], scores, float("-inf"))
+            v = _load_kv(v_cache_ptr, table_ptr, pos, valid, kv_head, offs_d, mask_d,
+                         stride_vb, stride_vs, stride_vh, PAGE)  # fmt: skip
+            m_i, l_i, acc = _online_softmax_step(scores, v, m_i, l_i, acc, PRECISION)
+        nonempty = l_i > 0
+        sums = tl.where(nonempty, l_i, 1.0)  # an empty split has l_i = 0 and acc = 0
+        out = acc / sums[:, None]
+        lse = tl.where(nonempty, m_i + tl.log(sums), float("-inf"))  # weight 0 in the merge
+        mid = row * stride_mt + heads * stride_mh + split * stride_ms
+        tl.store(mid_o_ptr + mid[:, None] + offs_d[None, :], out, mask=mask_h[:, None] & mask_d[None, :])
+        tl.store(mid_lse_ptr + mid // head_dim, lse, mask=mask_h)  # mid_lse is mid_o without its last axis
+
+
+@triton.jit
+def _merge_kernel(
+    mid_o_ptr, mid_lse_ptr, qsl_ptr, out_ptr,
+    head_dim, stride_mt, stride_mh, stride_ms, stride_ot, stride_oh,
+    MAX_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """``out[row, head]`` from the splits of sequence ``program_id(0)``, head ``program_id(1)``."""
+    seq, head = tl.program_id(0), tl.program_id(1)
+    row = tl.load(qsl_ptr + seq)
+    if tl.load(qsl_ptr + seq + 1) > row:
+        splits = tl.arange(0, MAX_SPLITS)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < head_dim
+        mid = row * stride_mt + head * stride_mh + splits * stride_ms
+        lse = tl.load(mid_lse_ptr + mid // head_dim)
+        weights = tl.exp(lse - tl.max(lse, axis=0))  # split 0 is never empty: the max is finite
+        parts = tl.load(mid_o_ptr + mid[:, None] + offs_d[None, :], mask=mask_d[None, :], other=0.0)
+        out = tl.sum(weights[:, None] * parts, axis=0) / tl.sum(weights, axis=0)
+        tl.store(out_ptr + row * stride_ot + head * stride_oh + offs_d, out, mask=mask_d)
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
+    scale, head_dim,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_table,
+    stride_ot, stride_oh,
+    GROUP: tl.constexpr, PAGE: tl.constexpr, Q_PER_TILE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Causal attention of ``Q_PER_TILE`` query rows (times ``GROUP`` heads) of one sequence."""
+    seq, tile, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    row0 = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - row0
+    kv_len = tl.load(seq_lens_ptr + seq)
+    q_first = tile * Q_PER_TILE
+    if q_first < q_len:
+        r = tl.arange(0, BLOCK_M)
+        q_idx = q_first + r // GROUP
+        valid_r = (r < Q_PER_TILE * GROUP) & (q_idx < q_len)
+        pos_r = kv_len - q_len + tl.where(valid_r, q_idx, q_first)  # padding rows copy the first row
+        heads = kv_head * GROUP + r % GROUP
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < head_dim
+        q_rows = (row0 + q_idx) * stride_qt + heads * stride_qh
+        q = tl.load(
+            q_ptr + q_rows[:, None] + offs_d[None, :], mask=valid_r[:, None] & mask_d[None, :], other=0.0
+        )
+        q = q.to(tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        table_ptr = tables_ptr + seq * stride_table
+        kv_end = tl.minimum(kv_len - q_len + q_first + Q_PER_TILE, kv_len)  # past the tile's last row
+        for first in range(0, kv_end, BLOCK_N):
+            pos = first + tl.arange(0, BLOCK_N)
+            valid = pos < kv_end
+            k = _load_kv(k_cache_ptr, table_ptr, pos, valid, kv_head, offs_d, mask_d,
+                         stride_kb, stride_ks, stride_kh, PAGE)  # fmt: skip
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            scores = tl.where(pos[None, :] <= pos_r[:, None], scores, float("-inf"))
+            v = _load_kv(v_cache_ptr, table_ptr, pos, valid, kv_head, offs_d, mask_d,
+                         stride_vb, stride_vs, stride_vh, PAGE)  # fmt: skip
+            m_i, l_i, acc = _online_softmax_step(scores, v, m_i, l_i, acc, PRECISION)
+        out_rows = (row0 + q_idx) * stride_ot + heads * stride_oh
+        out_ptrs = out_ptr + out_rows[:, None] + offs_d[None, :]
+        tl.store(out_ptrs, acc / l_i[:, None], mask=valid_r[:, None] & mask_d[None, :])
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    max_splits: int | None = None,
+) -> torch.Tensor:
+    """Causal paged attention, float32 ``[T, Hq, D]`` (see ``ref_torch.paged_attention``). ``max_splits``
+    (a power of 2) fixes the decode kernel's KV splits: 16 on a GPU, 2 in the interpreter."""
+    q = _check(q, k_cache, v_cache)
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    max_q_len = int(q_lens.max()) if q_lens.numel() else 0  # host sync: the kernel choice is host knowledge
+    if max_q_len == 1:
+        splits = max_splits or (16 if q.device.type == "cuda" else 2)
+        if splits & (splits - 1):
+            raise ValueError(f"max_splits must be a power of 2, got {splits}")
+        _decode(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, splits)
+    elif max_q_len > 1:
+        _prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, max_q_len)
+    return out
+
+
+def _decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    splits: int,
+) -> None:
+    tokens, q_heads, head_dim = q.shape
+    kv_heads, group = k_cache.shape[2], q_heads // k_cache.shape[2]
+    mid_o = torch.empty(tokens, q_heads, splits, head_dim, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(tokens, q_heads, splits, dtype=torch.float32, device=q.device)
+    seqs = seq_lens.shape[0]
+    _decode_kernel[(seqs, kv_heads, splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, mid_o, mid_lse,
+        scale, head_dim,
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        GROUP=group, PAGE=k_cache.shape[1], MAX_SPLITS=splits,
+        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=_block_d(head_dim),
+        BLOCK_N=DECODE_BLOCK_N, PRECISION=DOT_PRECISION,
+    )  # fmt: skip
+    _merge_kernel[(seqs, q_heads)](
+        mid_o, mid_lse, query_start_loc, out,
+        head_dim, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), out.stride(0), out.stride(1),
+        MAX_SPLITS=splits, BLOCK_D=_block_d(head_dim),
+    )  # fmt: skip
+
+
+def _prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    max_q_len: int,
+) -> None:
+    head_dim = q.shape[2]
+    kv_heads, group = k_cache.shape[2], q.shape[1] // k_cache.shape[2]
+    block_m = max(PREFILL_BLOCK_M, triton.next_power_of_2(group))
+    q_per_tile = block_m // group
+    grid = (seq_lens.shape[0], triton.cdiv(max_q_len, q_per_tile), kv_heads)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
+        scale, head_dim,
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=group, PAGE=k_cache.shape[1], Q_PER_TILE=q_per_tile,
+        BLOCK_M=block_m, BLOCK_D=_block_d(head_dim), BLOCK_N=PREFILL_BLOCK_N, PRECISION=DOT_PRECISION,
+    )  # fmt: skip
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, int(triton.next_power_of_2(head_dim)))
+
+
+def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    """``q`` with a unit last stride, after checking the shapes the kernels assume."""
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"need q [T, Hq, D] and caches [B, block, Hkv, D]: {q.shape}, {k_cache.shape}")
+    if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2] != 0:
+        raise ValueError(f"q {list(q.shape)} does not fit caches {list(k_cache.shape)}")
+    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("the caches' last dimension must be contiguous")
+    return q if q.stride(2) == 1 else q.contiguous()

@@ -1,0 +1,70 @@
+"""Which op set a device runs: the one place that chooses between Triton kernels and plain torch.
+
+``ops_for(device)`` returns a namespace with exactly ``OP_NAMES``. CUDA gets the Triton kernels (with
+the reference op wherever no Triton twin exists) when Triton is installed; every other device gets
+``ref_torch``. ``OXIBONSAI_TORCH_OPS=ref|triton`` forces a set. Triton off CUDA means Triton's CPU
+interpreter (tests only), which must have been enabled (``TRITON_INTERPRET=1``) before the kernel
+modules were imported; anything else raises here rather than at the first launch."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from types import SimpleNamespace
+
+import torch
+
+from oxibonsai.torch_backend.ops import ref_torch
+
+OP_NAMES = ("q1_linear", "embedding", "rms_norm", "rope_neox", "silu_mul", "write_kv", "paged_attention")
+ENV_VAR = "OXIBONSAI_TORCH_OPS"
+CHOICES = ("ref", "triton")
+
+
+def ops_for(device: torch.device | str) -> SimpleNamespace:
+    """The op set for ``device`` (see the module doc)."""
+    device = torch.device(device)
+    if _choice(device) == "triton":
+        return _triton_ops(device)
+    return SimpleNamespace(**{name: getattr(ref_torch, name) for name in OP_NAMES})
+
+
+def _choice(device: torch.device) -> str:
+    forced = os.environ.get(ENV_VAR, "").strip().lower()
+    if forced and forced not in CHOICES:
+        raise ValueError(f"{ENV_VAR} must be one of {CHOICES}, got {forced!r}")
+    if forced:
+        return forced
+    return "triton" if device.type == "cuda" and _triton_installed() else "ref"
+
+
+def _triton_ops(device: torch.device) -> SimpleNamespace:
+    if not _triton_installed():
+        raise RuntimeError(f"{ENV_VAR}=triton needs the triton package, which is not installed")
+    from oxibonsai.torch_backend.ops import attn_triton, kv_triton, norm_triton, q1_triton
+
+    if device.type != "cuda" and not _kernels_interpreted():
+        raise RuntimeError(
+            f"Triton kernels run on CUDA, or on {device.type} under Triton's interpreter only: set "
+            "TRITON_INTERPRET=1 before oxibonsai.torch_backend.ops' Triton modules are imported"
+        )
+    return SimpleNamespace(
+        q1_linear=q1_triton.q1_linear,
+        embedding=ref_torch.embedding,
+        rms_norm=norm_triton.rms_norm,
+        rope_neox=ref_torch.rope_neox,
+        silu_mul=ref_torch.silu_mul,
+        write_kv=kv_triton.write_kv,
+        paged_attention=attn_triton.paged_attention,
+    )
+
+
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _kernels_interpreted() -> bool:
+    """Whether the kernels were decorated in interpreter mode (fixed when ``@triton.jit`` ran)."""
+    from oxibonsai.torch_backend.ops import q1_triton
+
+    return type(q1_triton._gemv_kernel).__name__ == "InterpretedFunction"

@@ -1,0 +1,154 @@
+"""Triton Q1_0 linear layers, ``y = x @ W.T`` over a packed ``Q1Weight``: the twin of
+``ref_torch.q1_linear``.
+
+Two kernels in plain ``tl`` operations, so both also run under ``TRITON_INTERPRET=1``:
+
+- a GEMV for ``M <= GEMV_MAX_M`` rows. Weights are read as {0, 1}, using
+  ``sum_j x_j * s_j = 2 * sum_{bit_j = 1} x_j - sum_j x_j`` per 128-weight group, all in float32. Rows
+  of W are split over programs, and optionally K (``split_k`` partial sums, added on the host);
+- a GEMM for larger M. Each 128-weight group decodes to a ±1 tile and goes through ``tl.dot``, scaled
+  per group. ``precision`` picks the dot: "tf32" (default: float32 range, about 1e-3 relative on a
+  GPU), "fp16" (activations rounded to fp16) or "ieee" (exact float32, slow on a GPU).
+
+No CUDA-only unpack tricks (inline asm) belong here: a faster kernel goes into its own module and is
+tested against this one."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight
+
+GEMV_MAX_M = 8
+PRECISIONS = ("tf32", "fp16", "ieee")
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, signs_ptr, scales_ptr, out_ptr,
+    M, N, K, groups_per_split,
+    stride_xm, stride_sn, stride_dn, stride_os, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Partial ``out[split, m, n]`` over the 128-groups of split ``program_id(1)``, rows ``program_id(0)``."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, 128)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    split = tl.program_id(1)
+    first = split * groups_per_split
+    last = tl.minimum(first + groups_per_split, K // 128)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for g in range(first, last):
+        cols = g * 128 + offs_k
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :], mask=mask_m[:, None], other=0.0)
+        x = x.to(tl.float32)
+        word_ptrs = signs_ptr + offs_n[:, None] * stride_sn + (cols // 32)[None, :]
+        words = tl.load(word_ptrs, mask=mask_n[:, None], other=0)
+        bits = ((words >> (offs_k % 32)[None, :]) & 1).to(tl.float32)  # [BLOCK_N, 128]
+        ones = tl.sum(bits[:, None, :] * x[None, :, :], axis=2)  # [BLOCK_N, BLOCK_M]
+        total = tl.sum(x, axis=1)  # [BLOCK_M]
+        d = tl.load(scales_ptr + offs_n * stride_dn + g, mask=mask_n, other=0.0).to(tl.float32)
+        acc += d[:, None] * (2.0 * ones - total[None, :])
+    out = out_ptr + split * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
+    tl.store(out, acc, mask=mask_n[:, None] & mask_m[None, :])
+
+
+@triton.jit
+def _gemm_kernel(
+    x_ptr, signs_ptr, scales_ptr, out_ptr,
+    M, N, K,
+    stride_xm, stride_sn, stride_dn, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP16: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """``out[m, n]`` for one ``BLOCK_M x BLOCK_N`` tile: one ``tl.dot`` per 128-group, scaled after."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, 128)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for g in range(0, K // 128):
+        cols = g * 128 + offs_k
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :], mask=mask_m[:, None], other=0.0)
+        word_ptrs = signs_ptr + offs_n[None, :] * stride_sn + (cols // 32)[:, None]
+        words = tl.load(word_ptrs, mask=mask_n[None, :], other=0)
+        signs = ((words >> (offs_k % 32)[:, None]) & 1) * 2 - 1  # [128, BLOCK_N] of ±1
+        if DOT_FP16:
+            part = tl.dot(x.to(tl.float16), signs.to(tl.float16))
+        else:
+            part = tl.dot(x.to(tl.float32), signs.to(tl.float32), input_precision=PRECISION)
+        d = tl.load(scales_ptr + offs_n * stride_dn + g, mask=mask_n, other=0.0).to(tl.float32)
+        acc += part * d[None, :]
+    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, acc, mask=mask_m[:, None] & mask_n[None, :])
+
+
+def q1_linear(x: torch.Tensor, w: Q1Weight) -> torch.Tensor:
+    """``x [M, K] @ W.T`` -> float32 ``[M, N]``: the GEMV for ``M <= GEMV_MAX_M``, else the GEMM."""
+    if x.shape[0] <= GEMV_MAX_M:
+        return q1_gemv(x, w)
+    return q1_gemm(x, w)
+
+
+def q1_gemv(x: torch.Tensor, w: Q1Weight, block_n: int = 32, split_k: int | None = None) -> torch.Tensor:
+    """The {0, 1} GEMV (any M, meant for ``M <= GEMV_MAX_M``); ``split_k`` partial sums over K."""
+    x = _check(x, w)
+    m, groups = x.shape[0], w.cols // QK
+    if m == 0:
+        return torch.empty(0, w.rows, dtype=torch.float32, device=x.device)
+    n_tiles = triton.cdiv(w.rows, block_n)
+    split_k = min(split_k or _default_split_k(n_tiles, groups, x.device), groups)
+    groups_per_split = triton.cdiv(groups, split_k)
+    split_k = triton.cdiv(groups, groups_per_split)  # no empty splits
+    partial = torch.empty(split_k, m, w.rows, dtype=torch.float32, device=x.device)
+    _gemv_kernel[(n_tiles, split_k)](
+        x, w.signs, w.scales, partial,
+        m, w.rows, w.cols, groups_per_split,
+        x.stride(0), w.signs.stride(0), w.scales.stride(0), partial.stride(0), partial.stride(1),
+        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n,
+    )  # fmt: skip
+    return partial[0] if split_k == 1 else partial.sum(dim=0)
+
+
+def q1_gemm(
+    x: torch.Tensor, w: Q1Weight, block_m: int | None = None, block_n: int = 64, precision: str = "tf32"
+) -> torch.Tensor:
+    """The ``tl.dot`` GEMM; ``precision`` is one of ``PRECISIONS`` (see the module doc)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    x = _check(x, w)
+    m = x.shape[0]
+    if m == 0:
+        return torch.empty(0, w.rows, dtype=torch.float32, device=x.device)
+    block_m = block_m or min(64, max(16, triton.next_power_of_2(m)))
+    out = torch.empty(m, w.rows, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(w.rows, block_n))
+    _gemm_kernel[grid](
+        x, w.signs, w.scales, out,
+        m, w.rows, w.cols,
+        x.stride(0), w.signs.stride(0), w.scales.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, DOT_FP16=precision == "fp16",
+        PRECISION="ieee" if precision == "fp16" else precision,
+    )  # fmt: skip
+    return out
+
+
+def _check(x: torch.Tensor, w: Q1Weight) -> torch.Tensor:
+    """``x`` as a 2-D tensor with unit column stride, after checking it against ``w``."""
+    if x.dim() != 2 or x.shape[1] != w.cols:
+        raise ValueError(f"x must be [M, {w.cols}], got {list(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"x must be floating point, got {x.dtype}")
+    return x if x.stride(1) == 1 else x.contiguous()
+
+
+def _default_split_k(n_tiles: int, groups: int, device: torch.device) -> int:
+    """Enough K splits for about two programs per SM on a GPU; none elsewhere (the interpreter)."""
+    if device.type != "cuda":
+        return 1
+    programs = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(groups, programs // max(n_tiles, 1)))

@@ -1,0 +1,121 @@
+"""The plain-torch ops of the torch path: the oracle for every Triton kernel and the CPU/MPS path.
+
+Each op runs on any torch device with stock torch operations and returns float32. They favour
+clarity over speed but keep memory bounded: ``q1_linear`` dequantizes a slice of rows at a time and
+``paged_attention`` gathers one sequence's blocks at a time. Paged KV caches are
+``[blocks, block_size, kv_heads, head_dim]``; slot ``s`` is block ``s // block_size``, offset
+``s % block_size``."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from oxibonsai.torch_backend.ops.q1_weight import Q1Weight, unpack
+
+DEQUANT_CHUNK_FLOATS = 8 * 1024 * 1024  # 32 MiB of float32 per dequantized slice of a weight
+
+
+def q1_linear(x: torch.Tensor, w: Q1Weight) -> torch.Tensor:
+    """``x [M, K] @ W.T`` -> float32 ``[M, N]``, dequantizing at most ``DEQUANT_CHUNK_FLOATS`` at a time."""
+    x = x.to(torch.float32)
+    out = torch.empty(x.shape[0], w.rows, dtype=torch.float32, device=x.device)
+    step = max(1, DEQUANT_CHUNK_FLOATS // w.cols)
+    for start in range(0, w.rows, step):
+        stop = min(start + step, w.rows)
+        out[:, start:stop] = x @ unpack(w.signs[start:stop], w.scales[start:stop]).T
+    return out
+
+
+def embedding(ids: torch.Tensor, w: Q1Weight) -> torch.Tensor:
+    """Rows ``ids`` of the embedding matrix: float32 ``[T, K]``."""
+    return w.rows_dequantized(ids)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension (also per head for QK-norm)."""
+    x = x.to(torch.float32)
+    return x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps) * weight.to(torch.float32)
+
+
+def rope_neox(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """NeoX (rotate-half) RoPE of ``x [T, heads, D]`` at ``positions [T]``: pairs ``(i, i + D/2)``
+    turn by ``position * base^(-2i/D)``, computed in float32."""
+    half = x.shape[-1] // 2
+    exponents = torch.arange(0, half, device=x.device, dtype=torch.float32) * 2 / x.shape[-1]
+    inv_freq = 1.0 / (base**exponents)
+    angles = positions.to(device=x.device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, None, :]
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, None, :]
+    x = x.to(torch.float32)
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` in float32 (the SwiGLU of the MLP)."""
+    return F.silu(gate.to(torch.float32)) * up.to(torch.float32)
+
+
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store ``k, v [T, kv_heads, D]`` at cache slots ``slot_mapping [T]`` (in place, cast to the cache
+    dtype); a slot of -1 marks a padding row and is skipped."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].to(torch.long)
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep].to(k_cache.dtype)
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of ``q [T, Hq, D]`` over each sequence's paged KV: float32 ``[T, Hq, D]``.
+
+    Sequence ``s`` owns query rows ``query_start_loc[s]:query_start_loc[s+1]``, the last ``q_len`` of
+    its ``seq_lens[s]`` positions; its KV position ``p`` is in block ``block_tables[s, p // block_size]``.
+    Query head ``h`` reads KV head ``h // (Hq // kv_heads)``. Rows owned by no sequence stay zero."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    starts = query_start_loc.tolist()
+    for s, kv_len in enumerate(seq_lens.tolist()):
+        rows = slice(starts[s], starts[s + 1])
+        if rows.stop > rows.start:
+            keys, values = _gather_kv(k_cache, v_cache, block_tables[s], kv_len)
+            out[rows] = _causal_attention(q[rows], keys, values, scale)
+    return out
+
+
+def _gather_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, kv_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's first ``kv_len`` keys and values, float32 ``[kv_len, kv_heads, D]``."""
+    block_size = k_cache.shape[1]
+    blocks = block_table[: -(-kv_len // block_size)].to(torch.long)
+    keys = k_cache[blocks].flatten(0, 1)[:kv_len]
+    values = v_cache[blocks].flatten(0, 1)[:kv_len]
+    return keys.to(torch.float32), values.to(torch.float32)
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """``q [n, Hq, D]`` as the last ``n`` positions of ``k, v [L, kv_heads, D]``: ``[n, Hq, D]``."""
+    n, kv_len = q.shape[0], k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1).transpose(0, 1)
+    v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+    query_pos = torch.arange(kv_len - n, kv_len, device=q.device)
+    mask = torch.arange(kv_len, device=q.device)[None, :] <= query_pos[:, None]
+    out = F.scaled_dot_product_attention(
+        q.to(torch.float32).transpose(0, 1), k, v, attn_mask=mask, scale=scale
+    )
+    return out.transpose(0, 1)

@@ -1,0 +1,257 @@
+"""``TorchRunner``: computes the native scheduler's step plans with the torch Qwen3 model on one device.
+
+It owns the device KV pool and the host-memory warm tier (their bytes; the Rust core owns every
+block's id, tier, reference count and LRU place) and, per step: asks the scheduler for the plan
+(``Scheduler.prepare``), runs the plan's tier copies (demotions to the host, then promotions back,
+one batched call per direction, on the step's stream before the forward pass reads anything), runs
+the forward pass, and hands the sampling rows' logits to the host. Sizes are checked at load, so a
+model or pool that does not fit fails with the sizes named, never in the middle of a step."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from oxibonsai import _core
+from oxibonsai.torch_backend.batch import StepBatch
+from oxibonsai.torch_backend.kv_pool import KvPool, copy_blocks
+from oxibonsai.torch_backend.model import TorchQwen3
+
+BLOCK_TOKENS = 16
+DEFAULT_MAX_MODEL_LEN = 4096  # as the native runner: the model's context, capped
+HOST_TIER_FRACTION = 0.25  # of the available host memory, at most, for a default host tier
+ACTIVATION_HEADROOM = 1 << 30  # device memory kept free for activations and kernels on CUDA
+
+
+def blocks_for(tokens: int) -> int:
+    return -(-tokens // BLOCK_TOKENS)
+
+
+def kv_dtype(name: str) -> torch.dtype:
+    if name in ("auto", "f16", "float16"):
+        return torch.float16
+    if name in ("f32", "float32"):
+        return torch.float32
+    raise ValueError(f"kv_cache_dtype must be 'auto', 'f16' or 'f32', got {name!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class KvSizes:
+    """The device and host pools in blocks, and one block's bytes."""
+
+    device_blocks: int
+    host_blocks: int
+    block_bytes: int
+
+
+class TorchRunner:
+    """The torch runner on ``device`` (see ``oxibonsai.LLM`` for the arguments)."""
+
+    kind = "torch"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        device: str,
+        max_model_len: int | None,
+        kv_cache_blocks: int | None,
+        kv_cache_bytes: int | None,
+        max_num_seqs: int,
+        kv_cache_dtype: str,
+        enable_prefix_caching: bool,
+        host_kv_cache_blocks: int | None,
+        host_kv_cache_bytes: int | None,
+        gpu_memory_utilization: float,
+    ) -> None:
+        self.device = device
+        self._device = torch.device(device)
+        dtype = kv_dtype(kv_cache_dtype)
+        if not 0.0 < gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        budget = _DeviceBudget.probe(self._device, gpu_memory_utilization)
+        budget.check_weights(os.path.getsize(path))
+        self.model = TorchQwen3.from_gguf(path, self._device)
+        budget.weights_loaded(self.model.weights.nbytes)
+        c = self.model.config
+        self.max_model_len = _max_model_len(max_model_len, c.context_length)
+        self.vocab_size = c.vocab
+        self.block_tokens = BLOCK_TOKENS
+        self.prefix_caching = enable_prefix_caching
+        block_bytes = KvPool.bytes_per_block(c.n_layers, c.n_kv_heads, c.head_dim, dtype)
+        device_blocks = budget.device_blocks(
+            kv_cache_blocks, kv_cache_bytes, block_bytes, self.max_model_len, max_num_seqs
+        )
+        host_blocks = _host_blocks(
+            host_kv_cache_blocks, host_kv_cache_bytes, block_bytes, device_blocks, budget
+        )
+        self.sizes = KvSizes(device_blocks, host_blocks, block_bytes)
+        self.num_blocks = device_blocks
+        self.kv = self.model.new_kv_pool(device_blocks, dtype)
+        cuda = self._device.type == "cuda"
+        self.host = (
+            KvPool(c.n_layers, host_blocks, c.n_kv_heads, c.head_dim, dtype, "cpu", pin=cuda)
+            if host_blocks
+            else None
+        )
+        self._kv_dtype_name = "f32" if dtype == torch.float32 else "f16"
+        self._sched: _core.Scheduler | None = None
+        self._computed_tokens = 0
+
+    @property
+    def config(self) -> dict[str, Any]:
+        config = dataclasses.asdict(self.model.config)
+        config["tied_output"] = self.model.weights.output is None
+        config["kv_cache_dtype"] = self._kv_dtype_name
+        return config
+
+    def make_scheduler(self, **options: Any) -> _core.Scheduler:
+        """The scheduler over this runner's blocks (one per runner: it owns their bookkeeping)."""
+        if self._sched is not None:
+            raise RuntimeError("a TorchRunner serves one scheduler")
+        self._sched = _core.Scheduler(
+            self.sizes.device_blocks,
+            host_blocks=self.sizes.host_blocks,
+            block_bytes=self.sizes.block_bytes,
+            enable_prefix_caching=self.prefix_caching,
+            **options,
+        )
+        return self._sched
+
+    def execute(self, sched: _core.Scheduler, out: _core.SchedulerOutput) -> np.ndarray:
+        """Runs one planned step: tier copies, then the forward pass; float32 logits of the sampling
+        rows, in item order."""
+        plan = sched.prepare(out)
+        self._copy_tiers(plan)
+        batch = StepBatch(
+            input_ids=plan.input_ids,
+            positions=plan.positions,
+            slot_mapping=plan.slot_mapping,
+            query_start_loc=plan.query_start_loc,
+            seq_lens=plan.seq_lens,
+            block_tables=plan.block_tables,
+            logits_indices=plan.logits_indices,
+        )
+        logits = self.model.forward(batch.to_device(self._device), self.kv)
+        self._computed_tokens += plan.num_tokens
+        return logits.to("cpu", torch.float32).numpy()
+
+    def _copy_tiers(self, plan: _core.StepPlan) -> None:
+        """Demotions first (their device blocks may be rewritten by this step), then promotions."""
+        if plan.demote.shape[0] or plan.promote.shape[0]:
+            assert self.host is not None, "copies come only from a host tier"
+            if plan.demote.shape[0]:
+                copy_blocks(self.kv, self.host, plan.demote)
+            if plan.promote.shape[0]:
+                copy_blocks(self.host, self.kv, plan.promote)
+
+    def cache_stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = dict(self._scheduler().cache_stats())
+        stats["computed_tokens"] = self._computed_tokens
+        stats["host_bytes_in_use"] = (
+            stats["host_capacity_blocks"] - stats["host_free_blocks"]
+        ) * self.sizes.block_bytes
+        stats["host_capacity_bytes"] = stats["host_capacity_blocks"] * self.sizes.block_bytes
+        stats["bytes_demoted"] = stats["demotions"] * self.sizes.block_bytes
+        stats["bytes_promoted"] = stats["promotions"] * self.sizes.block_bytes
+        return stats
+
+    def reset_prefix_cache(self) -> int:
+        return self._scheduler().reset_prefix_cache()
+
+    def logits(self, token_ids: list[int]) -> np.ndarray:
+        """Logits after every position, computed in a private pool (the cache is untouched)."""
+        blocks = blocks_for(len(token_ids))
+        pool = self.model.new_kv_pool(blocks, self.kv.dtype)
+        batch = StepBatch.for_sequences([(list(range(blocks)), 0, token_ids, True)])
+        return self.model.forward(batch.to_device(self._device), pool).to("cpu", torch.float32).numpy()
+
+    def _scheduler(self) -> _core.Scheduler:
+        if self._sched is None:
+            raise RuntimeError("the runner has no scheduler yet")
+        return self._sched
+
+
+def _max_model_len(asked: int | None, context: int) -> int:
+    if asked is None:
+        return min(context, DEFAULT_MAX_MODEL_LEN)
+    if not 1 <= asked <= context:
+        raise ValueError(f"max_model_len must be in 1..={context} (the model's context length), got {asked}")
+    return asked
+
+
+class _DeviceBudget:
+    """What the device can hold: on CUDA its memory times ``gpu_memory_utilization``, less what is in
+    use and headroom for activations (``free``); elsewhere nothing is checked (``free`` is None) and
+    the default pool is sized from host memory as the native runner's is."""
+
+    def __init__(self, device: torch.device, free: int | None) -> None:
+        self.device = device
+        self.free = free
+
+    @classmethod
+    def probe(cls, device: torch.device, utilization: float) -> _DeviceBudget:
+        if device.type != "cuda":
+            return cls(device, None)
+        free, total = torch.cuda.mem_get_info(device)
+        return cls(device, max(0, int(total * utilization) - (total - free) - ACTIVATION_HEADROOM))
+
+    def check_weights(self, nbytes: int) -> None:
+        if self.free is not None and nbytes > self.free:
+            raise ValueError(
+                f"{self.device} cannot hold the model's weights: {nbytes} bytes, with {self.free} bytes "
+                "usable (gpu_memory_utilization of its memory, less what is in use and 1 GiB of headroom)"
+            )
+
+    def weights_loaded(self, nbytes: int) -> None:
+        if self.free is not None:
+            self.free = max(0, self.free - nbytes)
+
+    def device_blocks(
+        self, blocks: int | None, nbytes: int | None, block_bytes: int, max_model_len: int, max_num_seqs: int
+    ) -> int:
+        """The pool: ``blocks`` if given, else as many as ``max_num_seqs`` full sequences need within
+        ``nbytes`` (default: what the device has left), never fewer than one full sequence needs."""
+        per_seq = blocks_for(max_model_len)
+        if blocks is None:
+            budget = nbytes if nbytes is not None else self.default_bytes()
+            blocks = max(per_seq, min(per_seq * max_num_seqs, budget // block_bytes))
+        if blocks < 1:
+            raise ValueError(f"the KV pool needs at least one block, got kv_cache_blocks={blocks}")
+        if self.free is not None and blocks * block_bytes > self.free:
+            raise ValueError(
+                f"{self.device} cannot hold {blocks} KV blocks ({blocks * block_bytes} bytes; one sequence "
+                f"of max_model_len={max_model_len} tokens needs {per_seq}) beside the weights: {self.free} "
+                "bytes are left; lower kv_cache_blocks or max_model_len, or raise gpu_memory_utilization"
+            )
+        return blocks
+
+    def default_bytes(self) -> int:
+        if self.free is not None:
+            return self.free
+        from oxibonsai.llm import default_kv_cache_bytes
+
+        return default_kv_cache_bytes()
+
+
+def _host_blocks(
+    blocks: int | None, nbytes: int | None, block_bytes: int, device_blocks: int, budget: _DeviceBudget
+) -> int:
+    if blocks is not None:
+        if blocks < 0:
+            raise ValueError(f"host_kv_cache_blocks must be >= 0, got {blocks}")
+        return blocks
+    if nbytes is not None:
+        if nbytes < 0:
+            raise ValueError(f"host_kv_cache_bytes must be >= 0, got {nbytes}")
+        return nbytes // block_bytes
+    if budget.device.type != "cuda":
+        return 0  # the CPU and MPS's unified memory: a host copy of host memory buys nothing
+    from oxibonsai.llm import available_memory_bytes
+
+    available = available_memory_bytes() or 0
+    return min(device_blocks, int(available * HOST_TIER_FRACTION) // block_bytes)

@@ -1,0 +1,179 @@
+"""Paged attention of the torch path: ``ref_torch.paged_attention`` against a float64 oracle that
+attends over each sequence's positions directly, and the Triton decode and prefill/extend kernels
+(``attn_triton``, in Triton's interpreter here) against ``ref_torch``.
+
+Every case has ragged sequences, random non-contiguous block ids and padding entries in the block
+table that point at other blocks. Every cache slot that holds no position of a sequence is NaN, so a
+kernel that reads past a sequence's length or through a padding entry returns NaN. One query row past
+the last sequence belongs to no sequence and must come back as zeros.
+
+Bounds: all paths compute in float32 from the same cache values (fp16 caches are read exactly), so
+``ATOL`` = 1e-5 against outputs of size about 1 (measured 2e-7..7e-7)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'oxibonsai[torch]')")
+
+from oxibonsai.torch_backend.ops import ref_torch  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where the Triton kernels run
+ATOL = 1e-5
+PAGE = 16
+DECODE = ([1, 5, 16, 17, 40], [1, 1, 1, 0, 1])  # (KV lengths, query lengths): a q_len 0 sequence too
+EXTEND = ([5, 16, 17, 40, 33], [5, 3, 0, 40, 1])  # whole prompts, cached contexts, q_len 0 and 1
+
+
+@dataclass
+class PagedCase:
+    q: torch.Tensor  # [T + 1, Hq, D]: the last row is owned by no sequence
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    keys: list[np.ndarray]  # per sequence, float64 [kv_len, Hkv, D] as stored in the cache
+    values: list[np.ndarray]
+
+    def args(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+        tensors = (self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens, self.query_start_loc)
+        return tuple(t.to(device) for t in tensors)
+
+
+def make_case(
+    rng: np.random.Generator,
+    lens: tuple[list[int], list[int]],
+    heads: tuple[int, int],
+    head_dim: int = 32,
+    dtype: torch.dtype = torch.float32,
+) -> PagedCase:
+    kv_lens, q_lens = lens
+    q_heads, kv_heads = heads
+    needed = [-(-n // PAGE) for n in kv_lens]
+    num_blocks = sum(needed) + 4  # a few blocks nobody owns
+    ids = rng.permutation(num_blocks)
+    table = rng.integers(0, num_blocks, size=(len(kv_lens), max(needed) + 1))  # padding: any block
+    shape = (num_blocks, PAGE, kv_heads, head_dim)
+    k_cache, v_cache = torch.full(shape, math.nan, dtype=dtype), torch.full(shape, math.nan, dtype=dtype)
+    keys, values = [], []
+    for s, n in enumerate(kv_lens):
+        table[s, : needed[s]] = ids[sum(needed[:s]) : sum(needed[: s + 1])]
+        slots = torch.from_numpy(table[s, np.arange(n) // PAGE] * PAGE + np.arange(n) % PAGE)
+        for cache, stored in ((k_cache, keys), (v_cache, values)):
+            cache.view(-1, kv_heads, head_dim)[slots] = torch.from_numpy(
+                rng.standard_normal((n, kv_heads, head_dim))
+            ).to(dtype)
+            stored.append(cache.view(-1, kv_heads, head_dim)[slots].double().numpy())
+    starts = np.concatenate([[0], np.cumsum(q_lens)])
+    return PagedCase(
+        q=torch.from_numpy(rng.standard_normal((starts[-1] + 1, q_heads, head_dim)).astype(np.float32)),
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=torch.from_numpy(table.astype(np.int32)),
+        seq_lens=torch.tensor(kv_lens, dtype=torch.int32),
+        query_start_loc=torch.from_numpy(starts.astype(np.int32)),
+        keys=keys,
+        values=values,
+    )
+
+
+def oracle(case: PagedCase, scale: float) -> np.ndarray:
+    """float64: query row i of sequence s (position kv_len - q_len + i) over positions 0..=it."""
+    q = case.q.double().numpy()
+    out = np.zeros(q.shape)
+    starts = case.query_start_loc.tolist()
+    for s, (k, v) in enumerate(zip(case.keys, case.values, strict=True)):
+        group = q.shape[1] // k.shape[1]
+        for row in range(starts[s], starts[s + 1]):
+            pos = k.shape[0] - (starts[s + 1] - row)
+            for h in range(q.shape[1]):
+                scores = k[: pos + 1, h // group] @ q[row, h] * scale
+                weights = np.exp(scores - scores.max())
+                out[row, h] = weights @ v[: pos + 1, h // group] / weights.sum()
+    return out
+
+
+def check(out: torch.Tensor, expected: np.ndarray | torch.Tensor) -> None:
+    out = out.cpu()
+    assert out.dtype == torch.float32 and tuple(out.shape) == tuple(expected.shape)
+    assert not torch.isnan(out).any()
+    assert (out[-1] == 0).all()  # the row no sequence owns
+    np.testing.assert_allclose(out.numpy(), np.asarray(expected), rtol=0, atol=ATOL)
+
+
+@pytest.fixture
+def attn_triton() -> ModuleType:
+    """The Triton kernels' module (interpreted here: conftest set TRITON_INTERPRET before this import)."""
+    pytest.importorskip("triton", reason="triton is not installed (it comes with torch on Linux x86_64)")
+    from oxibonsai.torch_backend.ops import attn_triton
+
+    return attn_triton
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("heads", [(2, 2), (4, 2)], ids=["gqa1", "gqa2"])
+@pytest.mark.parametrize("lens", [DECODE, EXTEND], ids=["decode", "extend"])
+def test_ref_matches_float64_oracle(
+    rng: np.random.Generator, lens: tuple[list[int], list[int]], heads: tuple[int, int], dtype: torch.dtype
+) -> None:
+    case = make_case(rng, lens, heads, dtype=dtype)
+    scale = 1 / math.sqrt(case.q.shape[-1])
+    check(ref_torch.paged_attention(*case.args(), scale), oracle(case, scale))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize(
+    ("heads", "max_splits"),
+    [((2, 2), 2), ((4, 2), 1), ((8, 2), 8), ((4, 1), 4)],
+    ids=["gqa1-splits2", "gqa2-splits1", "gqa4-splits8", "gqa4-1kv-splits4"],
+)
+def test_triton_decode_matches_ref(
+    attn_triton: ModuleType,
+    rng: np.random.Generator,
+    heads: tuple[int, int],
+    max_splits: int,
+    dtype: torch.dtype,
+) -> None:
+    """One split, several, and 8 splits over at most 40 positions (most of them empty)."""
+    case = make_case(rng, DECODE, heads, dtype=dtype)
+    scale = 1 / math.sqrt(case.q.shape[-1])
+    out = attn_triton.paged_attention(*case.args(DEVICE), scale, max_splits=max_splits)
+    check(out, ref_torch.paged_attention(*case.args(), scale))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize(
+    "heads", [(2, 2), (4, 2), (6, 2)], ids=["gqa1", "gqa2", "gqa3"]
+)  # 3: not a power of 2
+def test_triton_extend_matches_ref(
+    attn_triton: ModuleType, rng: np.random.Generator, heads: tuple[int, int], dtype: torch.dtype
+) -> None:
+    """Whole prompts (40 rows: two query tiles at group 1), extends over a cached context, q_len 0/1."""
+    case = make_case(rng, EXTEND, heads, dtype=dtype)
+    scale = 1 / math.sqrt(case.q.shape[-1])
+    out = attn_triton.paged_attention(*case.args(DEVICE), scale)
+    check(out, ref_torch.paged_attention(*case.args(), scale))
+
+
+@pytest.mark.parametrize("lens", [DECODE, EXTEND], ids=["decode", "extend"])
+def test_triton_head_dim_128(
+    attn_triton: ModuleType, rng: np.random.Generator, lens: tuple[list[int], list[int]]
+) -> None:
+    """Bonsai's head size, fp16 cache, GQA 2."""
+    case = make_case(rng, lens, (4, 2), head_dim=128, dtype=torch.float16)
+    out = attn_triton.paged_attention(*case.args(DEVICE), 128**-0.5)
+    check(out, ref_torch.paged_attention(*case.args(), 128**-0.5))
+
+
+def test_no_queries(attn_triton: ModuleType, rng: np.random.Generator) -> None:
+    """Every sequence with q_len 0: zeros from both, no kernel reads anything."""
+    case = make_case(rng, ([5, 17], [0, 0]), (2, 2))
+    for impl, device in ((ref_torch, "cpu"), (attn_triton, DEVICE)):
+        out = impl.paged_attention(*case.args(device), 0.5)
+        assert out.shape == case.q.shape and (out == 0).all()
