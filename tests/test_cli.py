@@ -55,3 +55,24 @@ def test_errors_are_one_line_and_exit_1(tmp_path):
     assert "error" in done.stderr and "Traceback" not in done.stderr
     bad = run("generate", "hi", "--model", str(tmp_path / "missing.gguf"), "--temperature", "-1")
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
+
+
+def test_the_torch_runner_and_bad_devices_from_the_command_line(tiny_model):
+    torch_run = run(
+        "generate",
+        "the model",
+        "--model",
+        str(tiny_model),
+        "--max-tokens",
+        "3",
+        "--runner",
+        "torch",
+        "--device",
+        "cpu",
+    )
+    if torch_run.returncode != 0 and "oxibonsai[torch]" in torch_run.stderr:
+        return  # torch is not installed: the error names the extra, which is what it should do
+    assert torch_run.returncode == 0, torch_run.stderr
+    assert "3 generated" in torch_run.stderr
+    bad = run("generate", "hi", "--model", str(tiny_model), "--device", "tpu")
+    assert bad.returncode == 1 and "device must be" in bad.stderr and "Traceback" not in bad.stderr

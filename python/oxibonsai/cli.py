@@ -17,7 +17,7 @@ from oxibonsai import _core
 from oxibonsai.llm import LLM, default_model_path
 from oxibonsai.outputs import RequestOutput
 from oxibonsai.sampling_params import SamplingParams
-from oxibonsai.server.cli_args import add_serve_flags
+from oxibonsai.server.cli_args import add_device_flags, add_serve_flags, device_args
 
 _SAMPLING_FIELDS = (
     "max_tokens",
@@ -55,6 +55,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", default=None, help="path to a .gguf (default: the embedded model)")
     p.add_argument("--threads", "-t", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
+    add_device_flags(p)
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:
@@ -64,7 +65,7 @@ def _params(args: argparse.Namespace) -> SamplingParams:
 
 def _load(args: argparse.Namespace) -> LLM:
     start = time.perf_counter()
-    llm = LLM(args.model, num_threads=args.threads, max_model_len=args.max_model_len)
+    llm = LLM(args.model, num_threads=args.threads, max_model_len=args.max_model_len, **device_args(args))
     print(f"[loaded {llm.model_path.name} in {time.perf_counter() - start:.2f}s]", file=sys.stderr)
     return llm
 

@@ -166,3 +166,31 @@ def test_sizes_that_cannot_fit_are_refused_at_load_with_the_sizes(tiny_model):
     with pytest.raises(ValueError, match=r"cannot hold 5 KV blocks \(5000 bytes; one sequence .* needs 2\)"):
         gpu.device_blocks(5, None, 1_000, 32, 4)
     assert gpu.device_blocks(None, None, 1_000, 32, 4) == 4, "the default pool takes what is left"
+
+
+def test_a_failing_kernel_reports_engine_dead_to_every_waiter(tiny_model, monkeypatch, rng):
+    import asyncio
+
+    from oxibonsai.torch_backend.model import TorchQwen3
+
+    def broken(self, batch, kv):  # what a CUDA fault in a kernel or a copy looks like from Python
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    async def run() -> list[BaseException]:
+        engine = ob.AsyncLLM(tiny_model, device="cpu", runner="torch", max_model_len=256)
+        monkeypatch.setattr(TorchQwen3, "forward", broken)
+        try:
+
+            async def one(i: int) -> None:
+                async for _ in engine.generate(
+                    {"prompt_token_ids": random_ids(rng, 300, 5)}, GREEDY, request_id=f"r{i}"
+                ):
+                    pass
+
+            results = await asyncio.gather(*(one(i) for i in range(3)), return_exceptions=True)
+            return [r for r in results if isinstance(r, BaseException)]
+        finally:
+            engine.shutdown()
+
+    errors = asyncio.run(run())
+    assert len(errors) == 3 and all(isinstance(e, ob.EngineDeadError) for e in errors), errors

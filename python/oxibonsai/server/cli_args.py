@@ -27,7 +27,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     engine.add_argument("--kv-cache-bytes", type=int, default=None)
     engine.add_argument("--kv-cache-blocks", type=int, default=None)
     engine.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "f16", "f32"])
-    engine.add_argument("--device", default="cpu", help="only 'cpu' today (the native runner)")
+    add_device_flags(engine)
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--scheduling-policy", default="priority", choices=["priority", "longest_prefix"])
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
@@ -46,10 +46,26 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def engine_args(args: argparse.Namespace) -> dict[str, Any]:
-    if args.device != "cpu":
-        raise ValueError(f"--device {args.device!r} is not available yet: this build serves on the CPU only")
+def add_device_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Where the model runs (shared by ``serve``, ``generate`` and ``chat``)."""
+    p.add_argument("--device", default="auto", help="auto (CUDA, MPS, then CPU), cpu, cuda, cuda:N or mps")
+    p.add_argument("--runner", default="auto", choices=["auto", "native", "torch"])
+    p.add_argument("--host-kv-cache-blocks", type=int, default=None, help="host tier blocks (torch runner)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+
+
+def device_args(args: argparse.Namespace) -> dict[str, Any]:
     return {
+        "device": args.device,
+        "runner": args.runner,
+        "host_kv_cache_blocks": args.host_kv_cache_blocks,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+    }
+
+
+def engine_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        **device_args(args),
         "num_threads": args.num_threads,
         "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs,

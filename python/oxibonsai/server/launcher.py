@@ -21,6 +21,7 @@ import uvicorn
 
 from oxibonsai.async_llm import AsyncLLM
 from oxibonsai.llm import default_model_path
+from oxibonsai.runner import choose
 from oxibonsai.server.api_server import build_app
 from oxibonsai.server.cli_args import engine_args
 from oxibonsai.server.config import ServerConfig
@@ -111,6 +112,7 @@ def serve(args: argparse.Namespace) -> int:
     if not os.path.exists(model_path):
         raise FileNotFoundError(f"no such model file: {model_path}")
     kwargs = engine_args(args)
+    choose(args.device, args.runner)  # an impossible device fails here, not in the background load
     default_name = os.path.splitext(os.path.basename(model_path))[0]
     config = server_config(args, model_path, args.served_model_name or _gguf_name(model_path) or default_name)
     if not is_loopback(args.host) and not config.api_keys:
