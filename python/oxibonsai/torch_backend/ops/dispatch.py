@@ -1,8 +1,9 @@
 """Which op set a device runs: the one place that chooses between Triton kernels and plain torch.
 
 ``ops_for(device)`` returns a namespace with exactly ``OP_NAMES``. CUDA gets the Triton kernels (with
-the reference op wherever no Triton twin exists) when Triton is installed; every other device gets
-``ref_torch``. ``OXIBONSAI_TORCH_OPS=ref|triton`` forces a set. Triton off CUDA means Triton's CPU
+the reference op wherever no Triton twin exists) when Triton is installed; MPS gets ``ref_torch`` with
+the int4-pack Q1 linear (``q1_int4pack``: Triton does not run on Metal); every other device gets
+``ref_torch``. ``OXIBONSAI_TORCH_OPS=ref|triton|int4pack`` forces a set. Triton off CUDA means Triton's CPU
 interpreter (tests only), which must have been enabled (``TRITON_INTERPRET=1``) before the kernel
 modules were imported; anything else raises here rather than at the first launch."""
 
@@ -14,18 +15,21 @@ from types import SimpleNamespace
 
 import torch
 
-from oxibonsai.torch_backend.ops import ref_torch
+from oxibonsai.torch_backend.ops import q1_int4pack, ref_torch
 
 OP_NAMES = ("q1_linear", "embedding", "rms_norm", "rope_neox", "silu_mul", "write_kv", "paged_attention")
 ENV_VAR = "OXIBONSAI_TORCH_OPS"
-CHOICES = ("ref", "triton")
+CHOICES = ("ref", "triton", "int4pack")
 
 
 def ops_for(device: torch.device | str) -> SimpleNamespace:
     """The op set for ``device`` (see the module doc)."""
     device = torch.device(device)
-    if _choice(device) == "triton":
+    choice = _choice(device)
+    if choice == "triton":
         return _triton_ops(device)
+    if choice == "int4pack":
+        return q1_int4pack.ops_int4pack()
     return SimpleNamespace(**{name: getattr(ref_torch, name) for name in OP_NAMES})
 
 
@@ -35,7 +39,9 @@ def _choice(device: torch.device) -> str:
         raise ValueError(f"{ENV_VAR} must be one of {CHOICES}, got {forced!r}")
     if forced:
         return forced
-    return "triton" if device.type == "cuda" and _triton_installed() else "ref"
+    if device.type == "cuda" and _triton_installed():
+        return "triton"
+    return "int4pack" if device.type == "mps" else "ref"
 
 
 def _triton_ops(device: torch.device) -> SimpleNamespace:
