@@ -7,6 +7,8 @@ from typing import Any, Literal, TypedDict, final
 import numpy as np
 import numpy.typing as npt
 
+__version__: str
+
 __all__ = [
     "GGUFError",
     "GGUFFile",
@@ -19,6 +21,7 @@ __all__ = [
     "Scheduler",
     "SchedulerOutput",
     "StepPlan",
+    "__version__",
     "get_num_threads",
     "kernel_info",
     "quantize_activations",

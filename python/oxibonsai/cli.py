@@ -179,6 +179,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oxibonsai", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"oxibonsai {_core.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="stream a completion of PROMPT to stdout")
     gen.add_argument("prompt")
