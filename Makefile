@@ -1,7 +1,7 @@
 # One command surface: CI and the README call these targets.
 PYTHON ?= python3
 
-.PHONY: install build lint test test-rust test-python bench bench-model bench-prefix bench-batching bench-sched bench-serve fmt device-bundle
+.PHONY: install build lint test test-rust test-python bench bench-model bench-prefix bench-batching bench-sched bench-serve fmt device-bundle bench-gpu-smoke dist wheel-smoke
 
 install:
 	$(PYTHON) -m pip install -e '.[test]'
@@ -61,3 +61,15 @@ bench-serve:
 # What the lent GPU machine needs to run this tree on its CPU (Python 3.12, no Rust): see the script.
 device-bundle:
 	bash scripts/device_bundle.sh
+
+# benches/bench_gpu.py (the lent-GPU benchmark) on the CPU with tiny shapes: checks the script runs.
+bench-gpu-smoke:
+	$(PYTHON) benches/bench_gpu.py --smoke --out /tmp/oxibonsai-gpu-smoke.json
+
+# An sdist and manylinux2014 wheels for every CPython 3.10-3.13 found, into dist/.
+dist:
+	bash scripts/build_dist.sh
+
+# One wheel for another CPython, installed in a fresh venv and smoke-tested there (CI runs this).
+wheel-smoke:
+	bash scripts/wheel_smoke.sh
