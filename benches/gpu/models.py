@@ -1,0 +1,191 @@
+"""The decode section: ``TorchQwen3.forward`` on random Bonsai-shaped weights over an fp16 ``KvPool``,
+decode tokens/s per batch and prefill tokens/s, against B2 (the same model with fp16 dense weights)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from oxibonsai.torch_backend.batch import BLOCK_TOKENS, DeviceBatch, StepBatch
+from oxibonsai.torch_backend.kv_pool import KvPool
+from oxibonsai.torch_backend.model import TorchQwen3
+from oxibonsai.torch_backend.ops.dispatch import OP_NAMES, ops_for
+from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
+from oxibonsai.torch_backend.weights import DenseWeight, LayerWeights, Qwen3Weights
+
+from .plan import SEED, ModelSpec, Plan
+from .q1 import dequantize_half, random_q1
+from .timing import Budget, free, guarded, ratio, sync
+
+
+class HalfDense(DenseWeight):
+    """A dense fp16 matrix served through ``torch.matmul`` in fp16 (B2): the model's float32
+    activations are cast down, the product cast back up."""
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.to(torch.float16) @ self.w.T).float()
+
+    def rows_dequantized(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.w.index_select(0, ids).float()
+
+
+def random_weights(spec: ModelSpec, device: torch.device) -> Qwen3Weights:
+    c = spec.config
+
+    def mat(rows: int, cols: int) -> Q1Weight:
+        return random_q1(rows, cols, 1 / math.sqrt(cols), device)
+
+    def norm(n: int) -> torch.Tensor:
+        return 1 + 0.1 * torch.randn(n, device=device)
+
+    def layer() -> LayerWeights:
+        return LayerWeights(norm(c.hidden), mat(c.q_dim, c.hidden), mat(c.kv_dim, c.hidden),
+                            mat(c.kv_dim, c.hidden), mat(c.hidden, c.q_dim), norm(c.head_dim),
+                            norm(c.head_dim), norm(c.hidden), mat(c.ffn, c.hidden), mat(c.ffn, c.hidden),
+                            mat(c.hidden, c.ffn))  # fmt: skip
+
+    layers = tuple(layer() for _ in range(c.n_layers))
+    output = None if spec.tied else mat(c.vocab, c.hidden)
+    return Qwen3Weights(mat(c.vocab, c.hidden), layers, norm(c.hidden), output)
+
+
+def half_dense(weights: Qwen3Weights) -> Qwen3Weights:
+    """The same model with every matrix dequantized to fp16 (a tied head stays tied)."""
+
+    def dense(w: Any) -> Any:
+        return HalfDense(dequantize_half(w)) if isinstance(w, Q1Weight) else w
+
+    layers = tuple(
+        LayerWeights(**{name: dense(getattr(layer, name)) for name in LayerWeights.__dataclass_fields__})
+        for layer in weights.layers
+    )
+    output = None if weights.output is None else dense(weights.output)
+    return Qwen3Weights(dense(weights.token_embd), layers, weights.output_norm, output)
+
+
+def streamed_bytes(weights: Qwen3Weights) -> int:
+    """Matrix bytes one decode step reads: every layer's matrices and the LM head."""
+    names = [n for n in LayerWeights.__dataclass_fields__ if n.startswith("w")]
+    layers = sum(getattr(layer, n).nbytes for layer in weights.layers for n in names)
+    return int(layers + weights.lm_head.nbytes)
+
+
+# -- decode and prefill ----------------------------------------------------------------------------------
+
+
+def decode_section(plan: Plan, device: torch.device, budget: Budget) -> dict[str, Any]:
+    ops = ops_for(device)
+    models = []
+    for spec in plan.models:
+        if budget.over():
+            models.append({"model": spec.name, **budget.skipped()})
+            continue
+        print(f"[{budget.spent():6.1f} s] decode {spec.name}", flush=True)
+        models.append(guarded(partial(model_record, spec, plan, device, budget, ops), model=spec.name))
+        free(device)
+    return {"ops": {name: getattr(ops, name).__module__ for name in OP_NAMES}, "models": models}
+
+
+def model_record(spec: ModelSpec, plan: Plan, device: torch.device, budget: Budget, ops: Any) -> dict:
+    torch.manual_seed(SEED)
+    weights = random_weights(spec, device)
+    per_seq = blocks_for(plan.context + plan.warmup + plan.decode_steps + 1)
+    pool = KvPool(spec.config.n_layers, max(plan.batches) * per_seq, spec.config.n_kv_heads,
+                  spec.config.head_dim, torch.float16, device)  # fmt: skip
+    pool.data.normal_()
+    ours = run_phases(TorchQwen3(spec.config, weights, ops), pool, plan, device, budget)
+    dense_weights = None if budget.over() else half_dense(weights)
+    b2 = [] if dense_weights is None else run_phases(TorchQwen3(spec.config, dense_weights, ops), pool,
+                                                     plan, device, budget)  # fmt: skip
+    streamed = streamed_bytes(weights)
+    return {
+        "config": dataclasses.asdict(spec.config), "tied": spec.tied, "kv_dtype": "float16",
+        "weights_bytes": weights.nbytes, "streamed_bytes_per_step": streamed,
+        "b2_weights_bytes": dense_weights.nbytes if dense_weights is not None else None,
+        "results": join_phases(ours, b2, streamed),
+    }  # fmt: skip
+
+
+def blocks_for(tokens: int) -> int:
+    return -(-tokens // BLOCK_TOKENS)
+
+
+def run_phases(model: TorchQwen3, pool: KvPool, plan: Plan, device: torch.device, budget: Budget) -> list:
+    rng = np.random.default_rng(SEED)
+    out = []
+    for batch in plan.batches:
+        label = {"phase": "decode", "batch": batch, "context": plan.context}
+        if budget.over():
+            out.append({**label, **budget.skipped()})
+            continue
+        out.append(guarded(partial(decode_rate, model, pool, batch, plan, device, rng), **label))
+    label = {"phase": "prefill", "batch": 1, "tokens": plan.prefill_tokens}
+    out.append({**label, **budget.skipped()} if budget.over() else
+               guarded(partial(prefill_rate, model, pool, plan, device, rng), **label))  # fmt: skip
+    return out
+
+
+def decode_rate(
+    model: TorchQwen3, pool: KvPool, batch: int, plan: Plan, device: torch.device, rng: np.random.Generator
+) -> dict[str, Any]:
+    steps = plan.warmup + plan.decode_steps
+    per_seq = blocks_for(plan.context + steps + 1)
+    tables = rng.permutation(pool.num_blocks)[: batch * per_seq].reshape(batch, per_seq).tolist()
+    vocab = model.config.vocab
+    plans = [
+        StepBatch.for_sequences([(t, plan.context + s, [int(rng.integers(vocab))], "last") for t in tables])
+        for s in range(steps)
+    ]
+    batches = [p.to_device(device) for p in plans]
+    seconds = timed_forwards(model, pool, batches, plan.warmup, device)
+    return {"tok_s": batch * plan.decode_steps / seconds, "step_ms": seconds / plan.decode_steps * 1e3,
+            "steps": plan.decode_steps}  # fmt: skip
+
+
+def prefill_rate(
+    model: TorchQwen3, pool: KvPool, plan: Plan, device: torch.device, rng: np.random.Generator
+) -> dict[str, Any]:
+    tokens = rng.integers(model.config.vocab, size=plan.prefill_tokens).tolist()
+    table = rng.permutation(pool.num_blocks)[: blocks_for(plan.prefill_tokens)].tolist()
+    batch = StepBatch.for_sequences([(table, 0, tokens, "last")]).to_device(device)
+    reps = max(1, plan.reps // 3)
+    seconds = timed_forwards(model, pool, [batch] * (plan.warmup + reps), plan.warmup, device) / reps
+    return {"tok_s": plan.prefill_tokens / seconds, "step_ms": seconds * 1e3, "steps": reps}
+
+
+def timed_forwards(
+    model: TorchQwen3, pool: KvPool, batches: list[DeviceBatch], warmup: int, device: torch.device
+) -> float:
+    """Seconds for ``batches[warmup:]``, run back to back after the first ``warmup``."""
+    for batch in batches[:warmup]:
+        model.forward(batch, pool)
+    sync(device)
+    start = time.perf_counter()
+    for batch in batches[warmup:]:
+        model.forward(batch, pool)
+    sync(device)
+    return time.perf_counter() - start
+
+
+def join_phases(ours: list[dict], b2: list[dict], streamed: int) -> list[dict[str, Any]]:
+    """One record per phase and batch: ours, B2 and their ratio; at batch 1 the weight GB/s."""
+    base = {(r["phase"], r["batch"]): r for r in b2}
+    out = []
+    for r in ours:
+        other = base.get((r["phase"], r["batch"]), {})
+        row = {**{k: v for k, v in r.items() if k not in ("tok_s", "step_ms")},
+               "ours_tok_s": r.get("tok_s"), "ours_step_ms": r.get("step_ms"),
+               "b2_tok_s": other.get("tok_s"), "b2_step_ms": other.get("step_ms"),
+               "speedup_vs_b2": ratio(r.get("tok_s"), other.get("tok_s"))}  # fmt: skip
+        if "error" in other or "skipped" in other:
+            row["b2_error"] = other.get("error") or other.get("skipped")
+        if r["phase"] == "decode" and r["batch"] == 1 and r.get("tok_s"):
+            row["weight_gbps"] = streamed * r["tok_s"] / 1e9
+        out.append(row)
+    return out

@@ -1,0 +1,93 @@
+"""The q1 section: the Triton ``q1_linear`` on random ``Q1Weight``s against B1 (copy GB/s) and B2 (fp16
+``torch.matmul`` on the dequantized weight), timed over enough weight copies to stay out of L2."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+
+from oxibonsai.torch_backend.ops import ref_torch
+from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight, unpack
+
+from .plan import SEED, ModelSpec, Plan
+from .timing import Budget, gbps, guarded, ratio, time_calls
+
+
+def random_q1(rows: int, cols: int, std: float, device: torch.device) -> Q1Weight:
+    """Random sign words and fp16 scales ~ N(0, std²)."""
+    signs = torch.randint(-(2**31), 2**31, (rows, cols // 32), dtype=torch.int32, device=device)
+    scales = (torch.randn(rows, cols // QK, device=device) * std).to(torch.float16)
+    return Q1Weight(signs=signs, scales=scales, rows=rows, cols=cols)
+
+
+def dequantize_half(w: Q1Weight, chunk_floats: int = 1 << 24) -> torch.Tensor:
+    """fp16 ``[rows, cols]``, dequantized a slice of rows at a time (bounded scratch memory)."""
+    out = torch.empty(w.rows, w.cols, dtype=torch.float16, device=w.signs.device)
+    step = max(1, chunk_floats // w.cols)
+    for start in range(0, w.rows, step):
+        out[start : start + step] = unpack(w.signs[start : start + step], w.scales[start : start + step])
+    return out
+
+
+def q1_shapes(spec: ModelSpec, roles: Sequence[str]) -> list[tuple[str, int, int]]:
+    c = spec.config
+    shapes = {"q": (c.q_dim, c.hidden), "kv": (c.kv_dim, c.hidden), "gate": (c.ffn, c.hidden),
+              "down": (c.hidden, c.ffn), "head": (c.vocab, c.hidden)}  # fmt: skip
+    return [(f"{spec.name}.{role}", *shapes[role]) for role in roles]
+
+
+def q1_section(plan: Plan, device: torch.device, budget: Budget, b1: float | None) -> dict[str, Any]:
+    from oxibonsai.torch_backend.ops import q1_triton
+
+    rows: list[dict[str, Any]] = []
+    for spec in plan.models:
+        for name, n, k in q1_shapes(spec, plan.q1_roles):
+            if budget.over():
+                rows.append({"shape": name, **budget.skipped()})
+                continue
+            rows += q1_shape(q1_triton.q1_linear, name, n, k, plan, device, b1)
+            gc.collect()
+    return {"b1_d2d_gbps": b1, "kernel": "q1_triton.q1_linear", "rows": rows}
+
+
+def copies(nbytes: int, plan: Plan) -> int:
+    return max(1, min(plan.max_copies, -(-plan.rotate_bytes // nbytes)))
+
+
+def q1_shape(
+    kernel: Callable[..., torch.Tensor], name: str, n: int, k: int, plan: Plan, device: torch.device,
+    b1: float | None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    q1_bytes, fp16_bytes = n * k * 18 // 128, n * k * 2
+    torch.manual_seed(SEED)
+    ours = [random_q1(n, k, 0.02, device) for _ in range(copies(q1_bytes, plan))]
+    dense = [dequantize_half(w) for w in ours[: copies(fp16_bytes, plan)]]
+    out = []
+    for m in plan.q1_m:
+        label = {"shape": name, "rows": n, "cols": k, "m": m, "weight_bytes": q1_bytes}
+        out.append(guarded(partial(q1_case, kernel, ours, dense, m, plan, device, b1), **label))
+    return out
+
+
+def q1_case(
+    kernel: Callable[..., torch.Tensor], ours: list[Q1Weight], dense: list[torch.Tensor], m: int,
+    plan: Plan, device: torch.device, b1: float | None,
+) -> dict[str, Any]:  # fmt: skip
+    w0 = ours[0]
+    x = torch.randn(m, w0.cols, device=device)
+    x16 = x.to(torch.float16)
+    got, want = kernel(x, w0), ref_torch.q1_linear(x, w0)
+    mine = time_calls([partial(kernel, x, w) for w in ours], device, plan.reps)
+    base = time_calls([partial(torch.matmul, x16, w.T) for w in dense], device, plan.reps)
+    ours_gbps = gbps(w0.rows * w0.cols * 18 / 128, mine["ms"])
+    return {
+        "ours_ms": mine["ms"], "ours_eager_ms": mine["eager_ms"], "timing": mine["timing"],
+        "weight_copies": len(ours), "ours_gbps": ours_gbps, "ours_over_b1": ratio(ours_gbps, b1),
+        "b2_ms": base["ms"], "b2_gbps": gbps(w0.rows * w0.cols * 2, base["ms"]),
+        "speedup_vs_b2": ratio(base["ms"], mine["ms"]),
+        "rel_err": float((got - want).norm() / want.norm()), "finite": bool(torch.isfinite(got).all()),
+    }  # fmt: skip

@@ -1,0 +1,54 @@
+"""The report: the JSON file (rewritten whole after every section) and the summary table printed at
+the end."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial_path = path.with_suffix(".partial")
+    partial_path.write_text(json.dumps(report, indent=1, default=str))
+    os.replace(partial_path, path)
+
+
+def fmt(value: Any, spec: str = ".1f") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def micros(ms: float | None) -> float | None:
+    return ms * 1e3 if ms is not None else None
+
+
+def problem(record: dict[str, Any]) -> str:
+    return str(record.get("error") or record.get("skipped") or "")
+
+
+def table_lines(report: dict[str, Any]) -> list[str]:
+    p = report.get("probe", {})
+    lines = [f"probe: {p.get('name', p.get('device', '-'))}  D2D {fmt(p.get('d2d_gbps'))} GB/s  "
+             f"H2D {fmt(p.get('h2d_gbps'))}  D2H {fmt(p.get('d2h_gbps'))}  {problem(p)}"]  # fmt: skip
+    lines.append(f"q1 {'shape':<22} {'M':>4} {'us':>9} {'GB/s':>8} {'/B1':>6} {'xB2':>6} {'rel_err':>8}")
+    for r in report.get("q1", {}).get("rows", []):
+        lines.append(f"   {r['shape']:<22} {r.get('m', ''):>4} {fmt(micros(r.get('ours_ms'))):>9} "
+                     f"{fmt(r.get('ours_gbps')):>8} {fmt(r.get('ours_over_b1'), '.2f'):>6} "
+                     f"{fmt(r.get('speedup_vs_b2'), '.2f'):>6} {fmt(r.get('rel_err'), '.1e'):>8} "
+                     f"{problem(r)}")  # fmt: skip
+    lines.append(f"model {'name':<13} {'phase':<8} {'batch':>5} {'tok/s':>10} {'B2 tok/s':>10} {'xB2':>6}")
+    for m in report.get("decode", {}).get("models", []):
+        for r in m.get("results", [{"phase": "-", "batch": "-"}]):
+            lines.append(f"      {m['model']:<13} {r['phase']:<8} {r['batch']:>5} "
+                         f"{fmt(r.get('ours_tok_s')):>10} {fmt(r.get('b2_tok_s')):>10} "
+                         f"{fmt(r.get('speedup_vs_b2'), '.2f'):>6} {problem(m) or problem(r)}")  # fmt: skip
+    t = report.get("tier", {})
+    pr, tt = t.get("promote", {}), t.get("ttft", {})
+    lines.append(f"tier: promote {fmt(pr.get('promote_gbps'))} GB/s vs one large H2D "
+                 f"{fmt(pr.get('large_h2d_gbps'))} ({fmt(pr.get('promote_over_large'), '.2f')}); "
+                 f"TTFT cold {fmt(tt.get('cold_ttft_ms'))} ms, promoted {fmt(tt.get('promoted_ttft_ms'))} ms "
+                 f"({fmt(tt.get('promoted_over_cold'), '.2f')}) "
+                 f"{problem(pr)} {problem(tt)}")  # fmt: skip
+    return lines

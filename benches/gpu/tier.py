@@ -1,0 +1,158 @@
+"""The tier section: promote and demote GB/s of scattered KV blocks against one large pinned copy, and,
+through ``oxibonsai.LLM(runner="torch")`` on a random GGUF, the TTFT of a request whose prefix was
+demoted to the host tier against a cold prefill and a device hit."""
+
+from __future__ import annotations
+
+import importlib
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import oxibonsai
+from oxibonsai.torch_backend.batch import BLOCK_TOKENS
+from oxibonsai.torch_backend.kv_pool import KvPool, copy_blocks
+
+from .models import blocks_for
+from .plan import SEED, Plan
+from .timing import Budget, free, gbps, guarded, ratio, wall_ms
+
+TESTS_DIR = Path(__file__).resolve().parents[2] / "tests"
+ROUND_COUNTERS = ("promotions", "demotions", "host_hit_tokens", "computed_tokens")  # cache_stats per round
+
+
+def tier_section(plan: Plan, device: torch.device, budget: Budget) -> dict[str, Any]:
+    promote = guarded(partial(promote_record, plan, device))
+    free(device)
+    ttft = budget.skipped() if budget.over() else guarded(partial(ttft_record, plan, device))
+    free(device)
+    return {"promote": promote, "ttft": ttft}
+
+
+def promote_record(plan: Plan, device: torch.device) -> dict[str, Any]:
+    c, n, cuda = plan.models[0].config, plan.promote_blocks, device.type == "cuda"
+    host = KvPool(c.n_layers, 4 * n, c.n_kv_heads, c.head_dim, torch.float16, "cpu", pin=cuda)
+    dev = KvPool(c.n_layers, 2 * n, c.n_kv_heads, c.head_dim, torch.float16, device)
+    rng = np.random.default_rng(SEED)
+    pairs = np.stack([rng.choice(4 * n, n, replace=False), rng.choice(2 * n, n, replace=False)], axis=1)
+    src = torch.from_numpy(pairs[:, 0].copy())
+    expected = torch.randn(host.data[:, :, src].shape).to(torch.float16)
+    host.data.index_copy_(2, src, expected)
+    promote = wall_ms(lambda: copy_blocks(host, dev, pairs), device, plan.warmup, plan.reps)
+    moved = dev.data[:, :, torch.from_numpy(pairs[:, 1].copy()).to(device)].cpu()
+    demote = wall_ms(lambda: copy_blocks(dev, host, pairs[:, ::-1].copy()), device, plan.warmup, plan.reps)
+    nbytes = n * host.block_bytes
+    big_host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
+    big_dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    h2d = wall_ms(lambda: big_dev.copy_(big_host, non_blocking=cuda), device, plan.warmup, plan.reps)
+    d2h = wall_ms(lambda: big_host.copy_(big_dev, non_blocking=cuda), device, plan.warmup, plan.reps)
+    promote_gbps, h2d_gbps = gbps(nbytes, promote), gbps(nbytes, h2d)
+    demote_gbps, d2h_gbps = gbps(nbytes, demote), gbps(nbytes, d2h)
+    return {
+        "model": plan.models[0].name, "blocks": n, "block_bytes": host.block_bytes, "bytes": nbytes,
+        "host_pinned": host.pinned, "copied_exactly": bool(torch.equal(moved, expected)),
+        "promote_ms": promote, "promote_gbps": promote_gbps, "large_h2d_gbps": h2d_gbps,
+        "promote_over_large": ratio(promote_gbps, h2d_gbps), "demote_ms": demote,
+        "demote_gbps": demote_gbps, "large_d2h_gbps": d2h_gbps,
+        "demote_over_large": ratio(demote_gbps, d2h_gbps),
+    }  # fmt: skip
+
+
+@dataclass
+class TtftRun:
+    """One ``LLM`` on a random GGUF, with a device pool two prompts large and a larger host tier."""
+
+    llm: oxibonsai.LLM
+    prompt_tokens: int
+    vocab: int
+    rng: np.random.Generator
+
+    def ids(self, n: int) -> list[int]:
+        return self.rng.integers(self.vocab, size=n).tolist()
+
+    def request(self, ids: list[int]) -> float:
+        """TTFT in ms of one request (one token generated)."""
+        params = oxibonsai.SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        out = self.llm.generate({"prompt_token_ids": ids}, params)[0]
+        assert out.metrics.time_to_first_token is not None
+        return out.metrics.time_to_first_token * 1e3
+
+    def fill(self) -> None:
+        """Enough other prompts to push every idle block out of the device pool (to the host)."""
+        blocks = self.llm.cache_stats()["capacity_blocks"]
+        for _ in range(blocks // blocks_for(self.prompt_tokens) + 2):
+            self.request(self.ids(self.prompt_tokens))
+
+
+def ttft_record(plan: Plan, device: torch.device) -> dict[str, Any]:
+    factory = import_tests_module("model_factory")
+    cfg = factory.bonsai_1p7b_config() if device.type == "cuda" else factory.TinyQwen3Config()
+    path = Path(tempfile.mkdtemp(prefix="bench-gpu-")) / "ttft.gguf"
+    start = time.perf_counter()
+    factory.write_qwen3_gguf(path, cfg, np.random.default_rng(SEED))
+    written = time.perf_counter()
+    prompt = plan.ttft_prefix + plan.ttft_tail
+    run = TtftRun(load_ttft_llm(path, plan, prompt), prompt, cfg.vocab_size, np.random.default_rng(SEED))
+    loaded = time.perf_counter()
+    warm_ttft(run, plan)
+    rounds = [ttft_round(run, plan) for _ in range(plan.ttft_repeats)]
+    cold = statistics.median(r["cold_ms"] for r in rounds)
+    promoted = statistics.median(r["promoted_ms"] for r in rounds)
+    stats = run.llm.cache_stats()
+    prefix_blocks = plan.ttft_prefix // BLOCK_TOKENS
+    path.unlink()
+    return {
+        "gguf": cfg.name, "write_s": written - start, "load_s": loaded - written,
+        "prefix_tokens": plan.ttft_prefix, "tail_tokens": plan.ttft_tail,
+        "max_num_batched_tokens": prompt + 16,
+        "device_blocks": stats["capacity_blocks"], "host_blocks": stats["host_capacity_blocks"],
+        "cold_ttft_ms": cold, "device_hit_ttft_ms": statistics.median(r["device_hit_ms"] for r in rounds),
+        "promoted_ttft_ms": promoted, "promoted_over_cold": ratio(promoted, cold),
+        "all_prefix_blocks_promoted": all(r["promotions"] >= prefix_blocks for r in rounds),
+        "rounds": rounds, "cache_stats": stats,
+    }  # fmt: skip
+
+
+def import_tests_module(name: str) -> Any:
+    if str(TESTS_DIR) not in sys.path:
+        sys.path.insert(0, str(TESTS_DIR))
+    return importlib.import_module(name)
+
+
+def load_ttft_llm(path: Path, plan: Plan, prompt: int) -> oxibonsai.LLM:
+    """Prefill in one step (no chunking); room for two prompts on the device, eight on the host."""
+    per_prompt = blocks_for(prompt + 1)
+    return oxibonsai.LLM(
+        str(path), device=plan.device, runner="torch", max_model_len=prompt + 16, max_num_seqs=1,
+        max_num_batched_tokens=prompt + 16, kv_cache_dtype="f16", kv_cache_blocks=2 * per_prompt + 4,
+        host_kv_cache_blocks=8 * per_prompt,
+    )  # fmt: skip
+
+
+def warm_ttft(run: TtftRun, plan: Plan) -> None:
+    """Every path once (cold, device hit, promoted), so no kernel compiles inside a timed request."""
+    prefix = run.ids(plan.ttft_prefix)
+    run.request(prefix + run.ids(plan.ttft_tail))
+    run.request(prefix + run.ids(plan.ttft_tail))
+    run.fill()
+    run.request(prefix + run.ids(plan.ttft_tail))
+
+
+def ttft_round(run: TtftRun, plan: Plan) -> dict[str, Any]:
+    prefix = run.ids(plan.ttft_prefix)
+    cold = run.request(prefix + run.ids(plan.ttft_tail))
+    device_hit = run.request(prefix + run.ids(plan.ttft_tail))
+    run.fill()
+    before = run.llm.cache_stats()
+    promoted = run.request(prefix + run.ids(plan.ttft_tail))
+    after = run.llm.cache_stats()
+    delta = {k: after[k] - before[k] for k in ROUND_COUNTERS}
+    return {"cold_ms": cold, "device_hit_ms": device_hit, "promoted_ms": promoted, **delta}
