@@ -158,7 +158,9 @@ async def _ready(state: ServerState) -> Response:
 async def _metrics(state: ServerState) -> Response:
     text = state.http.to_prometheus()
     engine = state.engine
-    if engine is not None:
+    if engine is not None and hasattr(engine, "metrics_text"):  # replicas behind Ray Serve: their own
+        text = await asyncio.to_thread(engine.metrics_text) + text
+    elif engine is not None:
         # These take the engine's lock, which a step holds: read them off the event loop.
         snapshot, cache, ours = await asyncio.to_thread(
             lambda: (engine.metrics(), engine.cache_stats(), engine.prometheus_metrics())

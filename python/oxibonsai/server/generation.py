@@ -97,14 +97,14 @@ class Samples:
     async def _start_prompt(
         self, prompt: Prompt, params: SamplingParams, n: int, base: int, priority: int
     ) -> None:
-        first = self._submit(prompt, params, base, 0, priority)
+        first = await self._submit(prompt, params, base, 0, priority)
         if n == 1:
             return
         self._early.append((base, await first.__anext__()))  # the prompt's full blocks are cached now
         for i in range(1, n):
-            self._submit(prompt, params, base + i, i, priority)
+            await self._submit(prompt, params, base + i, i, priority)
 
-    def _submit(
+    async def _submit(
         self, prompt: Prompt, params: SamplingParams, choice: int, sample: int, priority: int
     ) -> RequestStream:
         try:
@@ -114,9 +114,12 @@ class Samples:
                 request_id=f"{self._request_id}-{choice}",
                 priority=priority,
             )
+            self._streams[choice] = stream
+            accepted = getattr(stream, "accepted", None)
+            if accepted is not None:  # a remote engine answers admission asynchronously (scale_out)
+                await accepted()
         except EngineDeadError as error:  # refused at admission: unavailable, not a failure mid-request
             raise APIError(503, "The engine is not running (it failed or is shutting down).") from error
-        self._streams[choice] = stream
         return stream
 
     async def events(self, idle_s: float | None = None) -> AsyncIterator[tuple[int, RequestOutput] | None]:

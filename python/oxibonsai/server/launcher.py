@@ -119,6 +119,10 @@ def serve(args: argparse.Namespace) -> int:
         log.warning(
             "binding %s without --api-key: anyone who can reach this port can use the model", args.host
         )
+    if args.replicas > 1 or args.ray_address is not None:
+        from oxibonsai.server.scale_out.app import serve_ray
+
+        return serve_ray(args, config, kwargs)
     app = build_app(lambda: AsyncLLM(model_path, **kwargs), config)
     uv_config = uvicorn.Config(
         app,

@@ -38,9 +38,12 @@ def _sample(name: str, labels: str, value: float) -> str:
     return f"{name}{labels} {float(value)!r}"
 
 
-def vllm_aliases(snapshot: dict[str, Any], cache: dict[str, Any], model_name: str, block_size: int) -> str:
-    """The engine's metrics under vLLM's names, from ``AsyncLLM.metrics()`` and ``cache_stats()``."""
-    base = _labels(model_name=model_name, engine="0")
+def vllm_aliases(
+    snapshot: dict[str, Any], cache: dict[str, Any], model_name: str, block_size: int, engine: str = "0"
+) -> str:
+    """The engine's metrics under vLLM's names, from ``AsyncLLM.metrics()`` and ``cache_stats()``
+    (``engine``: vLLM's engine label; a replica's id behind Ray Serve)."""
+    base = _labels(model_name=model_name, engine=engine)
     capacity = max(1, int(cache["capacity_blocks"]))
     used = capacity - int(cache["free_blocks"]) - int(cache["idle_blocks"])
     counters = snapshot["counters"]
@@ -69,13 +72,13 @@ def vllm_aliases(snapshot: dict[str, Any], cache: dict[str, Any], model_name: st
         lines += [*_family(name, "counter", help_text), _sample(name, base, value)]
     lines += _family("vllm:request_success_total", "counter", "Finished requests by finish reason.")
     for reason, count in counters["requests_finished"].items():
-        labels = _labels(model_name=model_name, engine="0", finished_reason=reason)
+        labels = _labels(model_name=model_name, engine=engine, finished_reason=reason)
         lines.append(_sample("vllm:request_success_total", labels, count))
     for alias, ours in _HISTOGRAM_ALIASES.items():
-        lines += _histogram(alias, snapshot["histograms"][ours], model_name)
+        lines += _histogram(alias, snapshot["histograms"][ours], model_name, engine)
     info = _labels(
         model_name=model_name,
-        engine="0",
+        engine=engine,
         block_size=str(block_size),
         num_gpu_blocks=str(capacity),
         enable_prefix_caching=str(bool(cache.get("enabled", True))),
@@ -87,11 +90,11 @@ def vllm_aliases(snapshot: dict[str, Any], cache: dict[str, Any], model_name: st
     return "\n".join(lines) + "\n"
 
 
-def _histogram(name: str, h: dict[str, Any], model_name: str) -> list[str]:
+def _histogram(name: str, h: dict[str, Any], model_name: str, engine: str) -> list[str]:
     lines = _family(name, "histogram", f"Alias of the oxibonsai histogram for {name}.")
     for le, count in h["buckets"].items():
-        lines.append(_sample(f"{name}_bucket", _labels(model_name=model_name, engine="0", le=le), count))
-    base = _labels(model_name=model_name, engine="0")
+        lines.append(_sample(f"{name}_bucket", _labels(model_name=model_name, engine=engine, le=le), count))
+    base = _labels(model_name=model_name, engine=engine)
     lines += [_sample(f"{name}_sum", base, h["sum"]), _sample(f"{name}_count", base, h["count"])]
     return lines
 

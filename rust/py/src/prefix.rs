@@ -185,3 +185,12 @@ impl PrefixCache {
         self.inner.check().map_err(to_py)
     }
 }
+
+/// The 128-bit keys of the full 16-token blocks at the start of `tokens`, chained as the prefix trie
+/// chains them, for cache salt `salt`, under `seed` (for routers that index what each replica holds).
+#[pyfunction]
+#[pyo3(signature = (tokens, *, salt=None, seed=0))]
+pub fn block_hashes(tokens: &Bound<'_, PyAny>, salt: Option<&str>, seed: u64) -> PyResult<Vec<u128>> {
+    let tokens = token_ids(tokens)?;
+    Ok(oxibonsai_core::kv::hash::chain_keys(seed, &tokens, salt).into_iter().map(|k| k.0).collect())
+}

@@ -51,6 +51,22 @@ pub fn block_key(seed: u64, parent: Option<BlockKey>, tokens: &[u32], salt: Salt
     BlockKey(xxh3_128_with_seed(&buf[..at + 40], seed))
 }
 
+/// The keys of the full blocks at the start of `tokens`, each chained on the one before, as the
+/// prefix trie computes them for a cache seeded with `seed` (a router outside the cache uses its own
+/// seed: keys from different seeds never match).
+pub fn chain_keys(seed: u64, tokens: &[u32], salt: Option<&str>) -> Vec<BlockKey> {
+    let tag = SaltTag::of(salt);
+    let mut parent = None;
+    tokens
+        .chunks_exact(BLOCK_TOKENS)
+        .map(|block| {
+            let key = block_key(seed, parent, block, tag);
+            parent = Some(key);
+            key
+        })
+        .collect()
+}
+
 /// Hashes a [`BlockKey`] for a map by folding its halves (the key is already a strong hash).
 #[derive(Default)]
 pub struct KeyHasher(u64);
@@ -79,6 +95,17 @@ pub type KeyMap<V> = HashMap<BlockKey, V, BuildHasherDefault<KeyHasher>>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chain_keys_are_the_tries_keys_for_full_blocks_only() {
+        let tokens: Vec<u32> = (0..40).collect();
+        let keys = chain_keys(7, &tokens, Some("tenant"));
+        let tag = SaltTag::of(Some("tenant"));
+        let first = block_key(7, None, &tokens[..16], tag);
+        assert_eq!(keys, vec![first, block_key(7, Some(first), &tokens[16..32], tag)]);
+        assert_ne!(chain_keys(7, &tokens, None), keys);
+        assert_ne!(chain_keys(8, &tokens, Some("tenant")), keys);
+    }
 
     #[test]
     fn every_input_changes_the_key() {
