@@ -82,7 +82,7 @@ def _queue_limits(engine_args: dict[str, Any], replicas: int) -> dict[str, int]:
     seqs = int(engine_args.get("max_num_seqs") or 8)
     waiting = engine_args.get("max_waiting")
     ongoing = seqs + (int(waiting) if waiting is not None else 4 * seqs)
-    queued = int(waiting) * replicas if waiting is not None else -1
+    queued = max(1, int(waiting) * replicas) if waiting is not None else -1  # Serve's minimum is 1
     return {"max_ongoing_requests": ongoing, "max_queued_requests": queued}
 
 

@@ -1,0 +1,196 @@
+"""The Ray Serve app end to end on one machine: one local Ray instance for the module, two engine
+replicas with one kernel thread each, HTTP on a free loopback port. The OpenAI routes give the single
+server's tokens; prefix routing keeps the cluster's prefix hit rate at a single replica's and clearly
+above Serve's power-of-two routing in the same run; a full cluster answers 503 with Retry-After; a
+replica killed under load fails its own requests (never hangs them), the rest finish, and Serve's
+replacement takes traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'oxibonsai[ray]')")
+from ray import serve  # noqa: E402
+from ray.serve.config import HTTPOptions  # noqa: E402
+
+import oxibonsai as ob  # noqa: E402
+from oxibonsai.server import ServerConfig, build_app  # noqa: E402
+from oxibonsai.server.scale_out.app import build_ray_app  # noqa: E402
+from oxibonsai.server.scale_out.board import board_name  # noqa: E402
+from oxibonsai.server.scale_out.replica import BOARD_NAMESPACE  # noqa: E402
+
+from models import tiny_config, write_tiny  # noqa: E402
+from server_support import asgi_client, free_port, run, sse_payloads, wait_until  # noqa: E402
+
+NAME = "bonsai"
+ENGINE = {"num_threads": 1, "max_model_len": 512, "max_num_seqs": 4}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """A local Ray instance and Serve's HTTP proxy; yields the base URL."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    port = free_port()
+    serve.start(http_options=HTTPOptions(host="127.0.0.1", port=port))
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def deploy(model: Path, routing: str, app: str, **engine: Any) -> None:
+    """Replaces whatever runs at "/" with a two-replica app and waits until it answers."""
+    for name in serve.status().applications:
+        serve.delete(name)
+    config = ServerConfig(served_model_name=NAME, model_path=str(model))
+    args = {**ENGINE, **engine}
+    serve.run(
+        build_ray_app(
+            None if model is None else str(model), config, routing=routing, engine_args=args, app_name=app
+        ),
+        name=app,
+        route_prefix="/",
+    )
+
+
+def board(app: str) -> dict[str, dict[str, Any]]:
+    actor = ray.get_actor(board_name(app), namespace=BOARD_NAMESPACE)
+    posts: dict[str, dict[str, Any]] = ray.get(actor.snapshot.remote())
+    return posts
+
+
+def hit_rate(app: str, replicas: int = 2) -> float:
+    assert wait_until(lambda: len(board(app)) == replicas, 20)
+    time.sleep(1.5)  # one more post from each replica, after the last request
+    posts = board(app).values()
+    queried = sum(p["cache"]["queried_tokens"] for p in posts)
+    return sum(p["cache"]["hit_tokens"] for p in posts) / queried
+
+
+def complete(url: str, prompt: Any, **fields: Any) -> httpx.Response:
+    body = {"model": NAME, "prompt": prompt, **fields}
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+
+
+def test_routes_give_the_single_servers_tokens(cluster, tiny_model, rng):
+    deploy(tiny_model, "prefix", "same-tokens")
+    single = ob.AsyncLLM(tiny_model, **ENGINE)
+    prompts = ["the model", "a b c d e f"]
+    fields = [{"temperature": 0.0}, {"temperature": 0.9, "seed": int(rng.integers(1 << 30))}]
+
+    async def locally() -> list[Any]:
+        async with asgi_client(build_app(single, ServerConfig(served_model_name=NAME))) as client:
+            return [
+                (
+                    await client.post(
+                        "/v1/completions", json={"model": NAME, "prompt": p, "max_tokens": 8, **f}
+                    )
+                ).json()
+                for p in prompts
+                for f in fields
+            ]
+
+    try:
+        want = run(locally())
+    finally:
+        single.shutdown()
+    got = [complete(cluster, p, max_tokens=8, **f).json() for p in prompts for f in fields]
+    assert [g["choices"][0]["text"] for g in got] == [w["choices"][0]["text"] for w in want]
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0}
+    response = httpx.post(f"{cluster}/v1/chat/completions", json=chat, timeout=60)
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["role"] == "assistant"
+    body = {"model": NAME, "prompt": "the", "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{cluster}/v1/completions", json=body, timeout=60) as s:
+        events = sse_payloads(s.read().decode())
+    assert events[-1] == "[DONE]" and len(events) >= 3
+    assert complete(cluster, "x", max_tokens=10_000).status_code == 400, "the context check is the server's"
+    assert wait_until(lambda: len(board("same-tokens")) == 2)
+    metrics = httpx.get(f"{cluster}/metrics", timeout=30).text
+    replicas = {
+        line.split('replica="')[1].split('"')[0] for line in metrics.splitlines() if 'replica="' in line
+    }
+    assert len(replicas) == 2 and metrics.count("# TYPE vllm:prefix_cache_hits_total") == 1
+
+
+def prefix_workload(rng: np.random.Generator, vocab: int, groups: int, rounds: int) -> list[list[int]]:
+    """``groups`` 64-token prefixes, each sent ``rounds`` times with its own 8-token tail, interleaved."""
+    prefixes = [[int(t) for t in rng.integers(0, vocab, 64)] for _ in range(groups)]
+    return [p + [int(t) for t in rng.integers(0, vocab, 8)] for _ in range(rounds) for p in prefixes]
+
+
+def test_prefix_routing_keeps_a_single_replicas_hit_rate_and_beats_pow2(cluster, tiny_model, rng):
+    llm = ob.LLM(tiny_model, **ENGINE)
+    prompts = prefix_workload(rng, llm.config["vocab"], groups=8, rounds=3)
+    llm.generate(prompts, ob.SamplingParams(max_tokens=1), use_tqdm=False)
+    single = llm.cache_stats()["hit_rate"]
+    rates = {}
+    for routing in ("prefix", "pow2"):
+        deploy(tiny_model, routing, f"routing-{routing}")
+        for prompt in prompts:  # one at a time: every replica's queue looks alike to the routers
+            assert complete(cluster, prompt, max_tokens=1).status_code == 200
+        rates[routing] = hit_rate(f"routing-{routing}")
+    print(f"hit rates: single replica {single:.3f}, prefix {rates['prefix']:.3f}, pow2 {rates['pow2']:.3f}")
+    assert rates["prefix"] >= single - 0.05
+    assert rates["prefix"] >= rates["pow2"] + 0.08
+
+
+def test_a_full_cluster_answers_503_with_retry_after(cluster, tiny_model):
+    deploy(tiny_model, "prefix", "backpressure", max_num_seqs=1, max_waiting=1)
+
+    async def flood() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=cluster, timeout=120) as client:
+            body = {"model": NAME, "prompt": "the", "max_tokens": 200, "ignore_eos": True}
+            return await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(12)))
+
+    responses = run(flood())
+    statuses = [r.status_code for r in responses]
+    refused = [r for r in responses if r.status_code == 503]
+    assert set(statuses) <= {200, 503} and 200 in statuses
+    assert refused and all("Retry-After" in r.headers and r.json()["error"] for r in refused)
+
+
+@pytest.fixture(scope="module")
+def slow_model(tmp_path_factory: pytest.TempPathFactory, model_seed: int) -> Path:
+    """Wide enough that a 400-token request takes seconds on one thread."""
+    cfg = tiny_config(
+        hidden_size=1024, num_layers=6, num_heads=8, num_kv_heads=4, head_dim=128, ffn_size=3072
+    )
+    return write_tiny(tmp_path_factory.mktemp("models") / "slow.gguf", model_seed + 11, cfg=cfg)
+
+
+def test_a_killed_replica_fails_its_requests_the_rest_finish_and_it_comes_back(cluster, slow_model):
+    app = "kill"
+    deploy(slow_model, "pow2", app)
+    assert wait_until(lambda: len(board(app)) == 2, 20)
+    before = board(app)
+
+    async def load() -> list[Any]:
+        async with httpx.AsyncClient(base_url=cluster, timeout=120) as client:
+            body = {"model": NAME, "prompt": "the", "max_tokens": 400, "ignore_eos": True}
+            tasks = [asyncio.ensure_future(client.post("/v1/completions", json=body)) for _ in range(8)]
+            await asyncio.sleep(0.5)  # every request routed and decoding
+            victim = next(iter(before.values()))["actor_name"]
+            ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=False)
+            return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
+
+    results = run(load())
+    statuses = [r.status_code if isinstance(r, httpx.Response) else type(r).__name__ for r in results]
+    print("statuses after the kill:", statuses)
+    assert all(s in (200, 500, 503) or s == "RemoteProtocolError" for s in statuses), statuses
+    assert 200 in statuses, "the surviving replica's requests finish"
+    assert any(s != 200 for s in statuses), "the killed replica's requests fail"
+    # Serve replaces the replica; the newcomer takes traffic.
+    assert wait_until(lambda: len(set(board(app)) - set(before)) == 1, 60), board(app).keys()
+    new = (set(board(app)) - set(before)).pop()
+    for _ in range(6):
+        assert complete(cluster, "the", max_tokens=2).status_code == 200
+    assert wait_until(lambda: board(app)[new]["cache"]["queries"] > 0, 10)
