@@ -1,0 +1,118 @@
+"""Small fixed costs that decisions in README rest on, each timed here in one run:
+
+1. ``abi3``: token-id conversion on our fast path (an exact ``list``: CPython macros outside the limited
+   API) against PyO3's generic sequence path, which is what an abi3 build would take (the same call
+   with a ``list`` subclass), through ``PrefixCache.match``, for 16, 1,024 and 8,192 ids.
+2. ``seam``: the torch runner's per-step cost outside the model for an 8-sequence decode step:
+   ``schedule``, ``prepare`` (the plan's numpy arrays), ``StepBatch`` + ``to_device("cpu")``, ``update``.
+3. ``router``: the prefix router's index: bytes per indexed block key, hashing a prompt into block
+   keys, and walking 100 replicas' indexes for a 64-block prompt (every block hit / first block missed).
+
+    python benches/overheads.py [--sections abi3 seam router]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+import timeit
+import tracemalloc
+from collections import OrderedDict
+from collections.abc import Callable
+
+from oxibonsai import _core
+
+
+def best_us(call: Callable[[], object], number: int) -> float:
+    return min(timeit.repeat(call, number=number, repeat=7)) / number * 1e6
+
+
+class _List(list):
+    pass
+
+
+def abi3() -> None:
+    cache = _core.PrefixCache(4)
+    print("| ids | exact list (us) | generic path (us) | generic / exact |\n|--:|--:|--:|--:|")
+    for n in (16, 1024, 8192):
+        ids = [random.randrange(151_936) for _ in range(n)]
+        sub = _List(ids)
+        number = max(1, 200_000 // n)
+        fast = best_us(lambda ids=ids: cache.match(ids), number)
+        generic = best_us(lambda sub=sub: cache.match(sub), number)
+        print(f"| {n} | {fast:.2f} | {generic:.2f} | {generic / fast:.2f} |")
+
+
+def seam(steps: int = 2000) -> None:
+    import torch  # noqa: F401  (imported before timing: its first import is seconds)
+
+    from oxibonsai.torch_backend.batch import StepBatch
+
+    sched = _core.Scheduler(512, enable_prefix_caching=True, max_num_seqs=8, max_num_batched_tokens=2048)
+    for i in range(8):
+        sched.add(i, list(range(i * 1000, i * 1000 + 200)))
+    out = sched.schedule()
+    sched.prepare(out)
+    sched.update(out, [1] * out.num_sample)
+    totals = dict.fromkeys(("schedule", "prepare", "tensors", "update"), 0.0)
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        out = sched.schedule()
+        t1 = time.perf_counter()
+        plan = sched.prepare(out)
+        t2 = time.perf_counter()
+        names = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables")
+        batch = StepBatch(**{n: getattr(plan, n) for n in names}, logits_indices=plan.logits_indices)
+        batch.to_device("cpu")
+        t3 = time.perf_counter()
+        sched.update(out, [1] * out.num_sample)
+        t4 = time.perf_counter()
+        for key, dt in zip(totals, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            totals[key] += dt
+    print("8-sequence decode step, us: " + ", ".join(f"{k} {v / steps * 1e6:.1f}" for k, v in totals.items()))
+
+
+def router() -> None:
+    blocks = 100_000
+    keys = _core.block_hashes([random.randrange(151_936) for _ in range(16 * blocks)])
+    tracemalloc.start()
+    index: OrderedDict[int, None] = OrderedDict((k, None) for k in keys)
+    used, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    prompt = [random.randrange(151_936) for _ in range(16 * 64)]
+    hashing = best_us(lambda: _core.block_hashes(prompt), 200) / 64
+    prompt_keys = _core.block_hashes(prompt)
+
+    def walk(idx: OrderedDict[int, None]) -> None:
+        for _ in range(100):
+            for key in prompt_keys:
+                if key not in idx:
+                    break
+
+    misses = best_us(lambda: walk(index), 20)
+    index.update((k, None) for k in prompt_keys)
+    hits = best_us(lambda: walk(index), 20)
+    print(
+        f"index: {used / len(keys):.0f} bytes per key; hashing {hashing * 1e3:.0f} ns per 16-token block; "
+        f"100 replicas x 64 blocks: {hits / 1e3:.2f} ms all hit, {misses / 1e3:.2f} ms first block missed"
+    )
+
+
+SECTIONS = {"abi3": abi3, "seam": seam, "router": router}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS))
+    args = parser.parse_args()
+    random.seed(0)
+    for name in args.sections:
+        print(f"## {name}")
+        SECTIONS[name]()
+
+
+if __name__ == "__main__":
+    main()
