@@ -63,7 +63,7 @@ def build_ray_app(
         health_check_period_s=2,
         health_check_timeout_s=30,
         **_queue_limits(engine_args, replicas),
-        **_router(routing),
+        **_router(routing, engine_args),
     ).bind(model_path, engine_args, app_name, config.served_model_name)
     max_model_len = engine_args.get("max_model_len")
 
@@ -86,10 +86,15 @@ def _queue_limits(engine_args: dict[str, Any], replicas: int) -> dict[str, int]:
     return {"max_ongoing_requests": ongoing, "max_queued_requests": queued}
 
 
-def _router(routing: str) -> dict[str, Any]:
+def _router(routing: str, engine_args: dict[str, Any]) -> dict[str, Any]:
+    """The router and its imbalance bound: a replica may hold one full batch (``max_num_seqs``) more
+    than the least loaded before a matching prefix stops winning (a smaller bound splits every group
+    across replicas as soon as a few long prefills overlap; measured in BENCHMARKS.md)."""
     if routing == "pow2":
         return {}
-    return {"request_router_config": RequestRouterConfig(request_router_class=PrefixAffinityRouter)}
+    kwargs = {"imbalance": int(engine_args.get("max_num_seqs") or 8)}
+    config = RequestRouterConfig(request_router_class=PrefixAffinityRouter, request_router_kwargs=kwargs)
+    return {"request_router_config": config}
 
 
 def _ensure_board(app_name: str) -> None:
@@ -118,6 +123,11 @@ def serve_ray(args: argparse.Namespace, config: ServerConfig, engine_args: dict[
     """``oxibonsai serve --replicas N``: runs until SIGINT/SIGTERM; the exit status."""
     started_ray = not ray.is_initialized() and args.ray_address is None
     ray.init(address=args.ray_address, include_dashboard=False, ignore_reinit_error=True)
+    # Ours from here on (after ray.init, which installs its own): a signal during start-up, once the
+    # app already answers, still ends in serve.shutdown() and ray.shutdown() below.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options=HTTPOptions(host=args.host, port=args.port))
         app = build_ray_app(
@@ -125,9 +135,6 @@ def serve_ray(args: argparse.Namespace, config: ServerConfig, engine_args: dict[
         )
         serve.run(app, name="oxibonsai", route_prefix="/")
         log.info("serving %d replicas on http://%s:%d", args.replicas, args.host, args.port)
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
         stop.wait()
         return 0
     finally:

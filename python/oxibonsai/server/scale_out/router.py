@@ -11,9 +11,10 @@ stream of events, while the router already sees every prompt; what it cannot see
 a block, which the LRU bound approximates (a stale entry costs one miss, never a wrong answer: the
 replica's own trie confirms every hit).
 
-Choice: among replicas whose queue is at most ``imbalance`` longer than the shortest, the one whose
-index matches the most leading blocks (ties: the shorter queue); with no match anywhere, the shortest
-queue. The others follow as fallbacks in order of queue length."""
+Choice: among replicas whose queue is at most ``imbalance`` longer than the shortest (the app sets it
+to one batch, ``max_num_seqs``), the one whose index matches the most leading blocks (ties: the shorter
+queue); with no match anywhere, the shortest queue. The others follow as fallbacks in order of queue
+length."""
 
 from __future__ import annotations
 
