@@ -194,3 +194,14 @@ def test_a_failing_kernel_reports_engine_dead_to_every_waiter(tiny_model, monkey
 
     errors = asyncio.run(run())
     assert len(errors) == 3 and all(isinstance(e, ob.EngineDeadError) for e in errors), errors
+
+
+def test_the_plan_carries_its_longest_query_so_kernels_need_no_device_sync():
+    from oxibonsai.torch_backend.batch import StepBatch
+
+    mixed = StepBatch.for_sequences(
+        [([0], 3, [1], "last"), ([1], 0, [1, 2, 3, 4, 5], "last"), ([2], 0, [7], True)]
+    )
+    decode = StepBatch.for_sequences([([0], 3, [1], "last"), ([1], 8, [2], "last")])
+    assert (mixed.max_query_len, decode.max_query_len) == (5, 1)
+    assert mixed.to_device("cpu").max_query_len == 5

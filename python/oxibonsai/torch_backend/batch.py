@@ -103,14 +103,20 @@ class StepBatch:
             logits_indices=np.concatenate(logit_rows).astype(np.int32),
         )
 
+    @property
+    def max_query_len(self) -> int:
+        """The most new tokens any sequence has in this step (1 for a pure decode step)."""
+        return int(np.diff(self.query_start_loc).max()) if self.seq_lens.shape[0] else 0
+
     def to_device(self, device: torch.device | str) -> DeviceBatch:
         """The same arrays as torch tensors on ``device``: shared memory on the CPU (no copies),
-        ``non_blocking`` copies elsewhere."""
+        ``non_blocking`` copies elsewhere; ``max_query_len`` read here, on the host, so kernels never
+        synchronize to learn it."""
         import torch
 
         target = torch.device(device)
         tensors = {f.name: _to_tensor(getattr(self, f.name), target) for f in fields(self)}
-        return DeviceBatch(**tensors)
+        return DeviceBatch(**tensors, max_query_len=self.max_query_len)
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,7 @@ class DeviceBatch:
     seq_lens: torch.Tensor
     block_tables: torch.Tensor
     logits_indices: torch.Tensor
+    max_query_len: int | None = None  # None: unknown (the kernels read it on the device)
 
     @property
     def num_tokens(self) -> int:

@@ -88,8 +88,9 @@ class TorchQwen3:
         k = ops.rope_neox(self._norm(k, layer.k_norm), batch.positions, c.rope_base)
         k_cache, v_cache = kv.layer(index)
         ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        tables, lens, starts = batch.block_tables, batch.seq_lens, batch.query_start_loc
         out = ops.paged_attention(
-            q, k_cache, v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc, self.scale
+            q, k_cache, v_cache, tables, lens, starts, self.scale, max_q_len=batch.max_query_len
         )
         return self._linear(out.reshape(t, c.q_dim), layer.wo)
 

@@ -175,13 +175,15 @@ def paged_attention(
     scale: float,
     *,
     max_splits: int | None = None,
+    max_q_len: int | None = None,
 ) -> torch.Tensor:
     """Causal paged attention, float32 ``[T, Hq, D]`` (see ``ref_torch.paged_attention``). ``max_splits``
     (a power of 2) fixes the decode kernel's KV splits: 16 on a GPU, 2 in the interpreter."""
     q = _check(q, k_cache, v_cache)
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    max_q_len = int(q_lens.max()) if q_lens.numel() else 0  # host sync: the kernel choice is host knowledge
+    if max_q_len is None:  # a device sync: runners pass it from the plan, which the host already has
+        q_lens = query_start_loc[1:] - query_start_loc[:-1]
+        max_q_len = int(q_lens.max()) if q_lens.numel() else 0
     if max_q_len == 1:
         splits = max_splits or (16 if q.device.type == "cuda" else 2)
         if splits & (splits - 1):

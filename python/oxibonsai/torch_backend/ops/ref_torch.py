@@ -80,8 +80,11 @@ def paged_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    *,
+    max_q_len: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q [T, Hq, D]`` over each sequence's paged KV: float32 ``[T, Hq, D]``.
+    (``max_q_len``, the longest sequence's query rows, is accepted for the Triton twin's signature.)
 
     Sequence ``s`` owns query rows ``query_start_loc[s]:query_start_loc[s+1]``, the last ``q_len`` of
     its ``seq_lens[s]`` positions; its KV position ``p`` is in block ``block_tables[s, p // block_size]``.
