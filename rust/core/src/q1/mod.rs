@@ -9,6 +9,7 @@
 //! - [`matrix`]: `Q1Matrix`, validation and dispatch by kernel family and [`Isa`].
 
 pub mod act;
+pub mod act16;
 #[cfg(target_arch = "x86_64")]
 pub mod amx;
 pub mod block;
