@@ -17,7 +17,7 @@ from oxibonsai.torch_backend.kv_pool import KvPool
 from oxibonsai.torch_backend.model import TorchQwen3
 from oxibonsai.torch_backend.ops.dispatch import OP_NAMES, ops_for
 from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
-from oxibonsai.torch_backend.weights import DenseWeight, LayerWeights, Qwen3Weights
+from oxibonsai.torch_backend.weights import DenseWeight, LayerWeights, Qwen3Weights, fused_layer
 
 from .plan import SEED, ModelSpec, Plan
 from .q1 import dequantize_half, random_q1
@@ -45,10 +45,10 @@ def random_weights(spec: ModelSpec, device: torch.device) -> Qwen3Weights:
         return 1 + 0.1 * torch.randn(n, device=device)
 
     def layer() -> LayerWeights:
-        return LayerWeights(norm(c.hidden), mat(c.q_dim, c.hidden), mat(c.kv_dim, c.hidden),
+        return fused_layer(LayerWeights(norm(c.hidden), mat(c.q_dim, c.hidden), mat(c.kv_dim, c.hidden),
                             mat(c.kv_dim, c.hidden), mat(c.hidden, c.q_dim), norm(c.head_dim),
                             norm(c.head_dim), norm(c.hidden), mat(c.ffn, c.hidden), mat(c.ffn, c.hidden),
-                            mat(c.hidden, c.ffn))  # fmt: skip
+                            mat(c.hidden, c.ffn)))  # fmt: skip
 
     layers = tuple(layer() for _ in range(c.n_layers))
     output = None if spec.tied else mat(c.vocab, c.hidden)
@@ -61,8 +61,9 @@ def half_dense(weights: Qwen3Weights) -> Qwen3Weights:
     def dense(w: Any) -> Any:
         return HalfDense(dequantize_half(w)) if isinstance(w, Q1Weight) else w
 
+    unfused = [n for n in LayerWeights.__dataclass_fields__ if n not in ("wqkv", "w_gate_up")]
     layers = tuple(
-        LayerWeights(**{name: dense(getattr(layer, name)) for name in LayerWeights.__dataclass_fields__})
+        fused_layer(LayerWeights(**{name: dense(getattr(layer, name)) for name in unfused}))
         for layer in weights.layers
     )
     output = None if weights.output is None else dense(weights.output)
@@ -71,8 +72,7 @@ def half_dense(weights: Qwen3Weights) -> Qwen3Weights:
 
 def streamed_bytes(weights: Qwen3Weights) -> int:
     """Matrix bytes one decode step reads: every layer's matrices and the LM head."""
-    names = [n for n in LayerWeights.__dataclass_fields__ if n.startswith("w")]
-    layers = sum(getattr(layer, n).nbytes for layer in weights.layers for n in names)
+    layers = sum(w.nbytes for layer in weights.layers for w in layer.matrices())
     return int(layers + weights.lm_head.nbytes)
 
 

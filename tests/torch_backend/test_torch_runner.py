@@ -205,3 +205,29 @@ def test_the_plan_carries_its_longest_query_so_kernels_need_no_device_sync():
     decode = StepBatch.for_sequences([([0], 3, [1], "last"), ([1], 8, [2], "last")])
     assert (mixed.max_query_len, decode.max_query_len) == (5, 1)
     assert mixed.to_device("cpu").max_query_len == 5
+
+
+def test_qkv_and_gate_up_run_as_one_matmul_each(tiny_model, rng):
+    from types import SimpleNamespace
+
+    from oxibonsai.torch_backend.batch import StepBatch
+    from oxibonsai.torch_backend.model import TorchQwen3
+    from oxibonsai.torch_backend.ops import ref_torch
+    from oxibonsai.torch_backend.ops.dispatch import OP_NAMES
+
+    calls = []
+
+    def counting(x, w):
+        calls.append(w.rows)
+        return ref_torch.q1_linear(x, w)
+
+    ops = SimpleNamespace(**{name: getattr(ref_torch, name) for name in OP_NAMES})
+    ops.q1_linear = counting
+    model = TorchQwen3.from_gguf(tiny_model, "cpu", ops=ops)
+    c, layer = model.config, model.weights.layers[0]
+    assert layer.wqkv is not None and layer.wqkv.rows == c.q_dim + 2 * c.kv_dim
+    assert layer.wk.signs.untyped_storage().data_ptr() == layer.wqkv.signs.untyped_storage().data_ptr()
+    batch = StepBatch.for_sequences([([0, 1], 0, random_ids(rng, c.vocab, 20), "last")])
+    model.forward(batch.to_device("cpu"), model.new_kv_pool(2))
+    per_layer = [c.q_dim + 2 * c.kv_dim, c.hidden, 2 * c.ffn, c.hidden]
+    assert calls == per_layer * c.n_layers + [c.vocab]

@@ -81,9 +81,13 @@ class TorchQwen3:
     ) -> torch.Tensor:
         c, ops, t = self.config, self.ops, x.shape[0]
         h = self._norm(x, layer.attn_norm)
-        q = self._linear(h, layer.wq).view(t, c.n_heads, c.head_dim)
-        k = self._linear(h, layer.wk).view(t, c.n_kv_heads, c.head_dim)
-        v = self._linear(h, layer.wv).view(t, c.n_kv_heads, c.head_dim)
+        if layer.wqkv is not None:  # one matmul, split by columns
+            q, k, v = self._linear(h, layer.wqkv).split([c.q_dim, c.kv_dim, c.kv_dim], dim=1)
+        else:
+            q, k, v = (self._linear(h, w) for w in (layer.wq, layer.wk, layer.wv))
+        q = q.reshape(t, c.n_heads, c.head_dim)
+        k = k.reshape(t, c.n_kv_heads, c.head_dim)
+        v = v.reshape(t, c.n_kv_heads, c.head_dim)
         q = ops.rope_neox(self._norm(q, layer.q_norm), batch.positions, c.rope_base)
         k = ops.rope_neox(self._norm(k, layer.k_norm), batch.positions, c.rope_base)
         k_cache, v_cache = kv.layer(index)
@@ -96,7 +100,11 @@ class TorchQwen3:
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         h = self._norm(x, layer.ffn_norm)
-        gated = self.ops.silu_mul(self._linear(h, layer.w_gate), self._linear(h, layer.w_up))
+        if layer.w_gate_up is not None:
+            gate, up = self._linear(h, layer.w_gate_up).split([self.config.ffn, self.config.ffn], dim=1)
+        else:
+            gate, up = self._linear(h, layer.w_gate), self._linear(h, layer.w_up)
+        gated = self.ops.silu_mul(gate, up)
         return self._linear(gated, layer.w_down)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

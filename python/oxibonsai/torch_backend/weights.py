@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from os import PathLike
 from typing import Any
 
@@ -20,6 +20,8 @@ import numpy as np
 import torch
 
 from oxibonsai import GGUFError, GGUFFile
+from oxibonsai.torch_backend.dense import DenseWeight, Linear
+from oxibonsai.torch_backend.fused import fuse_rows, row_views
 from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
 
 ARCH = "qwen3"
@@ -123,41 +125,9 @@ class Qwen3Config:
 
 
 @dataclass(frozen=True)
-class DenseWeight:
-    """An F32/F16/BF16 matrix, held as float32 ``w [rows, cols]``; the ``Q1Weight`` calls it serves."""
-
-    w: torch.Tensor
-
-    @property
-    def rows(self) -> int:
-        return int(self.w.shape[0])
-
-    @property
-    def cols(self) -> int:
-        return int(self.w.shape[1])
-
-    @property
-    def nbytes(self) -> int:
-        return self.w.numel() * self.w.element_size()
-
-    def linear(self, x: torch.Tensor) -> torch.Tensor:
-        """float32 ``[M, rows]`` = ``x [M, cols] @ w.T``."""
-        return x.float() @ self.w.T
-
-    def rows_dequantized(self, ids: torch.Tensor) -> torch.Tensor:
-        """float32 ``[len(ids), cols]``: the rows ``ids`` (an embedding lookup)."""
-        return self.w.index_select(0, ids)
-
-    def dequantize(self) -> torch.Tensor:
-        return self.w
-
-
-Linear = Q1Weight | DenseWeight
-
-
-@dataclass(frozen=True)
 class LayerWeights:
-    """One transformer block (the Rust ``LayerWeights``' fields)."""
+    """One transformer block (the Rust ``LayerWeights``' fields). Where Q, K, V (gate, up) are of one
+    kind, ``wqkv`` (``w_gate_up``) stacks them by rows and ``wq``... are row views of it (``fused``)."""
 
     attn_norm: torch.Tensor
     wq: Linear
@@ -170,6 +140,14 @@ class LayerWeights:
     w_gate: Linear
     w_up: Linear
     w_down: Linear
+    wqkv: Linear | None = None
+    w_gate_up: Linear | None = None
+
+    def matrices(self) -> list[Linear]:
+        """Every matrix once: the fused ones instead of their views."""
+        qkv = [self.wqkv] if self.wqkv is not None else [self.wq, self.wk, self.wv]
+        gate_up = [self.w_gate_up] if self.w_gate_up is not None else [self.w_gate, self.w_up]
+        return [*qkv, self.wo, *gate_up, self.w_down]
 
 
 @dataclass(frozen=True)
@@ -190,7 +168,7 @@ class Qwen3Weights:
         """Bytes held on the device (a tied head counted once)."""
         tensors: list[Any] = [self.token_embd, self.output_norm, self.output]
         for layer in self.layers:
-            tensors += [getattr(layer, name) for name in LayerWeights.__dataclass_fields__]
+            tensors += [layer.attn_norm, layer.q_norm, layer.k_norm, layer.ffn_norm, *layer.matrices()]
         return sum(_nbytes(t) for t in tensors if t is not None)
 
     @classmethod
@@ -220,7 +198,7 @@ def _load_layer(reader: _TensorReader, c: Qwen3Config, i: int) -> LayerWeights:
     def v(t: str, length: int) -> torch.Tensor:
         return reader.vector(f"blk.{i}.{t}.weight", length)
 
-    return LayerWeights(
+    layer = LayerWeights(
         attn_norm=v("attn_norm", c.hidden),
         wq=m("attn_q", c.q_dim, c.hidden),
         wk=m("attn_k", c.kv_dim, c.hidden),
@@ -232,6 +210,28 @@ def _load_layer(reader: _TensorReader, c: Qwen3Config, i: int) -> LayerWeights:
         w_gate=m("ffn_gate", c.ffn, c.hidden),
         w_up=m("ffn_up", c.ffn, c.hidden),
         w_down=m("ffn_down", c.hidden, c.ffn),
+    )
+    return fused_layer(layer)
+
+
+def fused_layer(layer: LayerWeights) -> LayerWeights:
+    """``layer`` with Q, K, V and gate, up stacked into ``wqkv`` and ``w_gate_up`` where they are of one
+    kind, the separate matrices becoming row views of the stacked ones."""
+    qkv, gate_up = [layer.wq, layer.wk, layer.wv], [layer.w_gate, layer.w_up]
+    wqkv, w_gate_up = fuse_rows(qkv), fuse_rows(gate_up)
+    if wqkv is not None:
+        qkv = row_views(wqkv, [w.rows for w in qkv])
+    if w_gate_up is not None:
+        gate_up = row_views(w_gate_up, [w.rows for w in gate_up])
+    return replace(
+        layer,
+        wq=qkv[0],
+        wk=qkv[1],
+        wv=qkv[2],
+        w_gate=gate_up[0],
+        w_up=gate_up[1],
+        wqkv=wqkv,
+        w_gate_up=w_gate_up,
     )
 
 
