@@ -1,0 +1,390 @@
+"""Sampling on the device: one step's logit rows in, one token per row out; only token ids and the
+requested logprobs cross to the host.
+
+``SamplingBatch.build`` turns each row's ``SamplingParams``, seed, history and banned ids into tensors on
+the logits' device (the only loop over rows). ``sample`` then runs the Rust sampler's pipeline
+(``rust/core/src/sample``) on all rows at once, in a number of kernel launches set by which features the
+batch uses, never by its size: repetition penalty over prompt and output ids, frequency and presence
+penalties over output ids, banned ids to ``-inf``; greedy rows (temperature 0 or top-k 1) take the first
+maximum; the others temperature -> top-k -> top-p -> min-p and one inverse-CDF draw over the candidates
+in ascending id, the walk the Rust sampler makes. Logprobs are the *raw* ``log_softmax`` of the logits as
+given (before penalties, temperature and filters), the top ones descending with ties to the lower id.
+
+A row's one uniform is a counter-based hash of (seed, step), step being the row's own token index (its
+output length by default), computed on the host when the batch is built. A row's token therefore depends
+on its logits, history, parameters, seed and step only, never on the other rows or their number. This
+is not the Rust sampler's random stream (xoshiro, one draw per token), so the tokens differ from the CPU
+path's, but the distribution is the same.
+
+This module never synchronizes with the device except in ``SampleResult.to_host``, and does not check
+logits: NaN or ``+inf`` give unspecified tokens where the Rust sampler raises."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from oxibonsai.sampling_params import SamplingParams
+
+_EXP_FLOOR = -87.0
+"""The Rust sampler's exp is exactly 0 below this argument (``math.rs``), so such tokens have no weight."""
+_F32_MAX = float(np.finfo(np.float32).max)
+_MASK64 = 2**64 - 1
+_SEED_LIMIT = 2**64
+
+Draw = tuple[int, float | None, list[tuple[int, float]]]
+
+
+def _mix64(z: int) -> int:
+    """SplitMix64's finalizer: a bijection of 64-bit words whose outputs look independent."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def draw_uniform(seed: int, step: int) -> float:
+    """The uniform in [0, 1) (53 random bits) of a row with ``seed`` at token index ``step``: the
+    ``step``-th output of a SplitMix64 stream keyed by the mixed seed."""
+    z = _mix64((_mix64(seed) + (step + 1) * 0x9E3779B97F4A7C15) & _MASK64)
+    return (z >> 11) * 2.0**-53
+
+
+@dataclass(frozen=True)
+class SamplingBatch:
+    """``R`` rows' sampling parameters and histories as tensors on one device (built by :meth:`build`).
+
+    The host fields (``vocab_size`` and after ``uniforms``) choose which kernels run; they describe the
+    batch's mix of features, so the kernel count never depends on ``R``."""
+
+    vocab_size: int
+    greedy: torch.Tensor  # bool [R]: temperature 0 or top-k 1 (argmax, no draw)
+    temperature: torch.Tensor  # float32 [R] (1 on greedy rows, where it is never read)
+    top_k: torch.Tensor  # int64 [R]: how many tokens top-k keeps (vocab_size when off)
+    top_p: torch.Tensor  # float32 [R]
+    min_p: torch.Tensor  # float32 [R]
+    repetition: torch.Tensor  # float32 [R]
+    frequency: torch.Tensor  # float32 [R]
+    presence: torch.Tensor  # float32 [R]
+    seen: torch.Tensor | None  # bool [R, V]: in prompt or output (None: no repetition penalty)
+    output_counts: torch.Tensor | None  # float32 [R, V]: occurrences in output (None: no freq/presence)
+    banned: torch.Tensor | None  # bool [R, V] (None: nothing banned)
+    ranked: torch.Tensor  # bool [R]: a sampled row with top-k or top-p on
+    uniforms: torch.Tensor  # float64 [R]: draw_uniform(seed, step)
+    logprob_index: torch.Tensor  # int64 [L]: logprob_rows on the device
+    logprob_rows: tuple[int, ...]  # the rows that asked for logprobs, ascending
+    logprob_counts: tuple[int, ...]  # how many top logprobs each of them asked for
+    rank_width: int  # candidates ranked for top-k/top-p: max top_k of ranked rows (0: none ranked)
+    unranked_rows: bool  # whether some sampled row has neither top-k nor top-p
+    all_greedy: bool
+    any_min_p: bool
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.greedy.shape[0])
+
+    @classmethod
+    def build(
+        cls,
+        params: Sequence[SamplingParams],
+        seeds: Sequence[int],
+        prompt_ids: Sequence[Sequence[int]],
+        output_ids: Sequence[Sequence[int]],
+        banned: Sequence[Sequence[int]],
+        device: torch.device | str,
+        *,
+        vocab_size: int,
+        steps: Sequence[int] | None = None,
+    ) -> SamplingBatch:
+        """The batch of rows ``params[r]`` with ``seeds[r]`` (the request's seed, or the engine's when it
+        has none), its histories and the ids it must not sample now. ``steps[r]`` keys row r's random
+        draw (default: its output length, the index of the token being sampled)."""
+        steps = [len(o) for o in output_ids] if steps is None else steps
+        histories = {"prompt_ids": prompt_ids, "output_ids": output_ids, "banned": banned}
+        _check_rows(params, seeds, steps, histories, vocab_size)
+        f32 = np.float32
+        greedy = [f32(p.temperature) == 0 or p.top_k == 1 for p in params]
+        top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+        ranked = [
+            not g and (k < vocab_size or f32(p.top_p) < 1)
+            for p, g, k in zip(params, greedy, top_k, strict=True)
+        ]
+        sampled = [not g for g in greedy]
+        logprob_rows = tuple(r for r, p in enumerate(params) if p.logprobs is not None)
+
+        def tensor(values: Sequence[object], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        def floats(name: str) -> torch.Tensor:
+            return tensor([getattr(p, name) for p in params], torch.float32)
+
+        seen, output_counts, banned_mask = _history_masks(params, histories, vocab_size, device)
+        return cls(
+            vocab_size=vocab_size,
+            greedy=tensor(greedy, torch.bool),
+            temperature=tensor(
+                [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)], torch.float32
+            ),
+            top_k=tensor(top_k, torch.int64),
+            top_p=floats("top_p"),
+            min_p=floats("min_p"),
+            repetition=floats("repetition_penalty"),
+            frequency=floats("frequency_penalty"),
+            presence=floats("presence_penalty"),
+            seen=seen,
+            output_counts=output_counts,
+            banned=banned_mask,
+            ranked=tensor(ranked, torch.bool),
+            uniforms=tensor([draw_uniform(s, t) for s, t in zip(seeds, steps, strict=True)], torch.float64),
+            logprob_index=tensor(logprob_rows, torch.int64),
+            logprob_rows=logprob_rows,
+            logprob_counts=tuple(int(params[r].logprobs or 0) for r in logprob_rows),
+            rank_width=max((k for k, rank in zip(top_k, ranked, strict=True) if rank), default=0),
+            unranked_rows=any(s and not rank for s, rank in zip(sampled, ranked, strict=True)),
+            all_greedy=not any(sampled),
+            any_min_p=any(f32(p.min_p) > 0 for p, s in zip(params, sampled, strict=True) if s),
+        )
+
+
+def _check_rows(
+    params: Sequence[SamplingParams],
+    seeds: Sequence[int],
+    steps: Sequence[int],
+    histories: dict[str, Sequence[Sequence[int]]],
+    vocab: int,
+) -> None:
+    """Raises ValueError unless every column has a row per ``params``, every id is a token id, every seed
+    fits 64 bits and every step is >= 0 (the Rust sampler's checks, made once per batch)."""
+    for name, column in {"seeds": seeds, "steps": steps, **histories}.items():
+        if len(column) != len(params):
+            raise ValueError(f"{name} has {len(column)} rows but params has {len(params)}")
+    if vocab < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab}")
+    for name, rows in histories.items():
+        _check_ids(rows, name, vocab)
+    for r, (seed, step) in enumerate(zip(seeds, steps, strict=True)):
+        if not (0 <= seed < _SEED_LIMIT and step >= 0):
+            raise ValueError(f"row {r}: seed must be in [0, 2**64) and step >= 0, got {seed}, {step}")
+
+
+def _history_masks(
+    params: Sequence[SamplingParams],
+    histories: dict[str, Sequence[Sequence[int]]],
+    vocab: int,
+    device: torch.device | str,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """``seen``, ``output_counts`` and ``banned`` of :class:`SamplingBatch`, each None where no row of
+    the batch needs it."""
+    f32 = np.float32
+    prompt_ids, output_ids, banned = histories["prompt_ids"], histories["output_ids"], histories["banned"]
+    seen = output_counts = banned_mask = None
+    if any(f32(p.repetition_penalty) != 1 for p in params):
+        history = [[*p, *o] for p, o in zip(prompt_ids, output_ids, strict=True)]
+        seen = _histogram(history, vocab, device) > 0
+    if any(f32(p.frequency_penalty) != 0 or f32(p.presence_penalty) != 0 for p in params):
+        output_counts = _histogram(output_ids, vocab, device)
+    if any(banned):
+        banned_mask = _histogram(banned, vocab, device) > 0
+    return seen, output_counts, banned_mask
+
+
+def _check_ids(rows: Sequence[Sequence[int]], name: str, vocab: int) -> None:
+    """Raises ValueError naming the first id outside ``[0, vocab)`` (the Rust sampler's check)."""
+    for r, ids in enumerate(rows):
+        array = np.asarray(ids, dtype=np.int64)
+        bad = np.flatnonzero((array < 0) | (array >= vocab))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"{name}[{r}][{i}] = {array[i]} is not a token id of a vocabulary of {vocab}")
+
+
+def _histogram(rows: Sequence[Sequence[int]], vocab: int, device: torch.device | str) -> torch.Tensor:
+    """How often each id occurs in each row, float32 [R, V]: one scatter-add of the ids padded with
+    ``vocab`` (a bin that is then dropped)."""
+    width = max((len(ids) for ids in rows), default=0)
+    padded = np.full((len(rows), width), vocab, dtype=np.int64)
+    for r, ids in enumerate(rows):
+        padded[r, : len(ids)] = ids
+    index = torch.from_numpy(padded).to(device)
+    counts = torch.zeros((len(rows), vocab + 1), dtype=torch.float32, device=device)
+    counts.scatter_add_(1, index, torch.ones(index.shape, dtype=torch.float32, device=device))
+    return counts[:, :vocab]
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    """One step's draws, on the device. Logprob tensors have one row per ``batch.logprob_rows`` entry
+    (None when no row asked); row j's top list is the first ``batch.logprob_counts[j]`` columns."""
+
+    token_ids: torch.Tensor  # int64 [R]; -1 where every token is -inf or banned
+    logprobs: torch.Tensor | None  # float32 [L]: the raw logprob of the row's token
+    top_ids: torch.Tensor | None  # int64 [L, N]: highest raw logprobs first, ties to the lower id
+    top_logprobs: torch.Tensor | None  # float32 [L, N]
+
+    def to_host(self, batch: SamplingBatch) -> list[Draw]:
+        """Per row what ``_core.Sampler.sample`` returns: ``(token, raw logprob or None, [(id, raw
+        logprob)] * n)``; raises its ValueError for a row with nothing to sample. Synchronizes."""
+        tokens = self.token_ids.tolist()
+        if -1 in tokens:
+            raise ValueError(f"no token can be sampled: all {batch.vocab_size} logits are -inf or banned")
+        draws: list[Draw] = [(token, None, []) for token in tokens]
+        if self.logprobs is None or self.top_ids is None or self.top_logprobs is None:
+            return draws
+        rows = zip(batch.logprob_rows, batch.logprob_counts, strict=True)
+        lps, ids, tops = self.logprobs.tolist(), self.top_ids.tolist(), self.top_logprobs.tolist()
+        for j, (r, n) in enumerate(rows):
+            draws[r] = (tokens[r], lps[j], list(zip(ids[j][:n], tops[j][:n], strict=True)))
+        return draws
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
+    """One token per row of ``logits`` (float32 [R, V], on the batch's device), and the logprobs the
+    rows asked for, without leaving the device."""
+    x, best, valid, first_max = _prepare(logits, batch)
+    token = first_max
+    if not batch.all_greedy:
+        ids, weights = _candidates(x, best, batch)
+        token = torch.where(batch.greedy, first_max, _draw(ids, weights, batch.uniforms))
+    token = token.masked_fill(~valid, -1)
+    return SampleResult(token, *_logprobs(logits.float(), token, batch))
+
+
+def probabilities(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """The float32 [R, V] distributions ``sample`` draws from (``Sampler.probabilities``): zero outside
+    the candidates, one-hot on greedy rows, all zero where nothing can be sampled."""
+    x, best, valid, first_max = _prepare(logits, batch)
+    probs = torch.zeros_like(x)
+    if not batch.all_greedy:
+        ids, weights = _candidates(x, best, batch)
+        w = weights.double()
+        normalized = (w / w.sum(-1, keepdim=True)).float()
+        probs = normalized if ids is None else probs.scatter(1, ids, normalized)
+    one_hot = torch.zeros_like(x).scatter_(1, first_max[:, None], 1.0)
+    return torch.where(batch.greedy[:, None], one_hot, probs).masked_fill(~valid[:, None], 0.0)
+
+
+def _prepare(
+    logits: torch.Tensor, batch: SamplingBatch
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The penalized logits, their row maxima (0 where a row has nothing to sample, so that no NaN
+    appears), whether each row has a token to sample, and the first position of each maximum."""
+    if logits.dim() != 2 or tuple(logits.shape) != (batch.num_rows, batch.vocab_size):
+        raise ValueError(f"logits must be [{batch.num_rows}, {batch.vocab_size}], got {list(logits.shape)}")
+    x = _penalized(logits.float(), batch)
+    best, first_max = x.max(dim=-1)  # torch returns the first index of a maximum: ties to the lower id
+    valid = best > float("-inf")
+    return x, best.masked_fill(~valid, 0.0), valid, first_max
+
+
+def _penalized(x: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """``penalties.rs``: repetition (divide positive, multiply non-positive logits) once per id seen in
+    prompt or output; then ``logit -= frequency * count + presence`` per id in the output; each result
+    saturated below ``+inf``; then banned ids to ``-inf``. Neutral parameters leave a row's bits as
+    they are, so rows without penalties share these kernels unchanged."""
+    if batch.seen is not None:
+        rep = batch.repetition[:, None]
+        x = torch.where(batch.seen, torch.where(x > 0, x / rep, x * rep).clamp_max(_F32_MAX), x)
+    if batch.output_counts is not None:
+        counts = batch.output_counts
+        penalty = batch.frequency[:, None] * counts + batch.presence[:, None]
+        x = torch.where(counts > 0, (x - penalty).clamp_max(_F32_MAX), x)
+    if batch.banned is not None:
+        x = x.masked_fill(batch.banned, float("-inf"))
+    return x
+
+
+def _weights(x: torch.Tensor, best: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """``exp((x - max) / temperature)`` as ``filters::weights`` computes it (float32; the best token
+    weighs exactly 1), zero below the Rust exp's floor."""
+    arg = (x - best[:, None]) / batch.temperature[:, None]
+    return arg.exp().masked_fill_(arg < _EXP_FLOOR, 0.0)
+
+
+def _candidates(
+    x: torch.Tensor, best: torch.Tensor, batch: SamplingBatch
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The draw's weights, zero outside the candidates, in ascending id order: over the ids returned
+    ([R, K], when every sampled row ranks and keeps at most K < V) or over the whole vocabulary (None)."""
+    if batch.rank_width == 0:
+        return None, _min_p(_weights(x, best, batch), batch)
+    ids, ranked = _ranked_candidates(x, best, batch)
+    if batch.rank_width < batch.vocab_size and not batch.unranked_rows:
+        order = ids.argsort(dim=-1)
+        return ids.gather(1, order), ranked.gather(1, order)
+    scattered = torch.zeros_like(x).scatter_(1, ids, ranked)
+    if not batch.unranked_rows:
+        return None, scattered
+    return None, torch.where(batch.ranked[:, None], scattered, _min_p(_weights(x, best, batch), batch))
+
+
+def _min_p(w: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Min-p over weights relative to the best token's 1 (the rows that rank apply it themselves)."""
+    return w.masked_fill(w < batch.min_p[:, None], 0.0) if batch.any_min_p else w
+
+
+def _ranked_candidates(
+    x: torch.Tensor, best: torch.Tensor, batch: SamplingBatch
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k, top-p and min-p (``filters.rs``) over each row's ``rank_width`` highest penalized logits,
+    highest first: the ids and their weights, zero where filtered out. Top-p keeps the tokens whose mass
+    ahead of them (float64) is below ``top_p`` times the top-k set's mass, and, as the Rust sampler does
+    before its selection, none lighter than its cut ``(1 - top_p) z / 2k`` or than ``min_p``."""
+    width = batch.rank_width
+    ids = _ranked(x, width)
+    w = _weights(x.gather(1, ids), best, batch)
+    k = batch.top_k[:, None]
+    w = w.masked_fill(torch.arange(width, device=x.device) >= k, 0.0)
+    w64 = w.double()
+    z = w64.sum(-1, keepdim=True)
+    ahead = F.pad(w64.cumsum(-1)[:, :-1], (1, 0))
+    top_p = batch.top_p.double()[:, None]
+    by_p = top_p < 1
+    min_p = batch.min_p[:, None]
+    cut = (0.5 * (1 - top_p) * z / k).float()
+    floor = torch.where(by_p, torch.maximum(cut, min_p), min_p)
+    keep = (w >= floor) & (~by_p | (ahead < top_p * z))
+    return ids, w.masked_fill(~keep, 0.0)
+
+
+def _ranked(x: torch.Tensor, width: int) -> torch.Tensor:
+    """The ids of each row's ``width`` largest values, largest first, ties to the lower id (``rank.rs``;
+    ``-0.0`` ties with ``0.0``): ``topk`` over int64 keys that order by value and then by id, since
+    ``topk`` itself breaks ties in no documented order."""
+    vocab = x.shape[-1]
+    bits = (x + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into 0.0
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)  # signed order = float order
+    shift = max(1, (vocab - 1).bit_length())
+    keys = ordered * (1 << shift) + ((1 << shift) - 1 - torch.arange(vocab, device=x.device))
+    return torch.topk(keys, width, dim=-1, sorted=True).indices
+
+
+def _draw(ids: torch.Tensor | None, w: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """``sampler.rs``'s draw: walking the candidates in ascending id, the first whose running weight
+    (float64) exceeds ``u * total``; the last weighted one if rounding puts the target at the total."""
+    cdf = w.double().cumsum(-1)
+    target = uniforms * cdf[:, -1]
+    pos = (cdf <= target[:, None]).sum(-1)
+    last = ((w > 0) * torch.arange(w.shape[-1], device=w.device)).amax(-1)
+    pos = torch.minimum(pos, last)
+    return pos if ids is None else ids.gather(1, pos[:, None]).squeeze(1)
+
+
+def _logprobs(
+    logits: torch.Tensor, token: torch.Tensor, batch: SamplingBatch
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """``logprobs.rs`` for the rows that asked: the raw logprob of each row's token and its top ones,
+    against a float64 log-normalizer of the unprocessed logits."""
+    if not batch.logprob_rows:
+        return None, None, None
+    raw = logits.index_select(0, batch.logprob_index)
+    lse = torch.logsumexp(raw.double(), dim=-1, keepdim=True)
+    chosen = token.index_select(0, batch.logprob_index).clamp_min(0)[:, None]
+    logprob = (raw.gather(1, chosen).double() - lse).squeeze(1).float()
+    top_ids = _ranked(raw, min(max(batch.logprob_counts), batch.vocab_size))
+    top = (raw.gather(1, top_ids).double() - lse).float()
+    return logprob, top_ids, top
