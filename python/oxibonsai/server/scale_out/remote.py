@@ -7,6 +7,8 @@ byte, as ``AsyncLLM.generate`` raises at once. A replica lost mid-request ends i
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import ray
@@ -19,6 +21,9 @@ from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.server.scale_out.prometheus import merge
 from oxibonsai.server.scale_out.protocol import ACCEPTED, ReplicaRequest
 from oxibonsai.tokenizer import Tokenizer
+
+BOARD_POLL_S = 1.0
+STARTUP_GRACE_S = 120.0
 
 _LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)
 
@@ -77,9 +82,10 @@ class RemoteStream:
 
 
 class RemoteEngine:
-    """The ``AsyncLLM`` face of a deployment of engine replicas, for ``build_app``."""
-
-    is_running = True  # Serve replaces dead replicas; a lost request fails on its own
+    """The ``AsyncLLM`` face of a deployment of engine replicas, for ``build_app``. A thread reads the
+    metrics board once a second, so routes never wait on Ray for it; ``is_running`` turns False once no
+    replica has posted for a while (every one lost, Serve still replacing them), after a start-up grace
+    period in which replicas load their model."""
 
     def __init__(
         self, handle: Any, board: Any, tokenizer: Tokenizer, *, max_model_len: int, block_size: int
@@ -89,6 +95,21 @@ class RemoteEngine:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.block_size = block_size
+        self._posts: dict[str, dict[str, Any]] = {}
+        self._started = time.monotonic()
+        threading.Thread(target=self._watch_board, name="oxibonsai-board", daemon=True).start()
+
+    @property
+    def is_running(self) -> bool:
+        return bool(self._posts) or time.monotonic() - self._started < STARTUP_GRACE_S
+
+    def _watch_board(self) -> None:
+        while True:
+            try:
+                self._posts = ray.get(self._board.snapshot.remote(), timeout=5 * BOARD_POLL_S)
+            except Exception:  # the board is gone (the app is shutting down) or slow: no replicas known
+                self._posts = {}
+            time.sleep(BOARD_POLL_S)
 
     def generate(
         self,
@@ -102,9 +123,8 @@ class RemoteEngine:
         return RemoteStream(self._handle.generate.remote(request), request_id)
 
     def replicas(self) -> dict[str, dict[str, Any]]:
-        """Each live replica's latest metrics post (see ``MetricsBoard``)."""
-        snapshot: dict[str, dict[str, Any]] = ray.get(self._board.snapshot.remote())
-        return snapshot
+        """Each live replica's latest metrics post (see ``MetricsBoard``), at most a second old."""
+        return dict(self._posts)
 
     def metrics_text(self) -> str:
         """Every replica's engine metrics, ``replica``-labelled, as one Prometheus exposition."""
