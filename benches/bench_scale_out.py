@@ -43,11 +43,8 @@ from typing import Any
 import httpx
 from bench_model import CACHE_DIR, TESTS_DIR, machine_lines, untied_model_path
 from serve_client import (
-    RequestRecord,
     Run,
-    completion_payload,
     fixed_concurrency,
-    stream_completion,
     summarize,
     word_prompts,
 )
@@ -56,9 +53,9 @@ from serve_servers import (
     RunningServer,
     ServerSpec,
     busy_cpu_s,
+    completion_client,
     process_cpu_s,
     running_server,
-    wait_until_ready,
 )
 
 CONFIGS = ("single", "ray-prefix", "ray-pow2")
@@ -217,18 +214,8 @@ async def session(
     server: RunningServer, args: argparse.Namespace, prompts: list[str], warmup: list[str]
 ) -> dict[str, Any]:
     """Waits for the server, warms it up, then runs the workload between two reads of /metrics."""
-    timeout = httpx.Timeout(None, connect=30.0)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        model, ready_s = await wait_until_ready(client, server)
-        url = f"{server.base_url}/v1/completions"
-
-        def sender(max_tokens: int) -> Any:
-            async def send(prompt: str, t0: float) -> RequestRecord:
-                return await stream_completion(client, url, completion_payload(model, prompt, max_tokens), t0)
-
-            return send
-
+    async with completion_client(server) as ready:
+        client, model, ready_s, sender = ready.client, ready.model, ready.ready_s, ready.sender
         warm = await fixed_concurrency(sender(WARMUP_OUTPUT), warmup, args.replicas)
         metrics, replicas = f"{server.base_url}/metrics", 1 if server.spec.name == "single" else args.replicas
         before = await settled_counters(client, metrics, replicas)

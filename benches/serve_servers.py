@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -197,8 +197,10 @@ async def sanity_check(client: httpx.AsyncClient, url: str, model: str, prompt: 
     }
 
 
-async def http_session(server: RunningServer, args: argparse.Namespace, work: Workload) -> dict[str, Any]:
-    """Waits for the server, then runs every workload against it in turn."""
+@contextlib.asynccontextmanager
+async def completion_client(server: RunningServer) -> AsyncIterator[ReadyClient]:
+    """A client of ``server`` once it answers, with its model id, the seconds it took, and
+    ``sender(max_tokens)``: a streamed-completion sender for the workload drivers."""
     timeout = httpx.Timeout(None, connect=30.0)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
@@ -211,6 +213,28 @@ async def http_session(server: RunningServer, args: argparse.Namespace, work: Wo
 
             return send
 
+        yield ReadyClient(client, url, model, ready_s, sender)
+
+
+@dataclass(frozen=True)
+class ReadyClient:
+    client: httpx.AsyncClient
+    url: str
+    model: str
+    ready_s: float
+    sender: Callable[[int], Any]
+
+
+async def http_session(server: RunningServer, args: argparse.Namespace, work: Workload) -> dict[str, Any]:
+    """Waits for the server, then runs every workload against it in turn."""
+    async with completion_client(server) as ready:
+        client, url, model, ready_s, sender = (
+            ready.client,
+            ready.url,
+            ready.model,
+            ready.ready_s,
+            ready.sender,
+        )
         warm = await sender(WARMUP_OUTPUT)(work.warmup, time.perf_counter())
         result: dict[str, Any] = {"model_id": model, "ready_s": ready_s, "warmup": warm}
         result["sanity"] = await sanity_check(client, url, model, work.sanity)
