@@ -22,6 +22,8 @@ import numpy as np
 from oxibonsai import _core
 
 RUNNERS = ("auto", "native", "torch")
+BLOCK_TOKENS = 16  # tokens per KV block: the Rust core's BLOCK_TOKENS
+DEFAULT_MAX_MODEL_LEN = 4096  # the context when none is asked for: the model's, capped (as the core's)
 TORCH_MISSING = "torch is not installed: pip install 'oxibonsai[torch]'"
 
 

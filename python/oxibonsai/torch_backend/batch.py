@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from oxibonsai.runner import BLOCK_TOKENS
+
 if TYPE_CHECKING:
     import torch
 
-BLOCK_TOKENS = 16
 """Tokens per KV block: the Rust core's block size and the pool's second dimension."""
 
 LogitRows = Literal["none", "last", "all"]
@@ -102,6 +103,11 @@ class StepBatch:
             block_tables=tables,
             logits_indices=np.concatenate(logit_rows).astype(np.int32),
         )
+
+    @classmethod
+    def from_plan(cls, plan: Any) -> StepBatch:
+        """The arrays of a ``_core.StepPlan`` (``Scheduler.prepare``), shared, not copied."""
+        return cls(**{name: getattr(plan, name) for name in FIELD_LAYOUT})
 
     @property
     def max_query_len(self) -> int:
@@ -192,8 +198,8 @@ def _to_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
     if array.flags.writeable:  # the core's plan arrays: the common, fast case
         tensor = torch.from_numpy(array)
     else:
-        # A read-only view (a caller's); the model never writes into its plan. (catch_warnings costs
-        # ~100 us, so only this path pays for it.)
+        # A read-only view (a caller's); the model never writes into its plan. (catch_warnings resets
+        # the warnings registry, so only this path pays for it.)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             tensor = torch.from_numpy(array)

@@ -17,12 +17,11 @@ import numpy as np
 import torch
 
 from oxibonsai import _core
+from oxibonsai.runner import BLOCK_TOKENS, DEFAULT_MAX_MODEL_LEN
 from oxibonsai.torch_backend.batch import StepBatch
 from oxibonsai.torch_backend.kv_pool import KvPool, copy_blocks
 from oxibonsai.torch_backend.model import TorchQwen3
 
-BLOCK_TOKENS = 16
-DEFAULT_MAX_MODEL_LEN = 4096  # as the native runner: the model's context, capped
 HOST_TIER_FRACTION = 0.25  # of the available host memory, at most, for a default host tier
 ACTIVATION_HEADROOM = 1 << 30  # device memory kept free for activations and kernels on CUDA
 
@@ -127,15 +126,7 @@ class TorchRunner:
         rows, in item order."""
         plan = sched.prepare(out)
         self._copy_tiers(plan)
-        batch = StepBatch(
-            input_ids=plan.input_ids,
-            positions=plan.positions,
-            slot_mapping=plan.slot_mapping,
-            query_start_loc=plan.query_start_loc,
-            seq_lens=plan.seq_lens,
-            block_tables=plan.block_tables,
-            logits_indices=plan.logits_indices,
-        )
+        batch = StepBatch.from_plan(plan)
         logits = self.model.forward(batch.to_device(self._device), self.kv)
         self._computed_tokens += plan.num_tokens
         return logits.to("cpu", torch.float32).numpy()

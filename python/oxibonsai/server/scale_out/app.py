@@ -18,6 +18,7 @@ from ray.serve.config import HTTPOptions, RequestRouterConfig
 
 from oxibonsai import GGUFFile
 from oxibonsai.llm import default_model_path
+from oxibonsai.runner import BLOCK_TOKENS, DEFAULT_MAX_MODEL_LEN
 from oxibonsai.server.api_server import build_app
 from oxibonsai.server.config import ServerConfig
 from oxibonsai.server.scale_out.board import MetricsBoard, board_name
@@ -31,8 +32,6 @@ log = logging.getLogger("oxibonsai.server")
 ENGINE_DEPLOYMENT = "OxiBonsaiEngine"
 INGRESS_DEPLOYMENT = "OxiBonsaiIngress"
 ROUTINGS = ("prefix", "pow2")
-DEFAULT_CONTEXT_CAP = 4096  # as LLM: the model's context, capped, unless max_model_len is given
-BLOCK_TOKENS = 16
 
 
 def build_ray_app(
@@ -108,12 +107,12 @@ def _ensure_board(app_name: str) -> None:
 def _ingress_app(model_path: str, config: ServerConfig, app_name: str, max_model_len: int | None) -> FastAPI:
     """The single-process server's app over the engine deployment (built on the ingress replica)."""
     metadata = GGUFFile(model_path).metadata
-    context = int(metadata.get("qwen3.context_length") or DEFAULT_CONTEXT_CAP)
+    context = int(metadata.get("qwen3.context_length") or DEFAULT_MAX_MODEL_LEN)
     remote = RemoteEngine(
         serve.get_deployment_handle(ENGINE_DEPLOYMENT, app_name=app_name),
         ray.get_actor(board_name(app_name), namespace=BOARD_NAMESPACE),
         Tokenizer.from_gguf_metadata(metadata),
-        max_model_len=max_model_len or min(context, DEFAULT_CONTEXT_CAP),
+        max_model_len=max_model_len or min(context, DEFAULT_MAX_MODEL_LEN),
         block_size=BLOCK_TOKENS,
     )
     return build_app(lambda: remote, config)  # type: ignore[arg-type, return-value]

@@ -72,10 +72,6 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         super().on_replica_actor_died(replica_id)
         self._index.pop(replica_id, None)
 
-    def matched_blocks(self, replica_id: ReplicaID, request: ReplicaRequest) -> int:
-        """Leading blocks of ``request``'s prompt this router has sent to ``replica_id`` (for tests)."""
-        return self._matched(replica_id, _keys(request))
-
     def _matched(self, replica_id: ReplicaID, keys: list[int]) -> int:
         index = self._index.get(replica_id)
         if not index:

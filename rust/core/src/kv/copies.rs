@@ -13,9 +13,3 @@ pub struct TierCopies {
     /// Host block to device block.
     pub promote: Vec<[u32; 2]>,
 }
-
-impl TierCopies {
-    pub fn is_empty(&self) -> bool {
-        self.demote.is_empty() && self.promote.is_empty()
-    }
-}

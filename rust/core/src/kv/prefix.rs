@@ -386,14 +386,20 @@ impl PrefixCache {
 
     /// Evicts the least recently used idle leaf, demoting it to the host tier when there is one.
     fn evict_one(&mut self) -> Option<u32> {
-        let node = self.trie.pop_lru_evicted()?;
-        let block = node.block;
+        let block = match self.host.as_mut() {
+            None => self.trie.pop_lru()?,
+            Some(host) => {
+                let node = self.trie.pop_lru_evicted()?;
+                let block = node.block;
+                if let Some(host_block) = host.store(node) {
+                    self.copies.demote.push([block, host_block]);
+                }
+                block
+            }
+        };
         self.pool.release(block).expect("the trie held the block");
         self.idle -= 1;
         self.stats.evictions += 1;
-        if let Some(host_block) = self.host.as_mut().and_then(|h| h.store(node)) {
-            self.copies.demote.push([block, host_block]);
-        }
         Some(block)
     }
 

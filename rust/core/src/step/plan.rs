@@ -61,14 +61,6 @@ impl StepPlan {
         Ok(plan)
     }
 
-    pub fn num_tokens(&self) -> usize {
-        self.input_ids.len()
-    }
-
-    pub fn num_seqs(&self) -> usize {
-        self.seq_lens.len()
-    }
-
     /// Appends one item's tokens, starting at position `start`, stored through `block_table`.
     fn push_item(&mut self, item: &StepItem, start: usize, block_table: &[u32]) {
         let first = self.input_ids.len();
