@@ -39,15 +39,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_massive_activations import (
     add_massive_channels,
-    dequantized,
-    int16_l1_activations,
     logit_errors,
     massive_channels,
     outlier_columns,
 )
 
 from model_factory import TinyQwen3Config, write_qwen3_gguf
-from q1_reference import QK, dequantize, quantize
+from q1_reference import QK, dequantize, dequantized, quantize, quantize_activations
 from qwen3_reference import ReferenceQwen3
 
 TESTS_DIR = Path(__file__).resolve().parent.parent / "tests"
@@ -71,8 +69,9 @@ def int_groups(x: np.ndarray, group: int, levels: int = 127, fp16_scale: bool = 
 
 
 def int16_l1(x: np.ndarray) -> np.ndarray:
-    """The recommended scheme (`int16_l1_activations`): int16 per 128 with sum |q| <= 32767 per block."""
-    return dequantized(*int16_l1_activations(x.astype(np.float32)))
+    """The kernels' scheme since issue 26 (`q1_reference.quantize_activations`): int16 per 128 with
+    sum |q| <= 32639 per block."""
+    return dequantized(*quantize_activations(x.astype(np.float32)))
 
 
 def int8_pow2(x: np.ndarray, max_shift: int) -> np.ndarray:
@@ -116,7 +115,7 @@ def with_exact(base: Scheme, mask_of: Callable[[np.ndarray], np.ndarray]) -> Sch
 
 
 SCHEMES: dict[str, Scheme] = {
-    "int8/128 (today)": lambda x: int_groups(x, QK),
+    "int8/128 (before issue 26)": lambda x: int_groups(x, QK),
     "int8/32": lambda x: int_groups(x, SUB),
     "q8_0 (llama.cpp: /32, fp16 d)": lambda x: int_groups(x, SUB, fp16_scale=True),
     "int8/128 + pow2/32 e<=1": lambda x: int8_pow2(x, 1),

@@ -1,6 +1,7 @@
-"""Independent numpy implementations of the Q1_0 format (ggml's reference rules), of int8 activation
-quantization and of the exact value of the int8 kernels. Written from the format description in
-shared/KERNELS.md, not from the Rust code."""
+"""Independent numpy implementations of the Q1_0 format (ggml's reference rules), of the kernels'
+activation quantization (int16, one L1-bounded scale per 128 values) and of the exact value of the
+quantized kernels. Written from the format description in shared/KERNELS.md and the rule chosen in
+issue 26 (benches/act_quant_study.py), not from the Rust code."""
 
 from __future__ import annotations
 
@@ -32,8 +33,36 @@ def dequantize(buf: bytes, rows: int, cols: int) -> np.ndarray:
     return (np.repeat(d, QK, axis=1) * signs).astype(np.float32)
 
 
+L1_FIXED = 2.0**16
+L1_BUDGET = 32767 - QK - 64  # sum |q| <= 32639 per block (rounding adds <= 64): q = 256 * hi + lo in bytes
+L1_MAX = 32639
+MIN_AMAX = 2.0**-96  # smaller blocks quantize to zero, which keeps every step finite
+
+
 def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """int8 per 128 values: scale = amax / 127, q = round-half-even(x * (127 / amax)), clamp ±127."""
+    """The kernels' rule, (q int16 (n, k), scale float32 (n, k/128)): one scale per 128 values such
+    that the block's sum of |q| is <= 32639, so every signed sum of its values (a LUT entry, an int16
+    accumulator) is exact in int16. The L1 norm is order-free, the same bits on every ISA:
+    T = sum of floor(|x| * (2^16 / amax)) in integers, L1 <= (T + 128) * amax / 2^16,
+    scale = (T + 128) * (amax / 2^16) / 32575, q = round_half_even(x * (1 / scale))."""
+    n, k = x.shape
+    xb = x.astype(np.float32).reshape(n, k // QK, QK)
+    amax = np.abs(xb).max(axis=2, keepdims=True)
+    live = amax >= np.float32(MIN_AMAX)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        fixed = np.where(live, np.float32(L1_FIXED) / amax, np.float32(0)).astype(np.float32)
+        t = np.floor(np.abs(xb) * fixed).astype(np.int64).sum(axis=2, keepdims=True)
+        scale = (t + QK).astype(np.float32) * (amax / np.float32(L1_FIXED)) / np.float32(L1_BUDGET)
+        scale = np.where(live, scale, np.float32(0)).astype(np.float32)
+        inv = np.where(live, np.float32(1) / scale, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv).astype(np.int16)
+    assert np.abs(q.astype(np.int64)).sum(axis=2).max() <= L1_MAX
+    return q.reshape(n, k), scale[:, :, 0]
+
+
+def quantize_activations_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 rule the kernels used before issue 26 (for comparisons): int8 per 128 values,
+    scale = amax / 127, q = round-half-even(x * (127 / amax)), clamp ±127."""
     n, k = x.shape
     xb = x.reshape(n, k // QK, QK).astype(np.float32)
     amax = np.abs(xb).max(axis=2)
@@ -44,8 +73,14 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.reshape(n, k), scale
 
 
-def exact_int8(buf: bytes, rows: int, cols: int, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """float64 sum over blocks of d_w * d_a * sum(sign * q): the value every int8 kernel computes."""
+def dequantized(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """float64 values of per-128 quantized activations."""
+    n, k = q.shape
+    return (q.reshape(n, k // QK, QK).astype(np.float64) * scale[:, :, None]).reshape(n, k)
+
+
+def exact_quantized(buf: bytes, rows: int, cols: int, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """float64 sum over blocks of d_w * d_a * sum(sign * q): the value every quantized kernel computes."""
     d, signs = unpack(buf, rows, cols)
     n = q.shape[0]
     out = np.zeros((n, rows), dtype=np.float64)

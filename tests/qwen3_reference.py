@@ -25,7 +25,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from q1_reference import QK, dequantize, quantize_activations
+from q1_reference import dequantize, dequantized, quantize_activations, quantize_activations_int8
 
 ARCH = "qwen3"
 
@@ -187,12 +187,20 @@ class ReferenceQwen3:
         return ids[len(prompt_ids) :]
 
 
-class Int8ActivationQwen3(ReferenceQwen3):
-    """The reference with every matmul input rounded the way the int8 kernels round it (per 128 values,
-    scale amax/127, round half to even): the deviation a correct int8 forward pass can show. It models
-    the expected error size, not our kernels' exact arithmetic."""
+class QuantizedActivationQwen3(ReferenceQwen3):
+    """The reference with every matmul input rounded the way the kernels round it (int16 per 128
+    values with an L1-bounded scale, `q1_reference.quantize_activations`): the deviation a correct
+    quantized forward pass can show. It models the expected error size, not our kernels' exact
+    arithmetic."""
+
+    quantize = staticmethod(quantize_activations)
 
     def linear(self, x: np.ndarray, name: str) -> np.ndarray:
-        q, scale = quantize_activations(x.astype(np.float32))
-        blocks = q.reshape(x.shape[0], -1, QK).astype(np.float64) * scale[:, :, None]
-        return blocks.reshape(x.shape) @ self.w[name].T
+        return dequantized(*self.quantize(x.astype(np.float32))) @ self.w[name].T
+
+
+class Int8ActivationQwen3(QuantizedActivationQwen3):
+    """The same with the int8 rule the kernels used before issue 26 (per 128 values, scale amax/127),
+    for comparisons."""
+
+    quantize = staticmethod(quantize_activations_int8)

@@ -3,9 +3,10 @@
 Real LLMs carry a few hidden channels 30-1000x larger than the rest, token after token (Sun et al.,
 2024). With one int8 scale per 128 activations, one such value sets the step of its whole block and the
 other 127 values keep a few bits. These tests build such models and hold the native engine to bounds
-that today's int8-per-128 kernels fail and the recommended activation quantization passes: int16 per
-128 values with an L1-bounded scale (`int16_l1_activations`), chosen in `benches/act_quant_study.py`.
-Each bound is also checked here on numpy models of both schemes (`test_bounds_separate_the_schemes`).
+that the int8-per-128 kernels (before issue 26) failed and the kernels' activation quantization
+passes: int16 per 128 values with an L1-bounded scale (`q1_reference.quantize_activations`), chosen in
+`benches/act_quant_study.py`. Each bound is also checked on numpy models of both schemes
+(`test_bounds_separate_the_schemes`).
 
 How the massive channels are made (`add_massive_channels`): a random Bonsai-shaped model from
 `model_factory`, then entries `massive_channels(hidden)` (four channels, each in its own 128-block, off
@@ -33,8 +34,8 @@ import oxibonsai as ob
 from oxibonsai.llm import default_model_path
 
 from model_factory import TinyQwen3Config, write_qwen3_gguf
-from q1_reference import QK, quantize_activations
-from qwen3_reference import Int8ActivationQwen3, ReferenceQwen3
+from q1_reference import QK, dequantized, quantize_activations, quantize_activations_int8
+from qwen3_reference import Int8ActivationQwen3, QuantizedActivationQwen3, ReferenceQwen3
 
 MASSIVE_NORMS = ("attn_norm.weight", "ffn_norm.weight")
 MASSIVE_AT = (0.02, 0.29, 0.55, 0.81)  # fractions of the hidden size: four channels in four blocks
@@ -44,17 +45,13 @@ CFG = TinyQwen3Config(
 )
 PROMPTS, TOKENS = 4, 32
 HELDOUT = Path(__file__).parent / "data" / "default_model_heldout.txt"
-ISSUE = "issue 26: activations are quantized per 128 values"
 
 # Bounds: median relative L2 of the logits rows against float64, and top-1 agreement (massive models;
 # on plain ones near-ties make top-1 a poor discriminator). Margins are in the module docstring.
 REL_L2_MAX = 6e-3
 TOP1_MIN = 0.97
 DEFAULT_MODEL_REL_L2_MAX = 2e-3
-MATMUL_NMSE_MAX = 2e-5  # the issue asks <= 5e-4; today sits at 5.0e-4 (20x) and 6.5e-4 (100x)
-
-L1_BUDGET = 32767 - QK  # sum |q| <= 32767 per block: rounding adds <= 64
-L1_FIXED = 2.0**16
+MATMUL_NMSE_MAX = 2e-5  # the issue asks <= 5e-4; int8/128 sat at 5.0e-4 (20x) and 6.5e-4 (100x)
 
 
 def massive_channels(hidden: int) -> list[int]:
@@ -76,40 +73,6 @@ def add_massive_channels(path: Path, scale: float) -> None:
         if t.name.endswith(MASSIVE_NORMS):
             t.data[channels] *= np.float32(scale)
     reader.data.flush()
-
-
-def int16_l1_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The recommended quantization, (q int16 (n, k), scale float32 (n, k/128)): one scale per 128
-    values such that the block's sum of |q| is <= 32767, so every signed sum of its values (a LUT entry,
-    an int16 accumulator) is exact in int16. The L1 norm is order-free, the same bits on every ISA:
-    T = sum of floor(|x| * 2^16 / amax) in integers, L1 <= (T + 128) * amax / 2^16,
-    scale = (T + 128) * (amax / 2^16) / (32767 - 128), q = round_half_even(x * (1 / scale))."""
-    n, k = x.shape
-    xb = x.astype(np.float32).reshape(n, k // QK, QK)
-    amax = np.abs(xb).max(axis=2, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        fixed = np.where(amax > 0, np.float32(L1_FIXED) / amax, np.float32(0)).astype(np.float32)
-        t = np.floor(np.abs(xb) * fixed).astype(np.int64).sum(axis=2, keepdims=True)
-        scale = ((t + QK).astype(np.float32) * (amax / np.float32(L1_FIXED)) / np.float32(L1_BUDGET)).astype(
-            np.float32
-        )
-        inv = np.where(scale > 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
-    q = np.rint(xb * inv).astype(np.int16)
-    assert np.abs(q.astype(np.int64)).sum(axis=2).max() <= 32767
-    return q.reshape(n, k), scale[:, :, 0]
-
-
-def dequantized(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """float64 values of per-128 quantized activations."""
-    n, k = q.shape
-    return (q.reshape(n, k // QK, QK).astype(np.float64) * scale[:, :, None]).reshape(n, k)
-
-
-class Int16L1Qwen3(ReferenceQwen3):
-    """The reference with every matmul input rounded by `int16_l1_activations`."""
-
-    def linear(self, x: np.ndarray, name: str) -> np.ndarray:
-        return dequantized(*int16_l1_activations(x.astype(np.float32))) @ self.w[name].T
 
 
 def logit_errors(ours: list[np.ndarray], exact: list[np.ndarray]) -> tuple[float, float]:
@@ -189,26 +152,24 @@ def test_f32_activations_match_float64(case: Case) -> None:
 
 
 def test_bounds_separate_the_schemes(case: Case) -> None:
-    """The numpy model of the recommended scheme passes the bounds; int8 per 128 fails them."""
+    """The numpy model of the kernels' scheme passes the bounds; int8 per 128 (the old one) fails them."""
     massive = case.path.stem == "massive"
-    check_bounds(*case.numpy(Int16L1Qwen3), massive)
+    check_bounds(*case.numpy(QuantizedActivationQwen3), massive)
     with pytest.raises(AssertionError):
         check_bounds(*case.numpy(Int8ActivationQwen3), massive)
 
 
-@pytest.mark.xfail(strict=True, reason=ISSUE)
 def test_native_logits_stay_close_to_float64(case: Case) -> None:
     check_bounds(*case.native(), case.path.stem == "massive")
 
 
-@pytest.mark.xfail(strict=True, reason=ISSUE)
 def test_default_model_logits_stay_close_to_float64(default_case: Case) -> None:
     rel_l2, top1 = default_case.native()
     assert rel_l2 <= DEFAULT_MODEL_REL_L2_MAX and top1 >= TOP1_MIN, (rel_l2, top1)
 
 
 def test_default_model_bound_separates_the_schemes(default_case: Case) -> None:
-    assert default_case.numpy(Int16L1Qwen3)[0] <= DEFAULT_MODEL_REL_L2_MAX / 2
+    assert default_case.numpy(QuantizedActivationQwen3)[0] <= DEFAULT_MODEL_REL_L2_MAX / 2
     assert default_case.numpy(Int8ActivationQwen3)[0] > 2 * DEFAULT_MODEL_REL_L2_MAX
 
 
@@ -234,7 +195,6 @@ def nmse(y: np.ndarray, exact: np.ndarray) -> float:
     return float(np.sum((y - exact) ** 2) / np.sum(exact**2))
 
 
-@pytest.mark.xfail(strict=True, reason=ISSUE)
 @pytest.mark.parametrize("factor", [20.0, 100.0])
 def test_q1_matmul_with_outlier_columns(rng: np.random.Generator, factor: float) -> None:
     """Normalized MSE of the native matmul against float64, for every n."""
@@ -246,9 +206,9 @@ def test_q1_matmul_with_outlier_columns(rng: np.random.Generator, factor: float)
 
 @pytest.mark.parametrize("factor", [20.0, 100.0])
 def test_matmul_bound_separates_the_schemes(rng: np.random.Generator, factor: float) -> None:
-    """The recommended scheme's exact value (numpy) is 4x inside the bound, int8 per 128 5x outside."""
+    """The kernels' scheme's exact value (numpy) is 4x inside the bound, int8 per 128 5x outside."""
     _, w64, xs = outlier_matmul(rng, factor)
     for x in xs:
         exact = x.astype(np.float64) @ w64.T
-        assert nmse(dequantized(*int16_l1_activations(x)) @ w64.T, exact) <= MATMUL_NMSE_MAX / 4
-        assert nmse(dequantized(*quantize_activations(x)) @ w64.T, exact) > 5 * MATMUL_NMSE_MAX
+        assert nmse(dequantized(*quantize_activations(x)) @ w64.T, exact) <= MATMUL_NMSE_MAX / 4
+        assert nmse(dequantized(*quantize_activations_int8(x)) @ w64.T, exact) > 5 * MATMUL_NMSE_MAX

@@ -26,7 +26,6 @@ __all__ = [
     "get_num_threads",
     "kernel_info",
     "quantize_activations",
-    "quantize_activations_i16",
     "set_num_threads",
 ]
 
@@ -334,9 +333,6 @@ class Sampler:
 
 def quantize_activations(
     x: npt.NDArray[np.float32], isa: _Isa | None = None
-) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]: ...
-def quantize_activations_i16(
-    x: npt.NDArray[np.float32],
 ) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.float32]]: ...
 def block_hashes(tokens: _Tokens, *, salt: str | None = None, seed: int = 0) -> list[int]: ...
 def set_num_threads(n: int) -> None: ...

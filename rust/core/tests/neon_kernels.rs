@@ -1,4 +1,4 @@
-//! NEON kernels against the scalar ones (bit for bit) and the exact f64 int8 value, on odd shapes.
+//! NEON kernels against the scalar ones (bit for bit) and the exact f64 quantized value, on odd shapes.
 //!
 //! Runs under qemu-user on x86-64 hosts (`../shared/tools/arm64-test -p oxibonsai-core --test
 //! neon_kernels`), where spawned threads hang: so this is a `harness = false` target whose `main`
@@ -27,10 +27,10 @@ mod aarch64 {
     use oxibonsai_core::pool::Pool;
     use oxibonsai_core::q1::act::quantize_acts;
     use oxibonsai_core::q1::lut::{build_tables, gemm_name, gemv_name, TABLE_BYTES};
-    use oxibonsai_core::q1::reference::exact_int8;
+    use oxibonsai_core::q1::reference::exact_quantized;
     use oxibonsai_core::q1::{Isa, Kernel, Q1Matrix, BLOCK_BYTES};
 
-    const INT8_KERNELS: [Kernel; 5] = [Kernel::Lut, Kernel::Gemm, Kernel::LutGemm, Kernel::SignFlip, Kernel::Auto];
+    const QUANTIZED_KERNELS: [Kernel; 5] = [Kernel::Lut, Kernel::Gemm, Kernel::LutGemm, Kernel::SignFlip, Kernel::Auto];
 
     #[derive(Default)]
     pub struct Checks {
@@ -72,13 +72,15 @@ mod aarch64 {
         }
     }
 
-    /// Rounding ties, a zero block, negative zeros, extreme int8 values and non-finite input.
+    /// Mixed magnitudes, a zero block, negative zeros, a massive value, huge values and non-finite
+    /// input.
     fn check_activation_edge_cases(checks: &mut Checks) {
         let k = 512;
         let mut x: Vec<f32> = (0..k).map(|i| (i % 255) as f32 - 127.0 + if i % 3 == 0 { 0.5 } else { 0.0 }).collect();
-        x[0] = 127.0; // amax 127: scale 1, so the halves above are exact rounding ties
+        x[0] = 127.0;
         x[128..256].fill(0.0);
         x[256..384].iter_mut().step_by(2).for_each(|v| *v = -0.0);
+        x[257] = 3000.0; // a massive value: its block's other values keep few bits
         x[384..].iter_mut().enumerate().for_each(|(i, v)| *v = if i % 5 < 2 { -1e30 } else { 1e30 });
         let scalar = quantize_acts(&x, 1, k, Isa::Scalar).unwrap();
         let neon = quantize_acts(&x, 1, k, Isa::Neon).unwrap();
@@ -144,9 +146,9 @@ mod aarch64 {
             build_tables(scalar.row(i), &mut got, Isa::Neon);
             checks.check(got == want, || format!("{case}: build_tables differs for row {i}"));
         }
-        let exact = exact_int8(m.blocks(), m.rows(), &scalar);
+        let exact = exact_quantized(m.blocks(), m.rows(), &scalar);
         let first = bits(&matmul(m, x, n, Kernel::Lut, Isa::Scalar));
-        for kernel in INT8_KERNELS {
+        for kernel in QUANTIZED_KERNELS {
             let scalar_y = matmul(m, x, n, kernel, Isa::Scalar);
             let neon_y = matmul(m, x, n, kernel, Isa::Neon);
             let err = rel_err(&neon_y, &exact);

@@ -31,7 +31,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sched::SchedulerOutput>()?;
     m.add_class::<plan::StepPlan>()?;
     m.add_function(wrap_pyfunction!(q1::quantize_activations, m)?)?;
-    m.add_function(wrap_pyfunction!(q1::quantize_activations_i16, m)?)?;
     m.add_function(wrap_pyfunction!(prefix::block_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::get_num_threads, m)?)?;

@@ -147,9 +147,10 @@ impl Q1Matrix {
 }
 
 /// Quantized values and their per-128 scales, as numpy arrays.
-type QuantizedPair<'py, T = i8> = (Bound<'py, PyArray2<T>>, Bound<'py, PyArray2<f32>>);
+type QuantizedPair<'py> = (Bound<'py, PyArray2<i16>>, Bound<'py, PyArray2<f32>>);
 
-/// The int8 activations every int8 kernel uses: `(q int8 (n, k), scales float32 (n, k/128))`.
+/// The int16 activations every quantized kernel uses (one scale per 128 values, each block's sum of
+/// |q| at most 32639): `(q int16 (n, k), scales float32 (n, k/128))`.
 #[pyfunction]
 #[pyo3(signature = (x, isa = None))]
 pub fn quantize_activations<'py>(
@@ -165,22 +166,6 @@ pub fn quantize_activations<'py>(
     }
     let src = x.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
     let acts = without_gil(py, || act::quantize_acts(src, n, k, isa)).map_err(to_py)?;
-    let q = PyArray1::from_vec(py, acts.q).reshape([n, k])?;
-    let s = PyArray1::from_vec(py, acts.scale).reshape([n, k / 128])?;
-    Ok((q, s))
-}
-
-/// int16 activations, one scale per 128 values bounding each block's sum of |q| by 32767 (the scheme
-/// issue 26 measured; no kernel uses it yet): `(q int16 (n, k), scales float32 (n, k/128))`.
-#[pyfunction]
-pub fn quantize_activations_i16<'py>(py: Python<'py>, x: &Bound<'py, PyAny>) -> PyResult<QuantizedPair<'py, i16>> {
-    let x = f32_array(x, "x", &[2])?;
-    let (n, k) = (x.shape()[0], x.shape()[1]);
-    if k % 128 != 0 {
-        return Err(PyValueError::new_err(format!("x must have a multiple of 128 columns, got {k}")));
-    }
-    let src = x.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
-    let acts = without_gil(py, || oxibonsai_core::q1::act16::quantize_acts_i16(src, n, k)).map_err(to_py)?;
     let q = PyArray1::from_vec(py, acts.q).reshape([n, k])?;
     let s = PyArray1::from_vec(py, acts.scale).reshape([n, k / 128])?;
     Ok((q, s))

@@ -1,24 +1,43 @@
-//! Activation quantization: f32 rows to int8 with one scale per 128 values (aligned with the weight
+//! Activation quantization: f32 rows to int16 with one scale per 128 values (aligned with the weight
 //! blocks), plus each block's sum, which the kernels share across all weight rows.
 //!
-//! Rules (every ISA gives the same bytes): `amax = max |x|` over the block, `scale = amax / 127`,
-//! `q = round_half_even(x * (127 / amax))` clamped to ±127 (never -128, so negation cannot overflow);
-//! an all-zero block has scale 0 and q = 0. Non-finite input is an error.
+//! The scale bounds each block's L1 norm: `sum |q| <= 32639` (issue 26's measured choice: about 0.2x
+//! the logit error of llama.cpp's per-32 int8, on plain models and on models with massive activation
+//! channels, where one value of a block is 100x the rest). Every signed sum of a block's values, a
+//! lookup-table entry or an int16 accumulator, is then exact in int16, so the LUT kernels keep their
+//! int16 tables and accumulators; and every value splits into two signed bytes ([`byte_planes`]) for
+//! the int8 dot-product units (VNNI, AMX).
+//!
+//! Rule per block (the same bits on every ISA: the L1 estimate is an integer sum, order-free):
+//! `amax = max |x|`; `t = sum floor(|x| * (65536 / amax))`; `scale = (t + 128) * (amax / 65536) /
+//! 32575`; `q = round_half_even(x * (1 / scale))`. Since `|x| * 65536 / amax < floor(...) + 1`, the
+//! block's L1 norm is below `(t + 128) * amax / 65536`, so `sum |q| <= 32575 + 128 / 2 = 32639`.
+//! A block whose `amax` is below 2^-96 (zero included) has scale 0 and q = 0, which keeps every step
+//! of the rule finite. Non-finite input is an error.
 
 use super::block::BLOCK_WEIGHTS;
 use super::Isa;
 use crate::error::{Error, Result};
 
-/// `n` rows of `k` activations quantized to int8, one scale and one sum per 128 values.
+/// Fixed-point resolution of the L1 estimate.
+pub const L1_FIXED: f32 = 65536.0;
+/// The L1 budget the scale targets: 32639 less the rounding slack of 128 values.
+pub const L1_BUDGET: f32 = 32575.0;
+/// Every block's `sum |q|` is at most this, hence so is every `|q|`.
+pub const L1_MAX: i32 = 32639;
+/// Blocks whose largest magnitude is below this quantize to zero (2^-96).
+pub const MIN_AMAX: f32 = f32::from_bits((127 - 96) << 23);
+
+/// `n` rows of `k` activations quantized to int16, one scale and one sum per 128 values.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantizedActs {
     pub n: usize,
     pub k: usize,
-    /// `n * k` int8 values, row-major.
-    pub q: Vec<i8>,
+    /// `n * k` int16 values, row-major; every block's sum of `|q|` is at most [`L1_MAX`].
+    pub q: Vec<i16>,
     /// `n * k / 128` scales.
     pub scale: Vec<f32>,
-    /// `n * k / 128` sums of the int8 values of each block.
+    /// `n * k / 128` sums of the values of each block.
     pub sum: Vec<i32>,
 }
 
@@ -27,10 +46,19 @@ impl QuantizedActs {
         self.k / BLOCK_WEIGHTS
     }
 
-    /// The int8 values of activation row `i`.
-    pub fn row(&self, i: usize) -> &[i8] {
+    /// The values of activation row `i`.
+    pub fn row(&self, i: usize) -> &[i16] {
         &self.q[i * self.k..(i + 1) * self.k]
     }
+}
+
+/// `q = 256 * high + low` with both parts signed bytes: `low` is the low byte of `q` read as signed,
+/// `high = (q - low) / 256`. Exact for `-32768 <= q <= 32639` (every quantized value), where `high`
+/// stays within -128..=127.
+#[inline]
+pub fn byte_planes(q: i16) -> (i8, i8) {
+    let low = q as i8;
+    (((i32::from(q) - i32::from(low)) >> 8) as i8, low)
 }
 
 /// Quantizes `n` rows of `k` f32 values (`k % 128 == 0`) with the kernel of `isa`.
@@ -47,9 +75,11 @@ pub fn quantize_acts(x: &[f32], n: usize, k: usize, isa: Isa) -> Result<Quantize
             let at = i * BLOCK_WEIGHTS + xb.iter().position(|v| !v.is_finite()).unwrap_or(0);
             return Err(Error::Value(format!("activations must be finite, found {bad} at ({}, {})", at / k, at % k)));
         }
-        if amax > 0.0 {
-            out.scale[i] = amax / 127.0;
-            out.sum[i] = quantize_block(xb, 127.0 / amax, qb, isa);
+        if amax >= MIN_AMAX {
+            let t = l1_estimate(xb, L1_FIXED / amax, isa);
+            let scale = (t + BLOCK_WEIGHTS as u32) as f32 * (amax / L1_FIXED) / L1_BUDGET;
+            out.scale[i] = scale;
+            out.sum[i] = quantize_block(xb, 1.0 / scale, qb, isa);
         }
     }
     Ok(out)
@@ -71,7 +101,24 @@ fn block_amax(xb: &[f32], isa: Isa) -> f32 {
     xb.iter().fold(0.0f32, |m, v| if v.abs() > m || v.is_nan() { v.abs() } else { m })
 }
 
-fn quantize_block(xb: &[f32], inv: f32, qb: &mut [i8], isa: Isa) -> i32 {
+/// `sum floor(|x| * fixed)` over a block, each term at most 65536 (`fixed = 65536 / amax`).
+fn l1_estimate(xb: &[f32], fixed: f32, isa: Isa) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        // SAFETY: AVX2 is present.
+        return unsafe { x86::l1_estimate(xb, fixed) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa.has_neon() {
+        // SAFETY: NEON is present.
+        return unsafe { neon::l1_estimate(xb, fixed) };
+    }
+    let _ = isa;
+    xb.iter().map(|v| (v.abs() * fixed).floor() as u32).sum()
+}
+
+/// Rounds `x * inv` half-to-even into int16 and returns the block sum.
+fn quantize_block(xb: &[f32], inv: f32, qb: &mut [i16], isa: Isa) -> i32 {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
         // SAFETY: AVX2 is present.
@@ -85,7 +132,7 @@ fn quantize_block(xb: &[f32], inv: f32, qb: &mut [i8], isa: Isa) -> i32 {
     let _ = isa;
     let mut sum = 0i32;
     for (q, v) in qb.iter_mut().zip(xb) {
-        *q = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+        *q = (v * inv).round_ties_even() as i16;
         sum += i32::from(*q);
     }
     sum
@@ -109,36 +156,49 @@ mod x86 {
         if _mm256_movemask_ps(nan) != 0 {
             return f32::NAN;
         }
+        horizontal_max(m)
+    }
+
+    unsafe fn horizontal_max(m: __m256) -> f32 {
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), m);
         lanes.iter().fold(0.0f32, |a, &b| a.max(b))
     }
 
-    /// Rounds `x * inv` half-to-even (the default MXCSR mode) into int8 and returns the block sum.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn quantize_block(xb: &[f32], inv: f32, qb: &mut [i8]) -> i32 {
-        let vinv = _mm256_set1_ps(inv);
-        let lim = _mm256_set1_ps(127.0);
-        let nlim = _mm256_set1_ps(-127.0);
-        let mut sum = _mm256_setzero_si256();
-        for (c, q) in xb.chunks_exact(32).zip(qb.chunks_exact_mut(32)) {
-            let mut ints = [_mm256_setzero_si256(); 4];
-            for (j, v) in ints.iter_mut().enumerate() {
-                let x = _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr().add(8 * j)), vinv);
-                let x = _mm256_max_ps(_mm256_min_ps(_mm256_round_ps::<_MM_FROUND_TO_NEAREST_INT>(x), lim), nlim);
-                *v = _mm256_cvtps_epi32(x);
-                sum = _mm256_add_epi32(sum, *v);
-            }
-            // packs works per 128-bit lane; the permute restores element order.
-            let w01 = _mm256_packs_epi32(ints[0], ints[1]);
-            let w23 = _mm256_packs_epi32(ints[2], ints[3]);
-            let b = _mm256_packs_epi16(w01, w23);
-            let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            _mm256_storeu_si256(q.as_mut_ptr().cast(), b);
-        }
+    unsafe fn horizontal_sum(v: __m256i) -> i32 {
         let mut lanes = [0i32; 8];
-        _mm256_storeu_si256(lanes.as_mut_ptr().cast(), sum);
+        _mm256_storeu_si256(lanes.as_mut_ptr().cast(), v);
         lanes.iter().sum()
+    }
+
+    /// `sum floor(|x| * fixed)`: every term is an integer of at most 65536, so the int32 lanes and
+    /// their total are exact.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn l1_estimate(xb: &[f32], fixed: f32) -> u32 {
+        let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let vfixed = _mm256_set1_ps(fixed);
+        let mut t = _mm256_setzero_si256();
+        for c in xb.chunks_exact(8) {
+            let v = _mm256_mul_ps(_mm256_and_ps(_mm256_loadu_ps(c.as_ptr()), abs_mask), vfixed);
+            t = _mm256_add_epi32(t, _mm256_cvttps_epi32(_mm256_floor_ps(v)));
+        }
+        horizontal_sum(t) as u32
+    }
+
+    /// Rounds `x * inv` half-to-even (the default MXCSR mode) into int16 and returns the block sum.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn quantize_block(xb: &[f32], inv: f32, qb: &mut [i16]) -> i32 {
+        let vinv = _mm256_set1_ps(inv);
+        let mut sum = _mm256_setzero_si256();
+        for (c, q) in xb.chunks_exact(16).zip(qb.chunks_exact_mut(16)) {
+            let lo = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), vinv));
+            let hi = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(c.as_ptr().add(8)), vinv));
+            sum = _mm256_add_epi32(sum, _mm256_add_epi32(lo, hi));
+            // packs works per 128-bit lane; the permute restores element order.
+            let w = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(lo, hi));
+            _mm256_storeu_si256(q.as_mut_ptr().cast(), w);
+        }
+        horizontal_sum(sum)
     }
 }
 
@@ -158,21 +218,110 @@ mod neon {
         vmaxvq_f32(vmaxq_f32(vmaxq_f32(m[0], m[1]), vmaxq_f32(m[2], m[3])))
     }
 
-    /// Rounds `x * inv` half-to-even (`fcvtns`) into int8, saturating then clamping to -127, and
-    /// returns the block sum.
+    /// `sum floor(|x| * fixed)` (`fcvtmu`: convert rounding toward minus infinity), exact in u32.
     #[target_feature(enable = "neon")]
-    pub unsafe fn quantize_block(xb: &[f32], inv: f32, qb: &mut [i8]) -> i32 {
-        let lim = vdupq_n_s8(-127);
-        // Per int16 lane: 8 chunks x 2 values x 127 at most.
-        let mut sum = vdupq_n_s16(0);
-        for (c, q) in xb.chunks_exact(16).zip(qb.chunks_exact_mut(16)) {
-            let int = |k: usize| vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(c.as_ptr().add(4 * k)), inv));
-            let lo = vqmovn_high_s32(vqmovn_s32(int(0)), int(1));
-            let hi = vqmovn_high_s32(vqmovn_s32(int(2)), int(3));
-            let b = vmaxq_s8(vqmovn_high_s16(vqmovn_s16(lo), hi), lim);
-            vst1q_s8(q.as_mut_ptr(), b);
-            sum = vpadalq_s8(sum, b);
+    pub unsafe fn l1_estimate(xb: &[f32], fixed: f32) -> u32 {
+        let mut t = vdupq_n_u32(0);
+        for c in xb.chunks_exact(4) {
+            t = vaddq_u32(t, vcvtmq_u32_f32(vmulq_n_f32(vabsq_f32(vld1q_f32(c.as_ptr())), fixed)));
         }
-        vaddlvq_s16(sum)
+        vaddvq_u32(t)
+    }
+
+    /// Rounds `x * inv` half-to-even (`fcvtns`) into int16 and returns the block sum.
+    #[target_feature(enable = "neon")]
+    pub unsafe fn quantize_block(xb: &[f32], inv: f32, qb: &mut [i16]) -> i32 {
+        let mut sum = vdupq_n_s32(0);
+        for (c, q) in xb.chunks_exact(8).zip(qb.chunks_exact_mut(8)) {
+            let lo = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(c.as_ptr()), inv));
+            let hi = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(c.as_ptr().add(4)), inv));
+            sum = vaddq_s32(sum, vaddq_s32(lo, hi));
+            vst1q_s16(q.as_mut_ptr(), vqmovn_high_s32(vqmovn_s32(lo), hi));
+        }
+        vaddvq_s32(sum)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn l1(q: &[i16]) -> i64 {
+        q.iter().map(|&v| i64::from(v).abs()).sum()
+    }
+
+    /// A deterministic spread of magnitudes, with a few values thousands of times larger.
+    fn massive(seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).max(1);
+        (0..BLOCK_WEIGHTS * 6)
+            .map(|j| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                let v = (s % 20_000) as f32 / 10_000.0 - 1.0;
+                if j % 97 == 5 {
+                    v * 3000.0
+                } else {
+                    v
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_block_keeps_its_l1_norm_within_the_bound_on_every_isa() {
+        for isa in Isa::available() {
+            for seed in 1..200 {
+                let x = massive(seed);
+                let acts = quantize_acts(&x, 1, x.len(), isa).unwrap();
+                assert_eq!(acts, quantize_acts(&x, 1, x.len(), Isa::Scalar).unwrap(), "{isa} seed {seed}");
+                for (b, q) in acts.q.chunks_exact(BLOCK_WEIGHTS).enumerate() {
+                    assert!(l1(q) <= i64::from(L1_MAX), "seed {seed} block {b}: sum |q| = {}", l1(q));
+                    assert_eq!(acts.sum[b], q.iter().map(|&v| i32::from(v)).sum::<i32>());
+                }
+            }
+            // The worst cases for the bound: every value equal, and one value alone.
+            let flat = vec![1.0f32; BLOCK_WEIGHTS];
+            assert!(l1(&quantize_acts(&flat, 1, BLOCK_WEIGHTS, isa).unwrap().q) <= i64::from(L1_MAX));
+            let mut alone = vec![0.0f32; BLOCK_WEIGHTS];
+            alone[3] = -7.5;
+            assert!(l1(&quantize_acts(&alone, 1, BLOCK_WEIGHTS, isa).unwrap().q) <= i64::from(L1_MAX));
+        }
+    }
+
+    #[test]
+    fn values_come_back_far_more_exactly_than_int8() {
+        let x = massive(7);
+        let acts = quantize_acts(&x, 1, x.len(), Isa::Scalar).unwrap();
+        let back = |j: usize| f64::from(acts.q[j]) * f64::from(acts.scale[j / BLOCK_WEIGHTS]);
+        let err: f64 = (0..x.len()).map(|j| (back(j) - f64::from(x[j])).powi(2)).sum();
+        let norm: f64 = x.iter().map(|&v| f64::from(v).powi(2)).sum();
+        assert!(err / norm < 1e-7, "relative squared error {}", err / norm);
+    }
+
+    #[test]
+    fn byte_planes_rebuild_every_value_in_range() {
+        for q in i16::MIN..=L1_MAX as i16 {
+            let (high, low) = byte_planes(q);
+            assert_eq!(256 * i32::from(high) + i32::from(low), i32::from(q), "{q}");
+        }
+    }
+
+    #[test]
+    fn tiny_and_zero_blocks_quantize_to_zero_and_bad_input_is_named() {
+        for isa in Isa::available() {
+            let mut x = vec![0.0f32; 3 * BLOCK_WEIGHTS];
+            x[BLOCK_WEIGHTS + 5] = 1e-30; // below 2^-96
+            x[2 * BLOCK_WEIGHTS + 9] = 1e-28; // above: quantized, and finite
+            let acts = quantize_acts(&x, 1, x.len(), isa).unwrap();
+            assert_eq!(acts.scale[..2], [0.0, 0.0]);
+            assert!(acts.q[..2 * BLOCK_WEIGHTS].iter().all(|&q| q == 0));
+            assert!(acts.scale[2].is_finite() && acts.scale[2] > 0.0);
+            assert!(acts.q[2 * BLOCK_WEIGHTS + 9] > 30_000);
+            let mut x = vec![1.0f32; 2 * BLOCK_WEIGHTS];
+            x[130] = f32::NAN;
+            let err = quantize_acts(&x, 1, x.len(), isa).unwrap_err().to_string();
+            assert!(err.contains("(0, 130)"), "{err}");
+        }
     }
 }

@@ -1,15 +1,14 @@
 //! The Q1_0 weight format and its CPU matmul kernels.
 //!
 //! - [`block`], [`format`]: the GGUF-compatible block, quantization, dequantization, validation.
-//! - [`act`]: int8 activation quantization shared by every int8 kernel.
-//! - [`reference`]: the plain f32 kernel and the exact f64 value of the int8 kernels.
+//! - [`act`]: int16 activation quantization (L1-bounded, one scale per 128) shared by every kernel.
+//! - [`reference`]: the plain f32 kernel and the exact f64 value of the quantized kernels.
 //! - [`signflip`]: llama.cpp's strategy over the GGUF layout (the in-house baseline).
 //! - [`lut`]: the default kernels: LUT GEMV and small GEMM over weights repacked into 32-row tiles.
-//! - [`amx`]: the AMX-INT8 small GEMM (Xeons with Intel AMX), over the GGUF layout.
+//! - [`amx`]: the AMX-INT8 small GEMM (Xeons with Intel AMX, two byte planes), over the GGUF layout.
 //! - [`matrix`]: `Q1Matrix`, validation and dispatch by kernel family and [`Isa`].
 
 pub mod act;
-pub mod act16;
 #[cfg(target_arch = "x86_64")]
 pub mod amx;
 pub mod block;

@@ -1,11 +1,11 @@
 //! Reference kernels: plain loops that define what the fast kernels compute.
 //!
 //! [`gemv_f32`] is the portable kernel over f32 activations (no activation quantization), exposed as
-//! `kernel="reference"`. [`exact_int8`] computes, in f64, the value every int8 kernel approximates
-//! over the same quantized weights and activations; tests compare the fast kernels with it.
+//! `kernel="reference"`. [`exact_quantized`] computes, in f64, the value every quantized kernel
+//! approximates over the same quantized weights and activations; tests compare the fast kernels with
+//! it.
 
 use super::act::QuantizedActs;
-use super::act16::QuantizedActs16;
 use super::block::{BlockQ1, BLOCK_WEIGHTS};
 use super::par::SharedOut;
 use crate::pool::Pool;
@@ -35,19 +35,13 @@ pub fn gemv_f32(blocks: &[BlockQ1], rows: usize, cols: usize, x: &[f32], n: usiz
     }
 }
 
-/// The exact value of every int8 kernel's output, in f64: `sum_b d_w * d_a * sum_j s_j * q_j`.
-pub fn exact_int8(blocks: &[BlockQ1], rows: usize, acts: &QuantizedActs) -> Vec<f64> {
-    let q: Vec<i16> = acts.q.iter().map(|&v| i16::from(v)).collect();
-    exact_quantized(blocks, rows, acts.n, acts.k, &q, &acts.scale)
-}
-
-/// [`exact_int8`] for int16 activations ([`super::act16`]).
-pub fn exact_int16(blocks: &[BlockQ1], rows: usize, acts: &QuantizedActs16) -> Vec<f64> {
-    exact_quantized(blocks, rows, acts.n, acts.k, &acts.q, &acts.scale)
+/// The exact value of every quantized kernel's output, in f64: `sum_b d_w * d_a * sum_j s_j * q_j`.
+pub fn exact_quantized(blocks: &[BlockQ1], rows: usize, acts: &QuantizedActs) -> Vec<f64> {
+    exact(blocks, rows, acts.n, acts.k, &acts.q, &acts.scale)
 }
 
 /// `sum_b d_w * d_a * sum_j s_j * q_j` in f64 for `n` rows of `k` quantized activations.
-fn exact_quantized(blocks: &[BlockQ1], rows: usize, n: usize, k: usize, q_all: &[i16], scales: &[f32]) -> Vec<f64> {
+fn exact(blocks: &[BlockQ1], rows: usize, n: usize, k: usize, q_all: &[i16], scales: &[f32]) -> Vec<f64> {
     let kb = k / BLOCK_WEIGHTS;
     let mut out = vec![0f64; n * rows];
     for i in 0..n {

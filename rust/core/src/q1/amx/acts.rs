@@ -1,15 +1,26 @@
 //! Quantized activations rearranged once per GEMM into the tile unit's layout: activation rows in
-//! groups of 16 (the last group padded with zero rows), each Q1 block's 128 values as two 1 KiB
-//! tiles where byte `64 * (k / 4) + 4 * n + k % 4` is value `k` of row `n`; and each block's 16
-//! scales side by side.
+//! groups of 16 (the last group padded with zero rows); each Q1 block's 128 int16 values as two
+//! signed byte planes (`q = 256 * high + low`, `act::byte_planes`), each plane two 1 KiB tiles where
+//! byte `64 * (k / 4) + 4 * n + k % 4` is value `k` of row `n`; and each block's 16 scales side by
+//! side.
 
 use super::unit::TILE_BYTES;
 use crate::pool::Pool;
-use crate::q1::act::QuantizedActs;
+use crate::q1::act::{byte_planes, QuantizedActs};
 use crate::q1::BLOCK_WEIGHTS;
 
 /// Activation rows per tile.
 pub const TILE_COLS: usize = 16;
+
+/// The byte planes of a block, in the order [`ActTiles::block`] stores them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plane {
+    High = 0,
+    Low = 1,
+}
+
+/// Bytes of one block of one group: two planes of two tiles.
+const BLOCK_BYTES: usize = 2 * 2 * TILE_BYTES;
 
 pub struct ActTiles {
     /// Groups of 16 activation rows.
@@ -27,8 +38,8 @@ impl ActTiles {
         let kb = acts.blocks_per_row();
         debug_assert_eq!(acts.k, kb * BLOCK_WEIGHTS);
         let groups = acts.n.div_ceil(TILE_COLS);
-        let mut bytes = vec![0u8; groups * kb * 2 * TILE_BYTES];
-        pool.for_each_row_mut(&mut bytes, kb * 2 * TILE_BYTES, 1, |g, group| {
+        let mut bytes = vec![0u8; groups * kb * BLOCK_BYTES];
+        pool.for_each_row_mut(&mut bytes, kb * BLOCK_BYTES, 1, |g, group| {
             for i in g * TILE_COLS..((g + 1) * TILE_COLS).min(acts.n) {
                 place_row(acts.row(i), i % TILE_COLS, group);
             }
@@ -43,9 +54,9 @@ impl ActTiles {
         ActTiles { groups, n: acts.n, kb, bytes, scales }
     }
 
-    /// The two tiles of block `b` of group `g` (2 KiB).
-    pub fn block(&self, g: usize, b: usize) -> *const u8 {
-        self.bytes[(g * self.kb + b) * 2 * TILE_BYTES..][..2 * TILE_BYTES].as_ptr()
+    /// The two tiles of `plane` of block `b` of group `g` (2 KiB).
+    pub fn block(&self, g: usize, b: usize, plane: Plane) -> *const u8 {
+        self.bytes[(g * self.kb + b) * BLOCK_BYTES + plane as usize * 2 * TILE_BYTES..][..2 * TILE_BYTES].as_ptr()
     }
 
     /// The scales of block `b` for the 16 rows of group `g` (zero for padding rows).
@@ -60,15 +71,18 @@ impl ActTiles {
 }
 
 /// Copies one activation row into column `n` of its group's tiles, four values (one tile-row
-/// entry) at a time: values `4q..4q + 4` go to tile `q / 16`, row `q % 16`.
-fn place_row(row: &[i8], n: usize, group: &mut [u8]) {
-    assert!(n < TILE_COLS && row.len().is_multiple_of(64));
-    assert_eq!(group.len(), TILE_COLS * row.len(), "a group holds 16 rows' values");
-    let (src, dst) = (row.as_ptr(), group.as_mut_ptr());
-    for q in 0..row.len() / 4 {
-        let at = (q / 16) * TILE_BYTES + 64 * (q % 16) + 4 * n;
-        // SAFETY: `4q + 4 <= row.len()`; `at + 4 <= 16 * row.len()` (tile `q / 16` of `row.len() / 64`,
-        // row 15 and column 15 at most), which is `group.len()`.
-        unsafe { dst.add(at).cast::<u32>().write_unaligned(src.add(4 * q).cast::<u32>().read_unaligned()) }
+/// entry) at a time: values `4q..4q + 4` of block `q / 32` go to tile `q / 16 % 2` of each plane,
+/// row `q % 16`.
+fn place_row(row: &[i16], n: usize, group: &mut [u8]) {
+    assert!(n < TILE_COLS && row.len().is_multiple_of(BLOCK_WEIGHTS));
+    assert_eq!(group.len(), TILE_COLS * 2 * row.len(), "a group holds 16 rows' two planes");
+    for (q, four) in row.chunks_exact(4).enumerate() {
+        let (b, tile) = (q / 32, q / 16 % 2);
+        let at = b * BLOCK_BYTES + tile * TILE_BYTES + 64 * (q % 16) + 4 * n;
+        for (i, &v) in four.iter().enumerate() {
+            let (high, low) = byte_planes(v);
+            group[at + i] = high as u8;
+            group[at + 2 * TILE_BYTES + i] = low as u8;
+        }
     }
 }

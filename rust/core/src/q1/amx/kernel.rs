@@ -1,14 +1,15 @@
 //! A pass of up to four 16-row weight tiles against every group of 16 activation rows, block by
 //! block: the sign bits of each GGUF block become ±1 bytes (one mask load and one blend per 64
-//! weights), the tile unit multiplies them with the activations, and each block's integer sums are
-//! scaled into f32 exactly as the LUT kernels do (`acc = fma(isum, d_w * d_a, acc)`, blocks in
+//! weights), the tile unit multiplies them with both byte planes of the activations (two products,
+//! `isum = 256 * high + low`), and each block's integer sums are scaled into f32 exactly as the LUT
+//! kernels do (`acc = fma(isum, d_w * d_a, acc)`, blocks in
 //! order), so the results are bit-identical to the LUT GEMV's. The vector work of one product (the
 //! next blocks' signs, the previous product's scaling) is issued around the tile unit's, not after.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::acts::{ActTiles, TILE_COLS};
+use super::acts::{ActTiles, Plane, TILE_COLS};
 use super::unit::{TileUnit, TILE_BYTES, TILE_STRIDE};
 use crate::q1::lut::LutPacked;
 use crate::q1::BlockQ1;
@@ -53,10 +54,13 @@ const RING: usize = 4;
 #[repr(C, align(64))]
 struct SignBlock([u8; 2 * TILE_BYTES]);
 
-/// One block's 16 x 16 integer sums, weight rows by activation rows.
+/// One block's 16 x 16 integer sums of one byte plane, weight rows by activation rows.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Products([i32; TILE_ROWS * TILE_COLS]);
+
+/// The products of a block's high and low byte planes.
+type PlaneProducts = [Products; 2];
 
 /// One 16-row weight tile times one group of 16 activation rows, in f32: `[m][n]`.
 pub type TileResult = [[f32; TILE_COLS]; TILE_ROWS];
@@ -90,7 +94,7 @@ pub unsafe fn pass<U: TileUnit>(
     results.clear();
     results.resize(nt * groups, [[0.0; TILE_COLS]; TILE_ROWS]);
     let mut ring = [SignBlock([0; 2 * TILE_BYTES]); RING];
-    let mut sums = [Products([0; TILE_ROWS * TILE_COLS]); 2];
+    let mut sums = [[Products([0; TILE_ROWS * TILE_COLS]); 2]; 2];
     // Step `s` is block `s / nt` of tile `s % nt`.
     let steps = kb * nt;
     let expand_step = |s: usize, ring: &mut [SignBlock; RING]| {
@@ -110,15 +114,12 @@ pub unsafe fn pass<U: TileUnit>(
         let mut dw = [0f32; TILE_ROWS];
         _mm512_storeu_ps(dw.as_mut_ptr(), _mm512_cvtph_ps(_mm256_loadu_si256(w.scales(tiles.start + i, b).cast())));
         for g in 0..groups {
-            if i == 0 || groups > 1 {
-                unit.load_acts(acts.block(g, b));
-            }
-            let (a, c) = (ring[s % RING].0.as_ptr(), sums[usize::from(odd)].0.as_mut_ptr());
-            if odd {
-                unit.product::<true>(a, c);
-            } else {
-                unit.product::<false>(a, c);
-            }
+            // The two planes' products alternate the unit's tile sets, as consecutive products should.
+            let (a, planes) = (ring[s % RING].0.as_ptr(), &mut sums[usize::from(odd)]);
+            unit.load_acts(acts.block(g, b, Plane::High));
+            unit.product::<false>(a, planes[Plane::High as usize].0.as_mut_ptr());
+            unit.load_acts(acts.block(g, b, Plane::Low));
+            unit.product::<true>(a, planes[Plane::Low as usize].0.as_mut_ptr());
             if let Some(p) = pending {
                 scale_into(&sums[p.sums], &p.dw, acts.scales(p.group, p.block), &mut results[p.result]);
             }
@@ -168,12 +169,16 @@ unsafe fn prefetch_rows(w: &WeightRows, tile: usize, b: usize) {
     }
 }
 
-/// `acc[m] = fma(isum[m], d_w[m] * d_a, acc[m])` for one block: the LUT kernels' epilogue.
+/// `acc[m] = fma(isum[m], d_w[m] * d_a, acc[m])` for one block, `isum = 256 * high + low`: the LUT
+/// kernels' epilogue.
 #[inline(always)]
-unsafe fn scale_into(sums: &Products, dw: &[f32; TILE_ROWS], da: &[f32; TILE_COLS], acc: &mut TileResult) {
+unsafe fn scale_into(sums: &PlaneProducts, dw: &[f32; TILE_ROWS], da: &[f32; TILE_COLS], acc: &mut TileResult) {
     let da = _mm512_loadu_ps(da.as_ptr());
+    let [high, low] = sums.each_ref().map(|p| p.0.as_ptr());
     for (m, row) in acc.iter_mut().enumerate() {
-        let isum = _mm512_cvtepi32_ps(_mm512_load_si512(sums.0.as_ptr().add(TILE_COLS * m).cast()));
+        let high = _mm512_load_si512(high.add(TILE_COLS * m).cast());
+        let low = _mm512_load_si512(low.add(TILE_COLS * m).cast());
+        let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32::<8>(high), low));
         let a = _mm512_fmadd_ps(isum, _mm512_mul_ps(_mm512_set1_ps(dw[m]), da), _mm512_loadu_ps(row.as_ptr()));
         _mm512_storeu_ps(row.as_mut_ptr(), a);
     }

@@ -2,7 +2,7 @@
 //! plain-loop tile emulation on any AVX-512 machine, and through the real tile unit where the CPU has
 //! AMX-INT8 (skipped elsewhere, saying so).
 
-use super::acts::ActTiles;
+use super::acts::{ActTiles, Plane};
 use super::unit::{Emulated, TILE_BYTES};
 use super::{available, gemm_shared, gemm_with};
 use crate::pool::Pool;
@@ -90,14 +90,16 @@ fn act_tiles_put_each_value_where_the_tile_unit_reads_it() {
     assert_eq!((tiles.groups, tiles.rows_in(0), tiles.rows_in(1)), (2, 16, 3));
     for g in 0..2 {
         for b in 0..2 {
-            // SAFETY: `block` points at the block's two tiles.
-            let bytes = unsafe { std::slice::from_raw_parts(tiles.block(g, b), 2 * TILE_BYTES) };
+            // SAFETY: `block` points at the two tiles of a plane.
+            let plane = |p: Plane| unsafe { std::slice::from_raw_parts(tiles.block(g, b, p), 2 * TILE_BYTES) };
+            let (high, low) = (plane(Plane::High), plane(Plane::Low));
             for col in 0..16 {
                 let i = 16 * g + col;
                 for k in 0..128 {
                     let at = (k / 64) * TILE_BYTES + 64 * ((k % 64) / 4) + 4 * col + k % 4;
                     let want = if i < n { acts.q[i * cols + 128 * b + k] } else { 0 };
-                    assert_eq!(bytes[at] as i8, want, "group {g} block {b} row {i} value {k}");
+                    let got = 256 * i32::from(high[at] as i8) + i32::from(low[at] as i8);
+                    assert_eq!(got, i32::from(want), "group {g} block {b} row {i} value {k}");
                 }
                 let scale = if i < n { acts.scale[i * 2 + b] } else { 0.0 };
                 assert_eq!(tiles.scales(g, b)[col], scale);

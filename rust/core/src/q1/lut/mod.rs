@@ -1,11 +1,13 @@
 //! The lookup-table (LUT) kernels: T-MAC / BitNet-TL style GEMV and small GEMM.
 //!
-//! Weights are repacked once into tiles of 32 rows ([`LutPacked`]). For every group of 4 int8
+//! Weights are repacked once into tiles of 32 rows ([`LutPacked`]). For every group of 4 int16
 //! activations the kernels build the exact 16-entry table of `±a0 ±a1 ±a2 ±a3` (int16, stored as a
 //! low-byte plane and a high-byte plane); one byte shuffle then looks up 4 weights of many rows at
-//! once. Within a 128-block the int16 sums are exact: 32 groups x 4 x 127 = 16256 < 32767. Each
-//! block's exact integer sum is scaled as `acc = fma(isum, d_w * d_a, acc)`, the same operation in
-//! the same order as every other int8 kernel, so all of them agree bit for bit.
+//! once. Within a 128-block the int16 sums are exact: any partial signed sum of a block's values is
+//! at most its L1 norm, which the quantizer bounds by `act::L1_MAX` = 32639 (and the int16 adds
+//! wrap, so only the final sum needs the bound). Each block's exact integer sum is scaled as
+//! `acc = fma(isum, d_w * d_a, acc)`, the same operation in the same order as every other kernel, so
+//! all of them agree bit for bit.
 //!
 //! On AVX-512 CPUs the small GEMM is [`perm`]'s instead: 64-entry int16 tables of 6 activations, one
 //! `vpermt2w` looking up 6 weights of 32 rows, over the same packed bits (measured 1.2-1.6x the VNNI
@@ -121,7 +123,7 @@ fn gemv_tiles_into(p: &LutPacked, tiles: Range<usize>, tables: &[u8], scales: &[
 
 /// The tables of one activation row `q` in the layout the GEMV kernel of `isa` reads, in `buf`:
 /// built there unless `built` says `buf` already holds them.
-fn gemv_tables<'a>(q: &[i8], buf: &'a mut Vec<u8>, isa: Isa, built: bool) -> &'a [u8] {
+fn gemv_tables<'a>(q: &[i16], buf: &'a mut Vec<u8>, isa: Isa, built: bool) -> &'a [u8] {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx512() {
         let len = q.len() / 4 * avx512::ARRANGED_BYTES;

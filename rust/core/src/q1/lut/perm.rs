@@ -5,17 +5,18 @@
 //!
 //! A 128-block splits into [`GROUPS`] = 22 groups: 21 of 6 weights (`6k..6k+5`) and one of 2 (126,
 //! 127; its 4 missing activations count as 0). Group `k`'s table, per activation row and block, is the
-//! 64 int16 entries `T_k[b] = sum_{j<6} (bit j of b ? +a_{6k+j} : -a_{6k+j})`, `|T| <= 6 * 127 = 762`,
-//! held as two zmm (entries 0..31, 32..63). The index of a weight row is its 6 sign bits of the group:
+//! 64 int16 entries `T_k[b] = sum_{j<6} (bit j of b ? +a_{6k+j} : -a_{6k+j})`, whose magnitude is at
+//! most the block's L1 norm (`act::L1_MAX`), held as two zmm (entries 0..31, 32..63). The index of a weight row is its 6 sign bits of the group:
 //! with `W_c = qs[c] | qs[c+1] << 8` (one 16-bit lane per row), group `k`'s index vector is
 //! `W_{6k/8} >> (6k % 8)`; `vpermt2w` reads only bits 5..0 of each lane, so nothing is masked.
 //!
 //! Bounds: a block's int16 accumulator adds 22 table entries, each the signed sum of its group's
 //! activations, so it always equals the partial exact sum `sum_i s_i q_i` over the groups added so
-//! far, with `|.| <= (number of activations so far) * 127 <= 128 * 127 = 16256 < 32767`: no int16
-//! overflow at any step. Each block's exact sum is widened to i32, converted to f32 and scaled as
+//! far, whose magnitude is at most the block's L1 norm, `<= act::L1_MAX < 32767`: no int16 overflow
+//! at any step. (The table build itself wraps on the way; its entries are still exact, being their
+//! true values modulo 2^16 and within int16.) Each block's exact sum is widened to i32, converted to f32 and scaled as
 //! `acc = fma(isum, d_w * d_a, acc)` in block order from 0, the same operations in the same order as
-//! every other int8 kernel, so the results agree bit for bit.
+//! every other kernel, so the results agree bit for bit.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -85,21 +86,20 @@ impl<'a> PermTables<'a> {
 /// Lane masks of the sign bits: lane `b` of a table half has bit `j` of `b` set.
 const BIT_LANES: [u32; 5] = [0xaaaa_aaaa, 0xcccc_cccc, 0xf0f0_f0f0, 0xff00_ff00, 0xffff_0000];
 
-/// The 22 tables (44 halves) of one 128-block of int8 activations.
+/// The 22 tables (44 halves) of one 128-block of activations (int16 arithmetic wraps here; the
+/// entries come out exact, see the module doc).
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn build_block(block: &[i8], out: &mut [Half]) {
+unsafe fn build_block(block: &[i16], out: &mut [Half]) {
     assert!(block.len() == BLOCK_WEIGHTS && out.len() == GROUPS * 2);
     let mut a = [0i16; GROUPS * 6];
-    for (w, &q) in a.iter_mut().zip(block) {
-        *w = i16::from(q);
-    }
+    a[..BLOCK_WEIGHTS].copy_from_slice(block);
     for (g, pair) in a.chunks_exact(6).zip(out.chunks_exact_mut(2)) {
         // Lane b of the low half: sum of +-a_j (j < 5) by the bits of b, and -a_5.
-        let mut low = _mm512_set1_epi16(-g.iter().sum::<i16>());
+        let mut low = _mm512_set1_epi16(g.iter().fold(0i16, |s, &v| s.wrapping_sub(v)));
         for (j, &mask) in BIT_LANES.iter().enumerate() {
-            low = _mm512_mask_add_epi16(low, mask, low, _mm512_set1_epi16(2 * g[j]));
+            low = _mm512_mask_add_epi16(low, mask, low, _mm512_set1_epi16(g[j].wrapping_mul(2)));
         }
-        let high = _mm512_add_epi16(low, _mm512_set1_epi16(2 * g[5]));
+        let high = _mm512_add_epi16(low, _mm512_set1_epi16(g[5].wrapping_mul(2)));
         // SAFETY: `Half` is 64 bytes, 64-byte aligned.
         _mm512_store_si512(pair[0].0.as_mut_ptr().cast(), low);
         _mm512_store_si512(pair[1].0.as_mut_ptr().cast(), high);
@@ -323,11 +323,13 @@ mod tests {
         if !avx512() {
             return;
         }
-        let raw = bytes(BLOCK_WEIGHTS, "tables");
-        // Random values, with the extremes +-127 (never -128) at both ends.
-        let mut block: Vec<i8> = raw.iter().map(|&b| (b as i8).max(-127)).collect();
-        block[..6].copy_from_slice(&[127, -127, 127, 127, -127, -127]);
-        block[126..].copy_from_slice(&[-127, 127]);
+        let raw = bytes(2 * BLOCK_WEIGHTS, "tables");
+        // Random values within +-90 and one massive one: sum |a| <= 31430, within the L1 bound, while
+        // the build's doubled values (2 * 20000) wrap around int16 on the way.
+        let mut block: Vec<i16> =
+            raw.chunks_exact(2).map(|b| (u16::from_le_bytes([b[0], b[1]]) % 181) as i16 - 90).collect();
+        block[..6].copy_from_slice(&[20000, -90, 90, 90, -90, -90]);
+        block[126..].copy_from_slice(&[-90, 90]);
         let mut out = vec![Half([0; 32]); GROUPS * 2];
         // SAFETY: AVX-512 F/BW checked above.
         unsafe { build_block(&block, &mut out) };

@@ -5,35 +5,39 @@
 //! the 16 rows. Broadcast to the four 128-bit lanes and spread with `vpshufb` so that byte `4r + i`
 //! holds row `r`'s byte, a `vptestmb` against `1 << i` (low nibble: weights `8c + i`) or `16 << i`
 //! (high nibble: weights `8c + 4 + i`) gives a 64-bit mask, and `vmovdqu8 {z}` turns it into u8 weights
-//! `w ∈ {0, 2}`: 32-bit lane `r` holds 4 consecutive weights of row `r`. `vpdpbusd` against the broadcast
-//! 4 int8 activations of those weights adds `2 * (sum of the activations whose bit is set)` to lane `r`.
-//! Starting each accumulator at `-S_all` (the activation block's sum), a block ends with exactly
-//! `isum = 2 * S_set - S_all = sum_i s_i * q_i`, which is scaled as `acc = fma(isum, d_w * d_a, acc)` in
-//! block order, like every other int8 kernel, so the results agree bit for bit.
+//! `w ∈ {0, 2}`: 32-bit lane `r` holds 4 consecutive weights of row `r`. The int16 activations come as
+//! two signed byte planes, `q = 256 * high + low` (`act::byte_planes`); `vpdpbusd` against the
+//! broadcast 4 bytes of one plane adds `2 * (sum of that plane's values whose bit is set)` to lane `r`.
+//! With one accumulator per plane, the low one starting at `-S_all` (the activation block's sum), a
+//! block ends with exactly `isum = 256 * high_acc + low_acc = 2 * S_set - S_all = sum_i s_i * q_i`,
+//! which is scaled as `acc = fma(isum, d_w * d_a, acc)` in block order, like every other kernel, so
+//! the results agree bit for bit.
 //!
-//! Bounds: `|S_all| <= 128 * 127` and `2 * S_set <= 2 * 128 * 127`, so an accumulator stays within
-//! ±48768 (far inside i32, and exact as f32); `vpdpbusd` adds four u8 x i8 products without saturation.
+//! Bounds: each plane's accumulator stays within `3 * 128 * 128` (far inside i32); `vpdpbusd` adds
+//! four u8 x i8 products without saturation; `isum` is at most the block's L1 norm, exact as f32.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::super::act::QuantizedActs;
+use super::super::act::{byte_planes, QuantizedActs};
 use super::super::block::BLOCK_WEIGHTS;
 use super::avx2::prefetch_ahead;
 use super::{balanced_runs, LutPacked, TILE_ROWS};
 
-/// Most activation rows one pass over a tile keeps in accumulators (one zmm each per half tile).
-pub const PASS_ROWS: usize = 16;
+/// Most activation rows one pass over a tile keeps in accumulators (two zmm each per half tile, one
+/// per byte plane).
+pub const PASS_ROWS: usize = 8;
 
 /// Weight rows one accumulator covers (16 lanes of 32 bits).
 const HALF_ROWS: usize = TILE_ROWS / 2;
 
 /// A column chunk's activations rearranged block-major, so that a pass reads one 128-block of all its
-/// rows from one base pointer: `q[(b * n + j) * 128 + i]`, `neg_sum[b * n + j] = -S_all`,
-/// `scale[b * n + j]`.
+/// rows from one base pointer: the byte planes `high[(b * n + j) * 128 + i]` and `low[..]`,
+/// `neg_sum[b * n + j] = -S_all`, `scale[b * n + j]`.
 pub struct BlockMajorActs {
     n: usize,
-    q: Vec<i8>,
+    high: Vec<i8>,
+    low: Vec<i8>,
     neg_sum: Vec<i32>,
     scale: Vec<f32>,
 }
@@ -42,11 +46,17 @@ impl BlockMajorActs {
     /// The activation rows `cols` of `acts`.
     pub fn new(acts: &QuantizedActs, cols: Range<usize>) -> BlockMajorActs {
         let (n, kb) = (cols.len(), acts.blocks_per_row());
-        let mut out = BlockMajorActs { n, q: vec![0; n * acts.k], neg_sum: vec![0; n * kb], scale: vec![0.0; n * kb] };
+        let planes = || vec![0; n * acts.k];
+        let (neg_sum, scale) = (vec![0; n * kb], vec![0.0; n * kb]);
+        let mut out = BlockMajorActs { n, high: planes(), low: planes(), neg_sum, scale };
         for (j, col) in cols.enumerate() {
             for (b, block) in acts.row(col).chunks_exact(BLOCK_WEIGHTS).enumerate() {
                 let at = b * n + j;
-                out.q[at * BLOCK_WEIGHTS..][..BLOCK_WEIGHTS].copy_from_slice(block);
+                let high = out.high[at * BLOCK_WEIGHTS..][..BLOCK_WEIGHTS].iter_mut();
+                let low = out.low[at * BLOCK_WEIGHTS..][..BLOCK_WEIGHTS].iter_mut();
+                for ((h, l), &q) in high.zip(low).zip(block) {
+                    (*h, *l) = byte_planes(q);
+                }
                 out.neg_sum[at] = -acts.sum[col * kb + b];
                 out.scale[at] = acts.scale[col * kb + b];
             }
@@ -99,34 +109,37 @@ impl Decoder {
     }
 }
 
-/// 4 int8 activations broadcast to every 32-bit lane.
+/// 4 bytes of one activation plane broadcast to every 32-bit lane.
 #[inline(always)]
 unsafe fn broadcast4(a: *const i8) -> __m512i {
     _mm512_set1_epi32(a.cast::<i32>().read_unaligned())
 }
 
 /// Exact block sums of 16 weight rows (`bits` = their 16 bytes of column 0, columns 32 bytes apart)
-/// against `NA` activation rows whose block starts at `q` (rows 128 bytes apart).
+/// against `NA` activation rows whose block's byte planes start at `planes` (rows 128 bytes apart).
 #[inline(always)]
 unsafe fn half_block_sums<const NA: usize>(
     dec: &Decoder,
     bits: *const u8,
-    q: *const i8,
+    planes: [*const i8; 2],
     neg_sum: *const i32,
 ) -> [__m512i; NA] {
-    let mut acc = [_mm512_setzero_si512(); NA];
-    for (j, a) in acc.iter_mut().enumerate() {
+    let mut high = [_mm512_setzero_si512(); NA];
+    let mut low = [_mm512_setzero_si512(); NA];
+    for (j, a) in low.iter_mut().enumerate() {
         *a = _mm512_set1_epi32(*neg_sum.add(j));
     }
     for c in 0..16 {
-        let (lo, hi) = dec.decode(bits.add(32 * c));
-        for (j, a) in acc.iter_mut().enumerate() {
-            let x = q.add(j * BLOCK_WEIGHTS + 8 * c);
-            *a = _mm512_dpbusd_epi32(*a, lo, broadcast4(x));
-            *a = _mm512_dpbusd_epi32(*a, hi, broadcast4(x.add(4)));
+        let (w0, w1) = dec.decode(bits.add(32 * c));
+        for (acc, plane) in [&mut high, &mut low].into_iter().zip(planes) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                let x = plane.add(j * BLOCK_WEIGHTS + 8 * c);
+                *a = _mm512_dpbusd_epi32(*a, w0, broadcast4(x));
+                *a = _mm512_dpbusd_epi32(*a, w1, broadcast4(x.add(4)));
+            }
         }
     }
-    acc
+    std::array::from_fn(|j| _mm512_add_epi32(_mm512_slli_epi32::<8>(high[j]), low[j]))
 }
 
 /// Tile `t` against activation rows `j0..j0 + NA` of `acts` into `out[j * stride + r]`: from 0, for every
@@ -148,10 +161,10 @@ unsafe fn tile_pass<const NA: usize>(
         let scales = p.tile_block_scales(t, b).as_ptr();
         prefetch_ahead(p, t, b);
         let at = b * acts.n + j0;
-        let (q, neg_sum, da) =
-            (acts.q.as_ptr().add(at * BLOCK_WEIGHTS), acts.neg_sum.as_ptr().add(at), acts.scale.as_ptr().add(at));
+        let planes = [acts.high.as_ptr().add(at * BLOCK_WEIGHTS), acts.low.as_ptr().add(at * BLOCK_WEIGHTS)];
+        let (neg_sum, da) = (acts.neg_sum.as_ptr().add(at), acts.scale.as_ptr().add(at));
         for h in 0..2 {
-            let isum = half_block_sums::<NA>(&dec, bits.add(HALF_ROWS * h), q, neg_sum);
+            let isum = half_block_sums::<NA>(&dec, bits.add(HALF_ROWS * h), planes, neg_sum);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(HALF_ROWS * h).cast()));
             for (j, (s, a)) in isum.iter().zip(&mut acc).enumerate() {
                 let a = a[HALF_ROWS * h..].as_mut_ptr();
@@ -194,14 +207,6 @@ unsafe fn tile_pass_dyn(na: usize, p: &LutPacked, t: usize, a: &BlockMajorActs, 
         6 => tile_pass::<6>(p, t, a, j0, o, s),
         7 => tile_pass::<7>(p, t, a, j0, o, s),
         8 => tile_pass::<8>(p, t, a, j0, o, s),
-        9 => tile_pass::<9>(p, t, a, j0, o, s),
-        10 => tile_pass::<10>(p, t, a, j0, o, s),
-        11 => tile_pass::<11>(p, t, a, j0, o, s),
-        12 => tile_pass::<12>(p, t, a, j0, o, s),
-        13 => tile_pass::<13>(p, t, a, j0, o, s),
-        14 => tile_pass::<14>(p, t, a, j0, o, s),
-        15 => tile_pass::<15>(p, t, a, j0, o, s),
-        16 => tile_pass::<16>(p, t, a, j0, o, s),
         _ => unreachable!("a pass holds 1..={PASS_ROWS} rows, got {na}"),
     }
 }

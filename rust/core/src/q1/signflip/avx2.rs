@@ -1,24 +1,21 @@
-//! AVX2 sign-flip block sum: sign bits to byte masks, conditional negation with xor/sub, then
-//! `maddubs` against ones and `madd` to 32-bit lanes.
+//! AVX2 sign-flip block sum: sign bits to 16-bit lane masks, conditional negation with xor/sub, int16
+//! adds, then `madd` against ones to 32-bit lanes.
 
 use std::arch::x86_64::*;
 
 use super::super::block::BlockQ1;
 
-/// Expands 32 sign bits to 32 bytes: 0xFF where the bit is clear (weight is -d), else 0.
+/// Expands 16 sign bits to 16 int16 lanes: all ones where the bit is clear (weight is -d), else 0.
 #[inline(always)]
-unsafe fn negate_mask(bits: u32) -> __m256i {
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(bits as i32),
-        _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303),
-    );
-    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), _mm256_setzero_si256())
+unsafe fn negate_mask(bits: u16) -> __m256i {
+    let bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, i16::MIN);
+    let spread = _mm256_set1_epi16(bits as i16);
+    _mm256_cmpeq_epi16(_mm256_and_si256(spread, bit), _mm256_setzero_si256())
 }
 
-/// One row against int8 activations: `acc = fma(isum_b, d_w * d_a, acc)` over its blocks.
+/// One row against int16 activations: `acc = fma(isum_b, d_w * d_a, acc)` over its blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn row_dot(row: &[BlockQ1], q: &[i8], scales: &[f32]) -> f32 {
+pub unsafe fn row_dot(row: &[BlockQ1], q: &[i16], scales: &[f32]) -> f32 {
     assert!(q.len() >= row.len() * 128 && scales.len() >= row.len());
     let mut acc = 0f32;
     for (b, block) in row.iter().enumerate() {
@@ -29,20 +26,19 @@ pub unsafe fn row_dot(row: &[BlockQ1], q: &[i8], scales: &[f32]) -> f32 {
     acc
 }
 
+/// Each int16 lane adds a subset of the block's signed values, so it never exceeds the block's L1
+/// norm: no overflow.
 #[inline(always)]
-unsafe fn block_sum(block: &BlockQ1, q: &[i8]) -> i32 {
-    let ones8 = _mm256_set1_epi8(1);
-    let ones16 = _mm256_set1_epi16(1);
+unsafe fn block_sum(block: &BlockQ1, q: &[i16]) -> i32 {
     let mut acc = _mm256_setzero_si256();
-    for c in 0..4 {
-        let bits = block.qs.as_ptr().add(4 * c).cast::<u32>().read_unaligned();
+    for c in 0..8 {
+        let bits = u16::from_le_bytes([block.qs[2 * c], block.qs[2 * c + 1]]);
         let m = negate_mask(bits);
-        let x = _mm256_loadu_si256(q.as_ptr().add(32 * c).cast());
-        let flipped = _mm256_sub_epi8(_mm256_xor_si256(x, m), m);
-        let pairs = _mm256_maddubs_epi16(ones8, flipped);
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones16));
+        let x = _mm256_loadu_si256(q.as_ptr().add(16 * c).cast());
+        acc = _mm256_add_epi16(acc, _mm256_sub_epi16(_mm256_xor_si256(x, m), m));
     }
-    let s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256::<1>(acc));
+    let wide = _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(wide), _mm256_extracti128_si256::<1>(wide));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
     _mm_cvtsi128_si32(s)

@@ -1,7 +1,8 @@
-//! The int8 sign-flip kernel (llama.cpp's strategy), over the unrepacked GGUF layout: the in-house
-//! baseline the LUT kernels are measured against. For each row and 128-block, the int8 activations
-//! are negated where the weight's sign bit is clear and summed exactly; the block sum is scaled as
-//! `acc = fma(isum, d_w * d_a, acc)`, the same as every other int8 kernel.
+//! The sign-flip kernel (llama.cpp's strategy), over the unrepacked GGUF layout: the in-house
+//! baseline the LUT kernels are measured against. For each row and 128-block, the int16 activations
+//! are negated where the weight's sign bit is clear and summed exactly (every partial sum is at most
+//! the block's L1 norm, within int16); the block sum is scaled as `acc = fma(isum, d_w * d_a, acc)`,
+//! the same as every other kernel.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -34,7 +35,7 @@ pub fn gemv(blocks: &[BlockQ1], rows: usize, acts: &QuantizedActs, out: &mut [f3
     }
 }
 
-fn row_dot(row: &[BlockQ1], q: &[i8], scales: &[f32], isa: Isa) -> f32 {
+fn row_dot(row: &[BlockQ1], q: &[i16], scales: &[f32], isa: Isa) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
         // SAFETY: AVX2, FMA and F16C are present (checked by `has_avx2`).
@@ -48,7 +49,7 @@ fn row_dot(row: &[BlockQ1], q: &[i8], scales: &[f32], isa: Isa) -> f32 {
 }
 
 #[inline]
-fn block_sum(block: &BlockQ1, q: &[i8], isa: Isa) -> i32 {
+fn block_sum(block: &BlockQ1, q: &[i16], isa: Isa) -> i32 {
     #[cfg(target_arch = "aarch64")]
     if isa.has_neon() {
         // SAFETY: NEON is present (checked by `has_neon`).
