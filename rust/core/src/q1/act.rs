@@ -15,9 +15,12 @@
 //! A block whose `amax` is below 2^-96 (zero included) has scale 0 and q = 0, which keeps every step
 //! of the rule finite. Non-finite input is an error.
 
+use std::sync::Mutex;
+
 use super::block::BLOCK_WEIGHTS;
 use super::Isa;
 use crate::error::{Error, Result};
+use crate::pool::Pool;
 
 /// Fixed-point resolution of the L1 estimate.
 pub const L1_FIXED: f32 = 65536.0;
@@ -64,16 +67,90 @@ pub fn byte_planes(q: i16) -> (i8, i8) {
 /// Quantizes `n` rows of `k` f32 values (`k % 128 == 0`) with the kernel of `isa`.
 pub fn quantize_acts(x: &[f32], n: usize, k: usize, isa: Isa) -> Result<QuantizedActs> {
     assert_eq!(x.len(), n * k);
-    assert_eq!(k % BLOCK_WEIGHTS, 0);
-    let blocks = n * k / BLOCK_WEIGHTS;
-    let mut out = QuantizedActs { n, k, q: vec![0; n * k], scale: vec![0.0; blocks], sum: vec![0; blocks] };
+    let mut out = QuantizedActs::zeros(n, k);
+    let QuantizedActs { q, scale, sum, .. } = &mut out;
+    quantize_rows(x, 0, k, Rows { q, scale, sum }, isa)?;
+    Ok(out)
+}
+
+/// [`quantize_acts`] with the rows split across `pool` (the same bytes: each row is quantized by one
+/// task, alone). On a non-finite input the error names the first one in row-major order.
+pub fn quantize_acts_on(x: &[f32], n: usize, k: usize, isa: Isa, pool: &Pool) -> Result<QuantizedActs> {
+    assert_eq!(x.len(), n * k);
+    let mut out = QuantizedActs::zeros(n, k);
+    let shared = SharedRows { q: out.q.as_mut_ptr(), scale: out.scale.as_mut_ptr(), sum: out.sum.as_mut_ptr() };
+    let first_error: Mutex<Option<(usize, Error)>> = Mutex::new(None);
+    pool.for_each_range(n, MIN_VALUES_PER_TASK.div_ceil(k.max(1)), |rows| {
+        // SAFETY: the ranges of rows are disjoint, so each task's slices are its own; the buffers
+        // outlive the pool job.
+        let out = unsafe { shared.rows(rows.clone(), k) };
+        if let Err(e) = quantize_rows(&x[rows.start * k..rows.end * k], rows.start, k, out, isa) {
+            let mut first = first_error.lock().unwrap_or_else(|p| p.into_inner());
+            if first.as_ref().is_none_or(|(row, _)| rows.start < *row) {
+                *first = Some((rows.start, e));
+            }
+        }
+    });
+    match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some((_, e)) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// Values one pool task of [`quantize_acts_on`] takes at least (~10 µs of work).
+const MIN_VALUES_PER_TASK: usize = 1 << 15;
+
+impl QuantizedActs {
+    fn zeros(n: usize, k: usize) -> QuantizedActs {
+        assert_eq!(k % BLOCK_WEIGHTS, 0);
+        let blocks = n * k / BLOCK_WEIGHTS;
+        QuantizedActs { n, k, q: vec![0; n * k], scale: vec![0.0; blocks], sum: vec![0; blocks] }
+    }
+}
+
+/// Some rows' part of each output of [`quantize_rows`].
+struct Rows<'a> {
+    q: &'a mut [i16],
+    scale: &'a mut [f32],
+    sum: &'a mut [i32],
+}
+
+/// The outputs' base pointers, shared by the tasks of [`quantize_acts_on`], each writing its own rows.
+struct SharedRows {
+    q: *mut i16,
+    scale: *mut f32,
+    sum: *mut i32,
+}
+
+// SAFETY: tasks only touch disjoint rows (see `rows`).
+unsafe impl Sync for SharedRows {}
+
+impl SharedRows {
+    /// # Safety
+    /// `rows` is within the buffers, and no other task holds any of these rows meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn rows(&self, rows: std::ops::Range<usize>, k: usize) -> Rows<'_> {
+        let kb = k / BLOCK_WEIGHTS;
+        Rows {
+            q: std::slice::from_raw_parts_mut(self.q.add(rows.start * k), rows.len() * k),
+            scale: std::slice::from_raw_parts_mut(self.scale.add(rows.start * kb), rows.len() * kb),
+            sum: std::slice::from_raw_parts_mut(self.sum.add(rows.start * kb), rows.len() * kb),
+        }
+    }
+}
+
+/// Quantizes the rows `x` (row `first_row` onwards, `k` values each; the row numbers are for
+/// errors) into `out`, which starts zeroed.
+fn quantize_rows(x: &[f32], first_row: usize, k: usize, out: Rows, isa: Isa) -> Result<()> {
+    assert!(x.len() == out.q.len() && x.len().is_multiple_of(BLOCK_WEIGHTS));
     let chunks = x.chunks_exact(BLOCK_WEIGHTS).zip(out.q.chunks_exact_mut(BLOCK_WEIGHTS));
     for (i, (xb, qb)) in chunks.enumerate() {
         let amax = block_amax(xb, isa);
         if !amax.is_finite() {
             let bad = xb.iter().find(|v| !v.is_finite()).copied().unwrap_or(amax);
             let at = i * BLOCK_WEIGHTS + xb.iter().position(|v| !v.is_finite()).unwrap_or(0);
-            return Err(Error::Value(format!("activations must be finite, found {bad} at ({}, {})", at / k, at % k)));
+            let (row, col) = (first_row + at / k, at % k);
+            return Err(Error::Value(format!("activations must be finite, found {bad} at ({row}, {col})")));
         }
         if amax >= MIN_AMAX {
             let t = l1_estimate(xb, L1_FIXED / amax, isa);
@@ -82,7 +159,7 @@ pub fn quantize_acts(x: &[f32], n: usize, k: usize, isa: Isa) -> Result<Quantize
             out.sum[i] = quantize_block(xb, 1.0 / scale, qb, isa);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 fn block_amax(xb: &[f32], isa: Isa) -> f32 {
@@ -286,6 +363,22 @@ mod tests {
             let mut alone = vec![0.0f32; BLOCK_WEIGHTS];
             alone[3] = -7.5;
             assert!(l1(&quantize_acts(&alone, 1, BLOCK_WEIGHTS, isa).unwrap().q) <= i64::from(L1_MAX));
+        }
+    }
+
+    #[test]
+    fn rows_split_across_a_pool_give_the_same_bytes_and_the_first_error() {
+        let (n, k) = (200, 768); // several tasks of at least 43 rows
+        let x: Vec<f32> = (0..n).flat_map(|r| massive(r as u32 + 1)[..k].to_vec()).collect();
+        let want = quantize_acts(&x, n, k, Isa::detect()).unwrap();
+        for threads in [1, 2, 5] {
+            let pool = Pool::new(threads);
+            assert_eq!(quantize_acts_on(&x, n, k, Isa::detect(), &pool).unwrap(), want, "{threads} threads");
+            let mut bad = x.clone();
+            bad[150 * k + 7] = f32::INFINITY;
+            bad[5 * k + 700] = f32::NAN;
+            let err = quantize_acts_on(&bad, n, k, Isa::detect(), &pool).unwrap_err().to_string();
+            assert!(err.contains("(5, 700)"), "{threads} threads: {err}");
         }
     }
 

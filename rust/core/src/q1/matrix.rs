@@ -6,7 +6,7 @@
 
 use std::sync::OnceLock;
 
-use super::act::quantize_acts;
+use super::act::quantize_acts_on;
 use super::block::{as_blocks, BlockQ1, BLOCK_BYTES, BLOCK_WEIGHTS};
 use super::format::{dequantize, quantize, validate};
 use super::lut::{self, LutPacked};
@@ -172,7 +172,7 @@ impl Q1Matrix {
             }
             return Ok(());
         }
-        let acts = quantize_acts(x, n, cols, isa)?;
+        let acts = quantize_acts_on(x, n, cols, isa, pool)?;
         let packed = || mats.iter().map(|m| m.packed()).collect::<Vec<&LutPacked>>();
         if matches!(kernel, Kernel::Lut) || (kernel == Kernel::Auto && n == 1) {
             lut::gemv_shared(&packed(), &acts, outs, isa, pool);
