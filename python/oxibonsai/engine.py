@@ -2,7 +2,8 @@
 (decodes first, then prefill chunks, then admissions, preempting when KV blocks run out), the runner
 computes it as a single batched forward pass (the native one in one call with the GIL released; the
 torch one from the step's plan arrays), each request that
-completed its known tokens samples one token with its own seeded sampler, ``update()`` records them,
+completed its known tokens samples one token (the runner samples: with the request's seeded Rust
+sampler on the host, or on the GPU), ``update()`` records them,
 and the engine detokenizes incrementally, applies stop tokens, stop strings and length limits, and
 finishes requests (freeing their blocks). Python never loops over layers or tokens.
 
@@ -20,7 +21,7 @@ from oxibonsai import _core
 from oxibonsai.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from oxibonsai.metrics import EngineMetrics
 from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from oxibonsai.runner import Runner
+from oxibonsai.runner import Runner, SampleRow
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.tokenizer import Tokenizer
 
@@ -42,6 +43,7 @@ class _Request:
     prompt: str | None
     prompt_ids: list[int]
     params: SamplingParams
+    seed: int
     sampler: _core.Sampler
     max_new: int
     detok: IncrementalDetokenizer
@@ -160,13 +162,15 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         max_new = self.check_prompt(prompt_ids, params)
         handle = self._arrivals
+        default_seed = request_seed(self._seed, handle + 1)
         request = _Request(
             request_id=request_id,
             handle=handle,
             prompt=prompt,
             prompt_ids=list(prompt_ids),
             params=params,
-            sampler=params.sampler(request_seed(self._seed, handle + 1)),
+            seed=params.seed if params.seed is not None else default_seed,
+            sampler=params.sampler(default_seed),
             max_new=max_new,
             detok=IncrementalDetokenizer(self._tokenizer, prompt_ids, params.skip_special_tokens),
             stops=StopStringMatcher(params.stop or [], params.include_stop_str_in_output),
@@ -258,8 +262,7 @@ class Engine:
                 r.num_cached_tokens = state[1] if state is not None else 0
             if sample:
                 sampling.append(r)
-        logits = self._runner.execute(self._sched, plan)
-        draws = [self._sample(r, row) for r, row in zip(sampling, logits, strict=True)]
+        draws = self._runner.execute(self._sched, plan, [self._sample_row(r) for r in sampling])
         self._sched.update(plan, [token for token, _, _ in draws])
         self.metrics.on_step(plan.num_prefill_tokens, len(draws), len(plan.preempted))
         outputs = []
@@ -277,9 +280,8 @@ class Engine:
             return []
         return sorted(self._tokenizer.stop_token_ids | set(r.params.stop_token_ids or []))
 
-    def _sample(self, r: _Request, logits: object) -> tuple[int, float | None, list[tuple[int, float]]]:
-        # No logprobs asked for: none computed (the normalizer is most of a greedy draw's cost).
-        return r.sampler.sample(logits, r.prompt_ids, r.output_ids, self._banned(r), r.params.logprobs)
+    def _sample_row(self, r: _Request) -> SampleRow:
+        return SampleRow(r.params, r.seed, r.sampler, r.prompt_ids, r.output_ids, self._banned(r))
 
     def _accept(self, r: _Request, token: int, logprob: float | None, top: list[tuple[int, float]]) -> None:
         """Appends a sampled token and finishes the request on a stop token, stop string or length."""

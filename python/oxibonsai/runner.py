@@ -1,7 +1,12 @@
-"""Runners: what computes the steps the native scheduler plans. The engine talks to a runner, never to
-a model. ``NativeRunner`` is the Rust forward pass on the CPU (the scheduler runs it in one native
-call, GIL released); ``oxibonsai.torch_backend.runner.TorchRunner`` computes the same plans with torch on
-a CUDA, MPS or CPU device, over a device KV pool with a host-memory warm tier.
+"""Runners: what computes the steps the native scheduler plans and samples their tokens. The engine
+talks to a runner, never to a model. ``NativeRunner`` is the Rust forward pass on the CPU (the
+scheduler runs it in one native call, GIL released) with each request's Rust sampler;
+``oxibonsai.torch_backend.runner.TorchRunner`` computes the same plans with torch on a CUDA, MPS or CPU
+device, over a device KV pool with a host-memory warm tier, and on a GPU samples there too.
+
+A step's sampling rows come as ``SampleRow``s (parameters, seed, the request's Rust sampler, its
+histories and the ids it may not sample now); ``execute`` returns one ``Draw`` per row, in order:
+``(token, raw logprob or None, [(id, raw logprob)] * n)``, what ``_core.Sampler.sample`` returns.
 
 ``choose(device, runner)`` turns the user's ``device`` / ``runner`` arguments into a concrete pair, with
 clear errors for impossible ones before any work. It imports torch only where a GPU may exist (a
@@ -14,17 +19,47 @@ import importlib.util
 import os
 import platform
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from oxibonsai import _core
 
+if TYPE_CHECKING:
+    from oxibonsai.sampling_params import SamplingParams
+
 RUNNERS = ("auto", "native", "torch")
 BLOCK_TOKENS = 16  # tokens per KV block: the Rust core's BLOCK_TOKENS
 DEFAULT_MAX_MODEL_LEN = 4096  # the context when none is asked for: the model's, capped (as the core's)
 TORCH_MISSING = "torch is not installed: pip install 'oxibonsai[torch]'"
+
+
+Draw = tuple[int, float | None, list[tuple[int, float]]]
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """What sampling one request's next token needs: its parameters, its seed (the request's, or the
+    engine's for it), its stateful Rust sampler (built from both), its prompt and output so far, and
+    the ids it may not sample now (stop ids before ``min_tokens``)."""
+
+    params: SamplingParams
+    seed: int
+    sampler: _core.Sampler
+    prompt_ids: list[int]
+    output_ids: list[int]
+    banned: list[int]
+
+
+def sample_on_host(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[Draw]:
+    """Each row of float32 ``logits`` through its request's Rust sampler; no logprobs are computed
+    for requests that did not ask (the normalizer is most of a greedy draw's cost)."""
+    return [
+        r.sampler.sample(row, r.prompt_ids, r.output_ids, r.banned, r.params.logprobs)
+        for r, row in zip(rows, logits, strict=True)
+    ]
 
 
 class Runner(Protocol):
@@ -42,7 +77,9 @@ class Runner(Protocol):
     @property
     def prefix_caching(self) -> bool: ...
     def make_scheduler(self, **options: Any) -> _core.Scheduler: ...
-    def execute(self, sched: _core.Scheduler, out: _core.SchedulerOutput) -> np.ndarray: ...
+    def execute(
+        self, sched: _core.Scheduler, out: _core.SchedulerOutput, rows: Sequence[SampleRow]
+    ) -> list[Draw]: ...
     def cache_stats(self) -> dict[str, Any]: ...
     def reset_prefix_cache(self) -> int: ...
     def logits(self, token_ids: list[int]) -> np.ndarray: ...
@@ -73,10 +110,12 @@ class NativeRunner:
     def make_scheduler(self, **options: Any) -> _core.Scheduler:
         return _core.Scheduler(self._model, **options)
 
-    def execute(self, sched: _core.Scheduler, out: _core.SchedulerOutput) -> np.ndarray:
+    def execute(
+        self, sched: _core.Scheduler, out: _core.SchedulerOutput, rows: Sequence[SampleRow]
+    ) -> list[Draw]:
         logits = sched.execute(out)
         assert logits is not None, "a model's scheduler returns logits"
-        return logits
+        return sample_on_host(logits, rows)
 
     def cache_stats(self) -> dict[str, Any]:
         return dict(self._model.cache_stats())

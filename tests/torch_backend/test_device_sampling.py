@@ -373,6 +373,20 @@ def test_a_row_with_nothing_to_sample(rng: np.random.Generator) -> None:
         result.to_host(batch)
 
 
+def test_nan_or_plus_inf_logits_give_the_rust_samplers_error(rng: np.random.Generator) -> None:
+    for bad in (np.nan, np.inf):
+        rows = Rows.random(rng, 3, vocab=8, ties=False)
+        rows.logits[0, :2] = -np.inf  # -inf is allowed
+        rows.logits[2, 5] = bad
+        logits, batch = rows.batch(
+            [SamplingParams(temperature=0.0), SamplingParams(), SamplingParams()], [0, 1, 2]
+        )
+        result = sample(logits, batch)
+        assert result.token_ids[2].item() == -2 and min(result.token_ids[:2].tolist()) >= 0
+        with pytest.raises(ValueError, match="sampling row 2 hold NaN or \\+inf"):
+            result.to_host(batch)
+
+
 def test_bad_batches_are_value_errors() -> None:
     p = SamplingParams()
 

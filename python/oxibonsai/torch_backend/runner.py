@@ -4,23 +4,28 @@ It owns the device KV pool and the host-memory warm tier (their bytes; the Rust 
 block's id, tier, reference count and LRU place) and, per step: asks the scheduler for the plan
 (``Scheduler.prepare``), runs the plan's tier copies (demotions to the host, then promotions back,
 one batched call per direction, on the step's stream before the forward pass reads anything), runs
-the forward pass, and hands the sampling rows' logits to the host. Sizes are checked at load, so a
-model or pool that does not fit fails with the sizes named, never in the middle of a step."""
+the forward pass, and samples: on the device (``sampling.sample_rows``: only token ids and requested
+logprobs come to the host) where ``sample_on_device`` is set, the default off the CPU, else with each
+request's Rust sampler on the logits brought to the host. ``OXIBONSAI_DEVICE_SAMPLING=0`` or ``1``
+overrides the default. Sizes are checked at load, so a model or pool that does not fit fails with the
+sizes named, never in the middle of a step."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from oxibonsai import _core
-from oxibonsai.runner import BLOCK_TOKENS, DEFAULT_MAX_MODEL_LEN
+from oxibonsai.runner import BLOCK_TOKENS, DEFAULT_MAX_MODEL_LEN, Draw, SampleRow, sample_on_host
 from oxibonsai.torch_backend.batch import StepBatch
 from oxibonsai.torch_backend.kv_pool import KvPool, copy_blocks
 from oxibonsai.torch_backend.model import TorchQwen3
+from oxibonsai.torch_backend.sampling import sample_rows
 
 HOST_TIER_FRACTION = 0.25  # of the available host memory, at most, for a default host tier
 ACTIVATION_HEADROOM = 1 << 30  # device memory kept free for activations and kernels on CUDA
@@ -98,6 +103,7 @@ class TorchRunner:
             else None
         )
         self._kv_dtype_name = "f32" if dtype == torch.float32 else "f16"
+        self.sample_on_device = _device_sampling(self._device)
         self._sched: _core.Scheduler | None = None
         self._computed_tokens = 0
 
@@ -121,15 +127,19 @@ class TorchRunner:
         )
         return self._sched
 
-    def execute(self, sched: _core.Scheduler, out: _core.SchedulerOutput) -> np.ndarray:
-        """Runs one planned step: tier copies, then the forward pass; float32 logits of the sampling
-        rows, in item order."""
+    def execute(
+        self, sched: _core.Scheduler, out: _core.SchedulerOutput, rows: Sequence[SampleRow]
+    ) -> list[Draw]:
+        """Runs one planned step: tier copies, the forward pass, then the sampling rows' draws, in
+        item order."""
         plan = sched.prepare(out)
         self._copy_tiers(plan)
         batch = StepBatch.from_plan(plan)
         logits = self.model.forward(batch.to_device(self._device), self.kv)
         self._computed_tokens += plan.num_tokens
-        return logits.to("cpu", torch.float32).numpy()
+        if self.sample_on_device:
+            return sample_rows(logits, rows, self.vocab_size)
+        return sample_on_host(logits.to("cpu", torch.float32).numpy(), rows)
 
     def _copy_tiers(self, plan: _core.StepPlan) -> None:
         """Demotions first (their device blocks may be rewritten by this step), then promotions."""
@@ -165,6 +175,17 @@ class TorchRunner:
         if self._sched is None:
             raise RuntimeError("the runner has no scheduler yet")
         return self._sched
+
+
+def _device_sampling(device: torch.device) -> bool:
+    """Whether to sample on ``device``: ``OXIBONSAI_DEVICE_SAMPLING`` ("0" or "1") if set, else off the
+    CPU only (on the CPU the Rust sampler is faster and the logits are already in host memory)."""
+    asked = os.environ.get("OXIBONSAI_DEVICE_SAMPLING")
+    if asked is None or asked == "":
+        return device.type != "cpu"
+    if asked not in ("0", "1"):
+        raise ValueError(f"OXIBONSAI_DEVICE_SAMPLING must be '0' or '1', got {asked!r}")
+    return asked == "1"
 
 
 def _max_model_len(asked: int | None, context: int) -> int:

@@ -16,8 +16,10 @@ on its logits, history, parameters, seed and step only, never on the other rows 
 is not the Rust sampler's random stream (xoshiro, one draw per token), so the tokens differ from the CPU
 path's, but the distribution is the same.
 
-This module never synchronizes with the device except in ``SampleResult.to_host``, and does not check
-logits: NaN or ``+inf`` give unspecified tokens where the Rust sampler raises."""
+This module never synchronizes with the device except in ``SampleResult.to_host``. A row whose logits
+hold NaN or ``+inf`` gets no token: ``to_host`` raises ValueError for it, as the Rust sampler does.
+
+``sample_rows`` is what the torch runner calls: the engine's ``SampleRow``s in, their draws out."""
 
 from __future__ import annotations
 
@@ -30,11 +32,16 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
+    from oxibonsai.runner import SampleRow
     from oxibonsai.sampling_params import SamplingParams
 
 _EXP_FLOOR = -87.0
 """The Rust sampler's exp is exactly 0 below this argument (``math.rs``), so such tokens have no weight."""
 _F32_MAX = float(np.finfo(np.float32).max)
+_NOTHING = -1
+"""The token of a row where every token is ``-inf`` or banned."""
+_NON_FINITE = -2
+"""The token of a row whose logits hold NaN or ``+inf``."""
 _MASK64 = 2**64 - 1
 _SEED_LIMIT = 2**64
 
@@ -221,16 +228,22 @@ class SampleResult:
     """One step's draws, on the device. Logprob tensors have one row per ``batch.logprob_rows`` entry
     (None when no row asked); row j's top list is the first ``batch.logprob_counts[j]`` columns."""
 
-    token_ids: torch.Tensor  # int64 [R]; -1 where every token is -inf or banned
+    token_ids: torch.Tensor  # int64 [R]; -1 where every token is -inf or banned, -2 on NaN or +inf
     logprobs: torch.Tensor | None  # float32 [L]: the raw logprob of the row's token
     top_ids: torch.Tensor | None  # int64 [L, N]: highest raw logprobs first, ties to the lower id
     top_logprobs: torch.Tensor | None  # float32 [L, N]
 
     def to_host(self, batch: SamplingBatch) -> list[Draw]:
         """Per row what ``_core.Sampler.sample`` returns: ``(token, raw logprob or None, [(id, raw
-        logprob)] * n)``; raises its ValueError for a row with nothing to sample. Synchronizes."""
+        logprob)] * n)``; raises its ValueError for a row with nothing to sample or with NaN or
+        ``+inf`` logits. Synchronizes."""
         tokens = self.token_ids.tolist()
-        if -1 in tokens:
+        if _NON_FINITE in tokens:
+            row = tokens.index(_NON_FINITE)
+            raise ValueError(
+                f"the logits of sampling row {row} hold NaN or +inf; logits must be finite or -inf"
+            )
+        if _NOTHING in tokens:
             raise ValueError(f"no token can be sampled: all {batch.vocab_size} logits are -inf or banned")
         draws: list[Draw] = [(token, None, []) for token in tokens]
         if self.logprobs is None or self.top_ids is None or self.top_logprobs is None:
@@ -250,8 +263,25 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
     if not batch.all_greedy:
         ids, weights = _candidates(x, best, batch)
         token = torch.where(batch.greedy, first_max, _draw(ids, weights, batch.uniforms))
-    token = token.masked_fill(~valid, -1)
+    token = token.masked_fill(~valid, _NOTHING)
+    non_finite = (torch.isnan(logits) | (logits == float("inf"))).any(-1)
+    token = token.masked_fill(non_finite, _NON_FINITE)
     return SampleResult(token, *_logprobs(logits.float(), token, batch))
+
+
+def sample_rows(logits: torch.Tensor, rows: Sequence[SampleRow], vocab_size: int) -> list[Draw]:
+    """One step's draws for the engine's sampling rows (``logits``: [R, V] on the device): the batch is
+    built, sampled and only the token ids and requested logprobs come back to the host."""
+    batch = SamplingBatch.build(
+        [r.params for r in rows],
+        [r.seed for r in rows],
+        [r.prompt_ids for r in rows],
+        [r.output_ids for r in rows],
+        [r.banned for r in rows],
+        logits.device,
+        vocab_size=vocab_size,
+    )
+    return sample(logits, batch).to_host(batch)
 
 
 def probabilities(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
