@@ -169,7 +169,7 @@ class Engine:
             prompt=prompt,
             prompt_ids=list(prompt_ids),
             params=params,
-            seed=params.seed if params.seed is not None else default_seed,
+            seed=params.effective_seed(default_seed),
             sampler=params.sampler(default_seed),
             max_new=max_new,
             detok=IncrementalDetokenizer(self._tokenizer, prompt_ids, params.skip_special_tokens),

@@ -163,11 +163,16 @@ class SamplingParams:
         )
         self.skip_special_tokens = _as_bool("skip_special_tokens", self.skip_special_tokens)
 
-    def sampler(self, default_seed: int) -> _core.Sampler:
-        """The native sampler of this request: seeded with ``seed``, or ``default_seed`` when it is None."""
+    def effective_seed(self, default_seed: int) -> int:
+        """``seed``, or ``default_seed`` when it is None."""
         seed = self.seed if self.seed is not None else _as_int("default_seed", default_seed)
         if not 0 <= seed < _SEED_LIMIT:
             raise _out_of_range("default_seed", "in [0, 2**64)", seed)
+        return seed
+
+    def sampler(self, default_seed: int) -> _core.Sampler:
+        """The native sampler of this request, seeded with ``effective_seed(default_seed)``."""
+        seed = self.effective_seed(default_seed)
         return _core.Sampler(
             temperature=self.temperature,
             top_k=0 if self.top_k == -1 else min(self.top_k, _TOKEN_ID_LIMIT - 1),

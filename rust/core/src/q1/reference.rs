@@ -37,11 +37,7 @@ pub fn gemv_f32(blocks: &[BlockQ1], rows: usize, cols: usize, x: &[f32], n: usiz
 
 /// The exact value of every quantized kernel's output, in f64: `sum_b d_w * d_a * sum_j s_j * q_j`.
 pub fn exact_quantized(blocks: &[BlockQ1], rows: usize, acts: &QuantizedActs) -> Vec<f64> {
-    exact(blocks, rows, acts.n, acts.k, &acts.q, &acts.scale)
-}
-
-/// `sum_b d_w * d_a * sum_j s_j * q_j` in f64 for `n` rows of `k` quantized activations.
-fn exact(blocks: &[BlockQ1], rows: usize, n: usize, k: usize, q_all: &[i16], scales: &[f32]) -> Vec<f64> {
+    let (n, k, q_all, scales) = (acts.n, acts.k, &acts.q, &acts.scale);
     let kb = k / BLOCK_WEIGHTS;
     let mut out = vec![0f64; n * rows];
     for i in 0..n {
