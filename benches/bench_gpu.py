@@ -1,5 +1,5 @@
-"""The first run on a lent GPU: every figure of research/gpu-path.md §7.4 that the eager torch path can
-give, each speed beside a baseline measured in the same run, written as JSON to --out.
+"""The first run on a lent GPU: every figure of research/gpu-path.md §7.4 that the torch path can give,
+each speed beside a baseline measured in the same run, written as JSON to --out.
 
 Sections (--sections picks some; each records its error and the run goes on):
 
@@ -9,9 +9,10 @@ Sections (--sections picks some; each records its error and the run goes on):
   {1, 16, 64, 512}: GB/s of weight bytes (rows*cols*18/128) and its ratio to B1; B2 = fp16
   ``torch.matmul`` on the dequantized weight; relative error against ``ref_torch.q1_linear``. Timed in
   a CUDA graph over enough weight copies that they do not fit in L2 (eager time per call beside it).
-- decode: ``TorchQwen3.forward`` on random Bonsai-1.7B/8B-shaped weights over an fp16 ``KvPool``,
-  eager (the torch path has no CUDA graphs yet): decode tokens/s at batch 1/16/64 after a 512-token
-  context (random KV written into the pool, not prefilled), and prefill of 512 tokens; B2 = the same
+- decode: ``TorchQwen3.forward`` on random Bonsai-1.7B/8B-shaped weights over an fp16 ``KvPool``:
+  decode tokens/s at batch 1/16/64 after a 512-token context (random KV written into the pool, not
+  prefilled), eager and through ``DecodeGraphs`` (CUDA graphs per batch bucket; the last step's
+  logits compared with eager's bit for bit), and prefill of 512 tokens (eager); B2 = the same
   forward with fp16 dense weights (dequantized; ~3.4 GB for 1.7B, ~16 GB for 8B).
 - tier: promote GB/s of 64 scattered 1.7B-shaped blocks (``copy_blocks`` from a pinned host pool)
   against one large pinned copy of the same bytes, and the same for demotion; then, through
@@ -56,8 +57,8 @@ SECTIONS = ("probe", "q1", "decode", "tier")
 SHARES = {"q1": 0.4, "decode": 0.8}  # of --budget-s: where q1 and decode stop starting new cases
 NOTES = [
     "B1 = device-to-device copy GB/s counting bytes read + written; q1 GB/s counts weight bytes read",
-    "decode/prefill are eager: no CUDA graphs in the torch path yet; paged_attention syncs the host "
-    "once per layer (its kernel choice); decode context KV is random data written into the pool",
+    "decode is timed eager (tok_s) and as CUDA graph replays (graph_tok_s, inputs staged from the host "
+    "each step); prefill is eager; decode context KV is random data written into the pool",
     "B2 = the same computation on fp16 dense (dequantized) weights with torch.matmul",
 ]
 

@@ -1,11 +1,13 @@
 """The decode section: ``TorchQwen3.forward`` on random Bonsai-shaped weights over an fp16 ``KvPool``,
-decode tokens/s per batch and prefill tokens/s, against B2 (the same model with fp16 dense weights)."""
+decode tokens/s per batch, eager and as CUDA graphs (``DecodeGraphs``; graph logits checked bit for bit
+against eager ones), and prefill tokens/s, against B2 (the same model with fp16 dense weights)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -13,6 +15,7 @@ import numpy as np
 import torch
 
 from oxibonsai.torch_backend.batch import BLOCK_TOKENS, DeviceBatch, StepBatch
+from oxibonsai.torch_backend.graphs import DecodeGraphs
 from oxibonsai.torch_backend.kv_pool import KvPool
 from oxibonsai.torch_backend.model import TorchQwen3
 from oxibonsai.torch_backend.ops.dispatch import OP_NAMES, ops_for
@@ -134,6 +137,8 @@ def run_phases(model: TorchQwen3, pool: KvPool, plan: Plan, device: torch.device
 def decode_rate(
     model: TorchQwen3, pool: KvPool, batch: int, plan: Plan, device: torch.device, rng: np.random.Generator
 ) -> dict[str, Any]:
+    """Eager steps, then the same steps through ``DecodeGraphs`` (captured on CUDA; padded eager steps
+    elsewhere), with the last step's logits compared bit for bit."""
     steps = plan.warmup + plan.decode_steps
     per_seq = blocks_for(plan.context + steps + 1)
     tables = rng.permutation(pool.num_blocks)[: batch * per_seq].reshape(batch, per_seq).tolist()
@@ -144,8 +149,18 @@ def decode_rate(
     ]
     batches = [p.to_device(device) for p in plans]
     seconds = timed_forwards(model, pool, batches, plan.warmup, device)
+    graphs = DecodeGraphs(model, pool, max_num_seqs=batch, max_model_len=per_seq * BLOCK_TOKENS,
+                          capture=device.type == "cuda")  # fmt: skip
+    graph_seconds = timed_calls([partial(graphs.run, p) for p in plans], plan.warmup, device)
+    eager_logits = model.forward(batches[-1], pool)
+    graph_logits = graphs.run(plans[-1])
     return {"tok_s": batch * plan.decode_steps / seconds, "step_ms": seconds / plan.decode_steps * 1e3,
-            "steps": plan.decode_steps}  # fmt: skip
+            "steps": plan.decode_steps, "graph_tok_s": batch * plan.decode_steps / graph_seconds,
+            "graph_step_ms": graph_seconds / plan.decode_steps * 1e3,
+            "graph_vs_eager": seconds / graph_seconds,
+            "graph_captured": graphs.replays > 0,
+            "graph_logits_equal": bool(torch.equal(graph_logits, eager_logits)),
+            "graph_logits_max_abs_diff": float((graph_logits - eager_logits).abs().max())}  # fmt: skip
 
 
 def prefill_rate(
@@ -163,12 +178,17 @@ def timed_forwards(
     model: TorchQwen3, pool: KvPool, batches: list[DeviceBatch], warmup: int, device: torch.device
 ) -> float:
     """Seconds for ``batches[warmup:]``, run back to back after the first ``warmup``."""
-    for batch in batches[:warmup]:
-        model.forward(batch, pool)
+    return timed_calls([partial(model.forward, batch, pool) for batch in batches], warmup, device)
+
+
+def timed_calls(calls: list[Callable[[], object]], warmup: int, device: torch.device) -> float:
+    """Seconds for ``calls[warmup:]``, run back to back after the first ``warmup``."""
+    for call in calls[:warmup]:
+        call()
     sync(device)
     start = time.perf_counter()
-    for batch in batches[warmup:]:
-        model.forward(batch, pool)
+    for call in calls[warmup:]:
+        call()
     sync(device)
     return time.perf_counter() - start
 
@@ -182,10 +202,12 @@ def join_phases(ours: list[dict], b2: list[dict], streamed: int) -> list[dict[st
         row = {**{k: v for k, v in r.items() if k not in ("tok_s", "step_ms")},
                "ours_tok_s": r.get("tok_s"), "ours_step_ms": r.get("step_ms"),
                "b2_tok_s": other.get("tok_s"), "b2_step_ms": other.get("step_ms"),
-               "speedup_vs_b2": ratio(r.get("tok_s"), other.get("tok_s"))}  # fmt: skip
+               "speedup_vs_b2": ratio(r.get("tok_s"), other.get("tok_s")),
+               "b2_graph_tok_s": other.get("graph_tok_s"),
+               "graph_speedup_vs_b2": ratio(r.get("graph_tok_s"), other.get("graph_tok_s"))}  # fmt: skip
         if "error" in other or "skipped" in other:
             row["b2_error"] = other.get("error") or other.get("skipped")
         if r["phase"] == "decode" and r["batch"] == 1 and r.get("tok_s"):
-            row["weight_gbps"] = streamed * r["tok_s"] / 1e9
+            row["weight_gbps"] = streamed * max(r["tok_s"], r.get("graph_tok_s") or 0) / 1e9
         out.append(row)
     return out

@@ -38,12 +38,17 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                      f"{fmt(r.get('ours_gbps')):>8} {fmt(r.get('ours_over_b1'), '.2f'):>6} "
                      f"{fmt(r.get('speedup_vs_b2'), '.2f'):>6} {fmt(r.get('rel_err'), '.1e'):>8} "
                      f"{problem(r)}")  # fmt: skip
-    lines.append(f"model {'name':<13} {'phase':<8} {'batch':>5} {'tok/s':>10} {'B2 tok/s':>10} {'xB2':>6}")
+    lines.append(f"model {'name':<13} {'phase':<8} {'batch':>5} {'tok/s':>10} {'B2 tok/s':>10} {'xB2':>6} "
+                 f"{'graph':>10} {'xeager':>6} {'B2 graph':>10} {'xB2':>6} {'same':>5}")  # fmt: skip
     for m in report.get("decode", {}).get("models", []):
         for r in m.get("results", [{"phase": "-", "batch": "-"}]):
             lines.append(f"      {m['model']:<13} {r['phase']:<8} {r['batch']:>5} "
                          f"{fmt(r.get('ours_tok_s')):>10} {fmt(r.get('b2_tok_s')):>10} "
-                         f"{fmt(r.get('speedup_vs_b2'), '.2f'):>6} {problem(m) or problem(r)}")  # fmt: skip
+                         f"{fmt(r.get('speedup_vs_b2'), '.2f'):>6} {fmt(r.get('graph_tok_s')):>10} "
+                         f"{fmt(r.get('graph_vs_eager'), '.2f'):>6} {fmt(r.get('b2_graph_tok_s')):>10} "
+                         f"{fmt(r.get('graph_speedup_vs_b2'), '.2f'):>6} "
+                         f"{r.get('graph_logits_equal', '-')!s:>5} "
+                         f"{problem(m) or problem(r)}")  # fmt: skip
     t = report.get("tier", {})
     pr, tt = t.get("promote", {}), t.get("ttft", {})
     lines.append(f"tier: promote {fmt(pr.get('promote_gbps'))} GB/s vs one large H2D "

@@ -90,7 +90,8 @@ class LLM:
     default ``gpu_memory_utilization`` of the GPU's memory, less the weights), and
     ``host_kv_cache_blocks`` / ``host_kv_cache_bytes`` the host-memory tier that idle cached blocks are
     demoted to instead of dropped (0 turns it off; by default as large as the device pool on CUDA, off
-    elsewhere). ``kernel`` applies to the native runner only.
+    elsewhere). On CUDA, decode steps run as CUDA graphs captured per batch-size bucket;
+    ``enforce_eager=True`` runs every step eagerly. ``kernel`` applies to the native runner only.
     """
 
     def __init__(
@@ -116,6 +117,7 @@ class LLM:
         host_kv_cache_blocks: int | None = None,
         host_kv_cache_bytes: int | None = None,
         gpu_memory_utilization: float = 0.9,
+        enforce_eager: bool = False,
     ) -> None:
         path = Path(model) if model is not None else default_model_path()
         if not path.exists():
@@ -147,6 +149,7 @@ class LLM:
                 host_kv_cache_blocks=host_kv_cache_blocks,
                 host_kv_cache_bytes=host_kv_cache_bytes,
                 gpu_memory_utilization=gpu_memory_utilization,
+                enforce_eager=enforce_eager,
                 **kv,
             )
         if self._runner.vocab_size < self.tokenizer.vocab_size:

@@ -56,6 +56,7 @@ def add_device_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
     p.add_argument("--runner", default="auto", choices=["auto", "native", "torch"])
     p.add_argument("--host-kv-cache-blocks", type=int, default=None, help="host tier blocks (torch runner)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
 
 
 def device_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -64,6 +65,7 @@ def device_args(args: argparse.Namespace) -> dict[str, Any]:
         "runner": args.runner,
         "host_kv_cache_blocks": args.host_kv_cache_blocks,
         "gpu_memory_utilization": args.gpu_memory_utilization,
+        "enforce_eager": args.enforce_eager,
     }
 
 

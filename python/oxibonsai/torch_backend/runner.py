@@ -4,7 +4,8 @@ It owns the device KV pool and the host-memory warm tier (their bytes; the Rust 
 block's id, tier, reference count and LRU place) and, per step: asks the scheduler for the plan
 (``Scheduler.prepare``), runs the plan's tier copies (demotions to the host, then promotions back,
 one batched call per direction, on the step's stream before the forward pass reads anything), runs
-the forward pass, and samples: on the device (``sampling.sample_rows``: only token ids and requested
+the forward pass (a plain decode step as a CUDA graph replay on CUDA, ``graphs.DecodeGraphs``, unless
+``enforce_eager``), and samples: on the device (``sampling.sample_rows``: only token ids and requested
 logprobs come to the host) where ``sample_on_device`` is set, the default off the CPU, else with each
 request's Rust sampler on the logits brought to the host. ``OXIBONSAI_DEVICE_SAMPLING=0`` or ``1``
 overrides the default. Sizes are checked at load, so a model or pool that does not fit fails with the
@@ -23,6 +24,7 @@ import torch
 from oxibonsai import _core
 from oxibonsai.runner import BLOCK_TOKENS, DEFAULT_MAX_MODEL_LEN, Draw, SampleRow, sample_on_host
 from oxibonsai.torch_backend.batch import StepBatch
+from oxibonsai.torch_backend.graphs import DecodeGraphs
 from oxibonsai.torch_backend.kv_pool import KvPool, copy_blocks
 from oxibonsai.torch_backend.model import TorchQwen3
 from oxibonsai.torch_backend.sampling import sample_rows
@@ -71,6 +73,7 @@ class TorchRunner:
         host_kv_cache_blocks: int | None,
         host_kv_cache_bytes: int | None,
         gpu_memory_utilization: float,
+        enforce_eager: bool = False,
     ) -> None:
         self.device = device
         self._device = torch.device(device)
@@ -104,6 +107,13 @@ class TorchRunner:
         )
         self._kv_dtype_name = "f32" if dtype == torch.float32 else "f16"
         self.sample_on_device = _device_sampling(self._device)
+        self.graphs = (
+            DecodeGraphs(
+                self.model, self.kv, max_num_seqs=max_num_seqs, max_model_len=self.max_model_len, capture=True
+            )
+            if cuda and not enforce_eager
+            else None
+        )
         self._sched: _core.Scheduler | None = None
         self._computed_tokens = 0
 
@@ -134,12 +144,16 @@ class TorchRunner:
         item order."""
         plan = sched.prepare(out)
         self._copy_tiers(plan)
-        batch = StepBatch.from_plan(plan)
-        logits = self.model.forward(batch.to_device(self._device), self.kv)
+        logits = self._forward(StepBatch.from_plan(plan))
         self._computed_tokens += plan.num_tokens
         if self.sample_on_device:
             return sample_rows(logits, rows, self.vocab_size)
         return sample_on_host(logits.to("cpu", torch.float32).numpy(), rows)
+
+    def _forward(self, batch: StepBatch) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.fits(batch):
+            return self.graphs.run(batch)
+        return self.model.forward(batch.to_device(self._device), self.kv)
 
     def _copy_tiers(self, plan: _core.StepPlan) -> None:
         """Demotions first (their device blocks may be rewritten by this step), then promotions."""

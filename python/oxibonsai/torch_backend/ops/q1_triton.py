@@ -15,6 +15,8 @@ tested against this one."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -150,5 +152,11 @@ def _default_split_k(n_tiles: int, groups: int, device: torch.device) -> int:
     """Enough K splits for about two programs per SM on a GPU; none elsewhere (the interpreter)."""
     if device.type != "cuda":
         return 1
-    programs = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    programs = 2 * _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
     return max(1, min(groups, programs // max(n_tiles, 1)))
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    """The SM count of CUDA device ``index``, asked once (the query costs microseconds per call)."""
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
