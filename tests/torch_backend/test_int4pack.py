@@ -121,11 +121,18 @@ def test_bad_inputs_are_refused_with_a_clear_error(rng):
         pack(on_meta)
 
 
-def test_the_op_set_is_the_reference_set_with_this_q1_linear():
+def test_the_op_set_is_the_reference_set_with_this_q1_linear(rng):
     ops = ops_int4pack()
     assert sorted(vars(ops)) == sorted(OP_NAMES)
     assert ops.q1_linear is q1_linear
-    assert all(getattr(ops, name) is getattr(ref_torch, name) for name in OP_NAMES if name != "q1_linear")
+    own = ("q1_linear", "q1_fused_linear")
+    assert all(getattr(ops, name) is getattr(ref_torch, name) for name in OP_NAMES if name not in own)
+    w, _ = random_q1(rng, 32, 128, "cpu")
+    x, norm = torch.randn(3, 128), 1 + 0.1 * torch.randn(128)
+    fused = ops.q1_fused_linear(x, w, norm=norm, eps=1e-6, gated=True)
+    torch.testing.assert_close(
+        fused, ref_torch.silu_mul(*q1_linear(ref_torch.rms_norm(x, norm, 1e-6), w).chunk(2, 1))
+    )
 
 
 def test_a_model_on_the_int4pack_ops_gives_the_reference_logits(device, tiny_model: Path, rng):

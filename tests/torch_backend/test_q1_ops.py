@@ -166,3 +166,97 @@ def test_triton_q1_linear_rejects_wrong_width(
         getattr(q1_triton, linear)(
             torch.zeros(2, 128, device=DEVICE), Q1Weight.from_gguf(raw, 8, 256, DEVICE)
         )
+
+
+def fused_oracle(
+    x: np.ndarray, w: np.ndarray, norm: np.ndarray | None, residual: np.ndarray | None, gated: bool
+) -> np.ndarray:
+    """float64 ``residual + silu(gate) * up`` (or ``+ y``) of ``rms_norm(x) @ W.T``."""
+    x64 = x.astype(np.float64)
+    if norm is not None:
+        x64 = x64 / np.sqrt(np.mean(x64**2, axis=1, keepdims=True) + EPS) * norm
+    y = x64 @ w.astype(np.float64).T
+    if gated:
+        gate, up = np.split(y, 2, axis=1)
+        y = gate / (1 + np.exp(-gate)) * up
+    return y if residual is None else y + residual
+
+
+EPS = 1e-6
+FUSED_CASES = [  # (m, rows, k, split_k, norm, residual, gated)
+    (1, 72, 384, 1, True, False, False),
+    (3, 80, 384, 3, True, False, True),
+    (8, 40, 256, 2, False, True, False),
+    (5, 72, 384, 1, False, True, False),
+    (2, 144, 256, None, True, True, True),
+    (6, 96, 512, 4, False, False, True),
+]
+
+
+# The interpreter's numpy sigmoid overflows exp(-gate) for gates below -88: silu is then exactly -0.
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+@pytest.mark.parametrize(("m", "rows", "k", "split_k", "normed", "with_residual", "gated"), FUSED_CASES)
+def test_fused_gemv_is_norm_matmul_silu_and_residual(
+    q1_triton: ModuleType,
+    rng: np.random.Generator,
+    m: int,
+    rows: int,
+    k: int,
+    split_k: int | None,
+    normed: bool,
+    with_residual: bool,
+    gated: bool,
+) -> None:
+    """The GEMV's folded RMSNorm prologue and SiLU-multiply / residual epilogues, split or not, and the
+    plain-torch twin, against float64."""
+    raw, w = random_q1(rng, rows, k)
+    x = rng.standard_normal((m, k)).astype(np.float32) * 3
+    norm = (1 + 0.2 * rng.standard_normal(k)).astype(np.float32) if normed else None
+    out_rows = rows // 2 if gated else rows
+    residual = rng.standard_normal((m, out_rows)).astype(np.float32) if with_residual else None
+    expected = fused_oracle(x, w, norm, residual, gated)
+
+    def tensor(a: np.ndarray | None) -> torch.Tensor | None:
+        return None if a is None else torch.from_numpy(a).to(DEVICE)
+
+    args = {"norm": tensor(norm), "eps": EPS, "residual": tensor(residual), "gated": gated}
+    weight = Q1Weight.from_gguf(raw, rows, k, DEVICE)
+    ours = q1_triton.q1_gemv_fused(tensor(x), weight, split_k=split_k, **args)
+    assert rel_err(ours, expected) < FP32_TOL
+    assert rel_err(q1_triton.q1_fused_linear(tensor(x), weight, **args), expected) < FP32_TOL
+    ref = ref_torch.q1_fused_linear(torch.from_numpy(x), Q1Weight.from_gguf(raw, rows, k), **args_cpu(args))
+    assert rel_err(ref, expected) < FP32_TOL
+
+
+def args_cpu(args: dict[str, object]) -> dict[str, object]:
+    return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+
+
+def test_fused_linear_above_the_gemv_rows_runs_the_gemm(
+    q1_triton: ModuleType, rng: np.random.Generator
+) -> None:
+    raw, w = random_q1(rng, 80, 256)
+    x = rng.standard_normal((11, 256)).astype(np.float32)
+    norm = (1 + 0.2 * rng.standard_normal(256)).astype(np.float32)
+    residual = rng.standard_normal((11, 40)).astype(np.float32)
+    y = q1_triton.q1_fused_linear(
+        torch.from_numpy(x).to(DEVICE),
+        Q1Weight.from_gguf(raw, 80, 256, DEVICE),
+        norm=torch.from_numpy(norm).to(DEVICE),
+        eps=EPS,
+        residual=torch.from_numpy(residual).to(DEVICE),
+        gated=True,
+    )
+    assert rel_err(y, fused_oracle(x, w, norm, residual, True)) < DOT_TOL
+
+
+def test_fused_gemv_rejects_mismatched_operands(q1_triton: ModuleType, rng: np.random.Generator) -> None:
+    raw, _ = random_q1(rng, 9, 128)
+    weight = Q1Weight.from_gguf(raw, 9, 128, DEVICE)
+    x = torch.zeros(2, 128, device=DEVICE)
+    with pytest.raises(ValueError, match="even number of rows"):
+        q1_triton.q1_gemv_fused(x, weight, gated=True)
+    with pytest.raises(ValueError, match="norm weight"):
+        q1_triton.q1_gemv_fused(x, weight, norm=torch.ones(64, device=DEVICE))
+    with pytest.raises(ValueError, match="residual"):
+        q1_triton.q1_gemv_fused(x, weight, residual=torch.zeros(2, 8, device=DEVICE))

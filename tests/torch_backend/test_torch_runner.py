@@ -207,7 +207,7 @@ def test_the_plan_carries_its_longest_query_so_kernels_need_no_device_sync():
     assert mixed.to_device("cpu").max_query_len == 5
 
 
-def test_qkv_and_gate_up_run_as_one_matmul_each(tiny_model, rng):
+def test_each_matmul_is_one_fused_op_with_its_norm_swiglu_and_residual(tiny_model, rng):
     from types import SimpleNamespace
 
     from oxibonsai.torch_backend.batch import StepBatch
@@ -217,17 +217,22 @@ def test_qkv_and_gate_up_run_as_one_matmul_each(tiny_model, rng):
 
     calls = []
 
-    def counting(x, w):
-        calls.append(w.rows)
-        return ref_torch.q1_linear(x, w)
+    def counting(x, w, *, norm=None, eps=0.0, residual=None, gated=False):
+        calls.append((w.rows, norm is not None, residual is not None, gated))
+        return ref_torch.q1_fused_linear(x, w, norm=norm, eps=eps, residual=residual, gated=gated)
 
     ops = SimpleNamespace(**{name: getattr(ref_torch, name) for name in OP_NAMES})
-    ops.q1_linear = counting
+    ops.q1_fused_linear = counting
     model = TorchQwen3.from_gguf(tiny_model, "cpu", ops=ops)
     c, layer = model.config, model.weights.layers[0]
     assert layer.wqkv is not None and layer.wqkv.rows == c.q_dim + 2 * c.kv_dim
     assert layer.wk.signs.untyped_storage().data_ptr() == layer.wqkv.signs.untyped_storage().data_ptr()
     batch = StepBatch.for_sequences([([0, 1], 0, random_ids(rng, c.vocab, 20), "last")])
     model.forward(batch.to_device("cpu"), model.new_kv_pool(2))
-    per_layer = [c.q_dim + 2 * c.kv_dim, c.hidden, 2 * c.ffn, c.hidden]
-    assert calls == per_layer * c.n_layers + [c.vocab]
+    per_layer = [
+        (c.q_dim + 2 * c.kv_dim, True, False, False),  # attn_norm -> QKV
+        (c.hidden, False, True, False),  # wo + residual
+        (2 * c.ffn, True, False, True),  # ffn_norm -> gate|up -> SwiGLU
+        (c.hidden, False, True, False),  # down + residual
+    ]
+    assert calls == per_layer * c.n_layers + [(c.vocab, True, False, False)]

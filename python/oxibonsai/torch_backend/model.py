@@ -3,7 +3,10 @@ KV pool.
 
 Per layer: RMSNorm, q/k/v projections, per-head QK-norm, NeoX RoPE at each token's position, K/V
 written into the pool at the batch's slots, paged causal attention through the block tables, output
-projection and residual; RMSNorm, SwiGLU MLP and residual. The final norm and the LM head run on the
+projection and residual; RMSNorm, SwiGLU MLP and residual. The ops fuse what surrounds a matmul
+(``q1_fused_linear``: the RMSNorm before it, the SwiGLU and the residual add after it) and what lies
+between the QKV matmul and attention (``qk_norm_rope_write_kv``), so on CUDA a decode layer is a
+handful of launches. The final norm and the LM head run on the
 ``logits_indices`` rows only. Activations are float32; the KV pool may be float16.
 
 This module owns the arithmetic order of the model and nothing else: kernels come from an ``ops``
@@ -69,53 +72,68 @@ class TorchQwen3:
         self._check_pool(kv)
         x = self._embed(batch.input_ids)
         for index, layer in enumerate(self.weights.layers):
-            x = x + self._attention(index, layer, x, batch, kv)
-            x = x + self._mlp(layer, x)
+            x = self._attention(index, layer, x, batch, kv)
+            x = self._mlp(layer, x)
         if batch.logits_indices.numel() == 0:  # a step that only fills the cache: no LM head launch
             return x.new_empty((0, self.config.vocab))
         rows = x.index_select(0, batch.logits_indices)
-        return self._linear(self._norm(rows, self.weights.output_norm), self.weights.lm_head)
+        return self._linear(rows, self.weights.lm_head, norm=self.weights.output_norm)
 
     def _attention(
         self, index: int, layer: LayerWeights, x: torch.Tensor, batch: DeviceBatch, kv: KvPool
     ) -> torch.Tensor:
-        c, ops, t = self.config, self.ops, x.shape[0]
-        h = self._norm(x, layer.attn_norm)
-        if layer.wqkv is not None:  # one matmul, split by columns
-            q, k, v = self._linear(h, layer.wqkv).split([c.q_dim, c.kv_dim, c.kv_dim], dim=1)
+        """``x`` plus the attention block's output."""
+        c, ops = self.config, self.ops
+        if layer.wqkv is not None:  # one matmul; the op splits it by columns
+            qkv = self._linear(x, layer.wqkv, norm=layer.attn_norm)
         else:
-            q, k, v = (self._linear(h, w) for w in (layer.wq, layer.wk, layer.wv))
-        q = q.reshape(t, c.n_heads, c.head_dim)
-        k = k.reshape(t, c.n_kv_heads, c.head_dim)
-        v = v.reshape(t, c.n_kv_heads, c.head_dim)
-        q = ops.rope_neox(self._norm(q, layer.q_norm), batch.positions, c.rope_base)
-        k = ops.rope_neox(self._norm(k, layer.k_norm), batch.positions, c.rope_base)
+            h = self._norm(x, layer.attn_norm)
+            qkv = torch.cat([self._linear(h, w) for w in (layer.wq, layer.wk, layer.wv)], dim=1)
         k_cache, v_cache = kv.layer(index)
-        ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        q = ops.qk_norm_rope_write_kv(
+            qkv, layer.q_norm, layer.k_norm, batch.positions, k_cache, v_cache, batch.slot_mapping,
+            q_heads=c.n_heads, rope_base=c.rope_base, eps=c.rms_eps,
+        )  # fmt: skip
         tables, lens, starts = batch.block_tables, batch.seq_lens, batch.query_start_loc
         out = ops.paged_attention(
             q, k_cache, v_cache, tables, lens, starts, self.scale, max_q_len=batch.max_query_len
         )
-        return self._linear(out.reshape(t, c.q_dim), layer.wo)
+        return self._linear(out.reshape(x.shape[0], c.q_dim), layer.wo, residual=x)
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
-        h = self._norm(x, layer.ffn_norm)
+        """``x`` plus the SwiGLU MLP's output."""
         if layer.w_gate_up is not None:
-            gate, up = self._linear(h, layer.w_gate_up).split([self.config.ffn, self.config.ffn], dim=1)
+            gated = self._linear(x, layer.w_gate_up, norm=layer.ffn_norm, gated=True)
         else:
-            gate, up = self._linear(h, layer.w_gate), self._linear(h, layer.w_up)
-        gated = self.ops.silu_mul(gate, up)
-        return self._linear(gated, layer.w_down)
+            h = self._norm(x, layer.ffn_norm)
+            gated = self.ops.silu_mul(self._linear(h, layer.w_gate), self._linear(h, layer.w_up))
+        return self._linear(gated, layer.w_down, residual=x)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.ops.rms_norm(x, weight, self.config.rms_eps)
         return out
 
-    def _linear(self, x: torch.Tensor, w: Linear) -> torch.Tensor:
-        if isinstance(w, DenseWeight):
-            return w.linear(x)
-        out: torch.Tensor = self.ops.q1_linear(x, w)
-        return out
+    def _linear(
+        self,
+        x: torch.Tensor,
+        w: Linear,
+        *,
+        norm: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+        gated: bool = False,
+    ) -> torch.Tensor:
+        """``residual + f(rms_norm(x, norm) @ W.T)``, ``f`` the SwiGLU of a gate|up matrix when
+        ``gated``: one fused op for a Q1 matrix, composed for a dense one."""
+        eps = self.config.rms_eps
+        if not isinstance(w, DenseWeight):
+            out: torch.Tensor = self.ops.q1_fused_linear(
+                x, w, norm=norm, eps=eps, residual=residual, gated=gated
+            )
+            return out
+        y = w.linear(x if norm is None else self._norm(x, norm))
+        if gated:
+            y = self.ops.silu_mul(*y.chunk(2, dim=1))
+        return y if residual is None else residual + y
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         w = self.weights.token_embd

@@ -17,7 +17,17 @@ import torch
 
 from oxibonsai.torch_backend.ops import q1_int4pack, ref_torch
 
-OP_NAMES = ("q1_linear", "embedding", "rms_norm", "rope_neox", "silu_mul", "write_kv", "paged_attention")
+OP_NAMES = (
+    "q1_linear",
+    "q1_fused_linear",
+    "embedding",
+    "rms_norm",
+    "rope_neox",
+    "silu_mul",
+    "write_kv",
+    "qk_norm_rope_write_kv",
+    "paged_attention",
+)
 ENV_VAR = "OXIBONSAI_TORCH_OPS"
 CHOICES = ("ref", "triton", "int4pack")
 
@@ -56,11 +66,13 @@ def _triton_ops(device: torch.device) -> SimpleNamespace:
         )
     return SimpleNamespace(
         q1_linear=q1_triton.q1_linear,
+        q1_fused_linear=q1_triton.q1_fused_linear,
         embedding=ref_torch.embedding,
         rms_norm=norm_triton.rms_norm,
         rope_neox=ref_torch.rope_neox,
         silu_mul=ref_torch.silu_mul,
         write_kv=kv_triton.write_kv,
+        qk_norm_rope_write_kv=ref_torch.qk_norm_rope_write_kv,
         paged_attention=attn_triton.paged_attention,
     )
 

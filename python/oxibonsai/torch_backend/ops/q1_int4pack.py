@@ -23,6 +23,7 @@ be exact, and CUDA has the Triton kernels."""
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -132,6 +133,7 @@ def ops_int4pack() -> SimpleNamespace:
 
     ops = SimpleNamespace(**{name: getattr(ref_torch, name) for name in OP_NAMES})
     ops.q1_linear = q1_linear
+    ops.q1_fused_linear = functools.partial(ref_torch.fused_linear, q1_linear)
     return ops
 
 

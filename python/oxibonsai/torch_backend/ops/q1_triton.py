@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from oxibonsai.torch_backend.ops.norm_triton import rms_norm
 from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight
 
 GEMV_MAX_M = 8
@@ -29,12 +30,17 @@ PRECISIONS = ("tf32", "fp16", "ieee")
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, signs_ptr, scales_ptr, out_ptr,
-    M, N, K, groups_per_split,
-    stride_xm, stride_sn, stride_dn, stride_os, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_ptr, signs_ptr, scales_ptr, norm_ptr, out_ptr, sumsq_ptr,
+    M, N, K, groups_per_split, up_offset,
+    stride_xm, stride_sn, stride_dn, stride_os, stride_om, stride_qs,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
 ):  # fmt: skip
-    """Partial ``out[split, m, n]`` over the 128-groups of split ``program_id(1)``, rows ``program_id(0)``."""
+    """Partial ``out[split, m, n]`` over the 128-groups of split ``program_id(1)``, rows ``program_id(0)``.
+
+    ``NORM``: ``x`` times the RMSNorm weight goes in, and the split's sum of ``x^2`` per row goes to
+    ``sumsq[split, m]`` (the norm's ``rstd`` factors out of the dot; the caller applies it).
+    ``GATED``: the program also computes rows ``n + up_offset`` (the up half of a gate|up matrix)
+    into ``out[split, m, up_offset + n]``."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, 128)
@@ -44,19 +50,73 @@ def _gemv_kernel(
     first = split * groups_per_split
     last = tl.minimum(first + groups_per_split, K // 128)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
     for g in range(first, last):
         cols = g * 128 + offs_k
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :], mask=mask_m[:, None], other=0.0)
         x = x.to(tl.float32)
-        word_ptrs = signs_ptr + offs_n[:, None] * stride_sn + (cols // 32)[None, :]
-        words = tl.load(word_ptrs, mask=mask_n[:, None], other=0)
-        bits = ((words >> (offs_k % 32)[None, :]) & 1).to(tl.float32)  # [BLOCK_N, 128]
-        ones = tl.sum(bits[:, None, :] * x[None, :, :], axis=2)  # [BLOCK_N, BLOCK_M]
+        if NORM:
+            sumsq += tl.sum(x * x, axis=1)
+            x = x * tl.load(norm_ptr + cols).to(tl.float32)[None, :]
         total = tl.sum(x, axis=1)  # [BLOCK_M]
-        d = tl.load(scales_ptr + offs_n * stride_dn + g, mask=mask_n, other=0.0).to(tl.float32)
-        acc += d[:, None] * (2.0 * ones - total[None, :])
+        acc += _group_dot(
+            x, total, signs_ptr, scales_ptr, offs_n, mask_n, cols, offs_k, g, stride_sn, stride_dn
+        )
+        if GATED:
+            acc_up += _group_dot(x, total, signs_ptr, scales_ptr, offs_n + up_offset, mask_n, cols, offs_k, g,
+                                 stride_sn, stride_dn)  # fmt: skip
     out = out_ptr + split * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(out, acc, mask=mask_n[:, None] & mask_m[None, :])
+    if GATED:
+        tl.store(out + up_offset, acc_up, mask=mask_n[:, None] & mask_m[None, :])
+    if NORM:
+        if tl.program_id(0) == 0:  # every row tile computed the same sums
+            tl.store(sumsq_ptr + split * stride_qs + offs_m, sumsq, mask=mask_m)
+
+
+@triton.jit
+def _group_dot(x, total, signs_ptr, scales_ptr, offs_n, mask_n, cols, offs_k, g, stride_sn, stride_dn):
+    """``d_n * sum_j x[m, j] * s[n, j]`` over one 128-group as ``[BLOCK_N, BLOCK_M]``, with the weights
+    read as {0, 1}: ``sum_j x_j s_j = 2 * sum_{bit_j = 1} x_j - sum_j x_j``."""
+    words = tl.load(
+        signs_ptr + offs_n[:, None] * stride_sn + (cols // 32)[None, :], mask=mask_n[:, None], other=0
+    )
+    bits = ((words >> (offs_k % 32)[None, :]) & 1).to(tl.float32)  # [BLOCK_N, 128]
+    ones = tl.sum(bits[:, None, :] * x[None, :, :], axis=2)  # [BLOCK_N, BLOCK_M]
+    d = tl.load(scales_ptr + offs_n * stride_dn + g, mask=mask_n, other=0.0).to(tl.float32)
+    return d[:, None] * (2.0 * ones - total[None, :])
+
+
+@triton.jit
+def _epilogue_kernel(
+    partial_ptr, sumsq_ptr, residual_ptr, out_ptr,
+    N, K, splits, eps, up_offset,
+    stride_ps, stride_pm, stride_qs, stride_rm, stride_om,
+    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
+    GATED: tl.constexpr,
+):  # fmt: skip
+    """``out[m, n]`` from the GEMV's split partials of row ``program_id(0)``: their sum, times the
+    RMSNorm ``rstd`` (``NORM``), as ``silu(gate) * up`` (``GATED``), plus ``residual`` (``RESIDUAL``)."""
+    m = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_s = tl.arange(0, BLOCK_S)
+    mask = (offs_s[:, None] < splits) & mask_n[None, :]
+    rows = partial_ptr + offs_s[:, None] * stride_ps + m * stride_pm + offs_n[None, :]
+    y = tl.sum(tl.load(rows, mask=mask, other=0.0), axis=0)
+    if NORM:
+        sumsq = tl.sum(tl.load(sumsq_ptr + offs_s * stride_qs + m, mask=offs_s < splits, other=0.0), axis=0)
+        rstd = 1.0 / tl.sqrt(sumsq / K + eps)
+        y = y * rstd
+    if GATED:
+        up = tl.sum(tl.load(rows + up_offset, mask=mask, other=0.0), axis=0)
+        if NORM:
+            up = up * rstd
+        y = y * tl.sigmoid(y) * up
+    if RESIDUAL:
+        y += tl.load(residual_ptr + m * stride_rm + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + offs_n, y, mask=mask_n)
 
 
 @triton.jit
@@ -96,24 +156,102 @@ def q1_linear(x: torch.Tensor, w: Q1Weight) -> torch.Tensor:
     return q1_gemm(x, w)
 
 
+def q1_fused_linear(
+    x: torch.Tensor,
+    w: Q1Weight,
+    *,
+    norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+) -> torch.Tensor:
+    """``ref_torch.q1_fused_linear``'s twin: the fused GEMV for ``M <= GEMV_MAX_M``; above, the norm,
+    the GEMM and the epilogue as separate launches (prefill is not launch-bound)."""
+    if x.shape[0] <= GEMV_MAX_M:
+        return q1_gemv_fused(x, w, norm=norm, eps=eps, residual=residual, gated=gated)
+    if norm is not None:
+        x = rms_norm(x, norm, eps)
+    y = q1_gemm(x, w)
+    if gated:
+        gate, up = y.chunk(2, dim=1)
+        y = torch.nn.functional.silu(gate) * up
+    return y if residual is None else y.add_(residual)
+
+
 def q1_gemv(x: torch.Tensor, w: Q1Weight, block_n: int = 32, split_k: int | None = None) -> torch.Tensor:
     """The {0, 1} GEMV (any M, meant for ``M <= GEMV_MAX_M``); ``split_k`` partial sums over K."""
+    return q1_gemv_fused(x, w, block_n=block_n, split_k=split_k)
+
+
+def q1_gemv_fused(
+    x: torch.Tensor,
+    w: Q1Weight,
+    *,
+    norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+    block_n: int = 32,
+    split_k: int | None = None,
+) -> torch.Tensor:
+    """The GEMV with what surrounds a matmul in the model folded in: ``rms_norm(x, norm, eps)`` as its
+    input (``norm``), ``silu(gate) * up`` of a gate|up matrix as its output (``gated``: W's first half
+    of rows is the gate, the second the up; the output has half W's rows), and ``residual +`` the
+    result (``residual``). One launch, plus one for the epilogue when K is split or an epilogue is
+    asked for."""
     x = _check(x, w)
+    out_rows = w.rows // 2 if gated else w.rows
+    if gated and w.rows % 2:
+        raise ValueError(f"a gate|up matrix needs an even number of rows, got {w.rows}")
+    if norm is not None and norm.shape != (w.cols,):
+        raise ValueError(f"norm weight must be [{w.cols}], got {list(norm.shape)}")
     m, groups = x.shape[0], w.cols // QK
+    if residual is not None and residual.shape != (m, out_rows):
+        raise ValueError(f"residual must be [{m}, {out_rows}], got {list(residual.shape)}")
     if m == 0:
-        return torch.empty(0, w.rows, dtype=torch.float32, device=x.device)
-    n_tiles = triton.cdiv(w.rows, block_n)
+        return torch.empty(0, out_rows, dtype=torch.float32, device=x.device)
+    n_tiles = triton.cdiv(out_rows, block_n)
     split_k = min(split_k or _default_split_k(n_tiles, groups, x.device), groups)
     groups_per_split = triton.cdiv(groups, split_k)
     split_k = triton.cdiv(groups, groups_per_split)  # no empty splits
     partial = torch.empty(split_k, m, w.rows, dtype=torch.float32, device=x.device)
+    sumsq = torch.empty(split_k, m, dtype=torch.float32, device=x.device) if norm is not None else partial
     _gemv_kernel[(n_tiles, split_k)](
-        x, w.signs, w.scales, partial,
-        m, w.rows, w.cols, groups_per_split,
+        x, w.signs, w.scales, norm if norm is not None else x, partial, sumsq,
+        m, out_rows, w.cols, groups_per_split, out_rows,
         x.stride(0), w.signs.stride(0), w.scales.stride(0), partial.stride(0), partial.stride(1),
-        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n,
+        sumsq.stride(0),
+        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, NORM=norm is not None, GATED=gated,
     )  # fmt: skip
-    return partial[0] if split_k == 1 else partial.sum(dim=0)
+    if split_k == 1 and norm is None and residual is None and not gated:
+        return partial[0]
+    return _epilogue(partial, sumsq, norm is not None, eps, residual, gated, out_rows, w.cols)
+
+
+def _epilogue(
+    partial: torch.Tensor,
+    sumsq: torch.Tensor,
+    normed: bool,
+    eps: float,
+    residual: torch.Tensor | None,
+    gated: bool,
+    out_rows: int,
+    cols: int,
+) -> torch.Tensor:
+    splits, m = partial.shape[0], partial.shape[1]
+    out = torch.empty(m, out_rows, dtype=torch.float32, device=partial.device)
+    block_n = 256
+    if residual is not None and residual.stride(1) != 1:
+        residual = residual.contiguous()
+    _epilogue_kernel[(m, triton.cdiv(out_rows, block_n))](
+        partial, sumsq, residual if residual is not None else out, out,
+        out_rows, cols, splits, eps, out_rows,
+        partial.stride(0), partial.stride(1), sumsq.stride(0),
+        residual.stride(0) if residual is not None else 0, out.stride(0),
+        BLOCK_N=block_n, BLOCK_S=triton.next_power_of_2(splits), NORM=normed,
+        RESIDUAL=residual is not None, GATED=gated,
+    )  # fmt: skip
+    return out
 
 
 def q1_gemm(

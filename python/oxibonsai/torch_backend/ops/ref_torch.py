@@ -8,6 +8,8 @@ clarity over speed but keep memory bounded: ``q1_linear`` dequantizes a slice of
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -25,6 +27,41 @@ def q1_linear(x: torch.Tensor, w: Q1Weight) -> torch.Tensor:
         stop = min(start + step, w.rows)
         out[:, start:stop] = x @ unpack(w.signs[start:stop], w.scales[start:stop]).T
     return out
+
+
+def q1_fused_linear(
+    x: torch.Tensor,
+    w: Q1Weight,
+    *,
+    norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+) -> torch.Tensor:
+    """A matmul with its neighbours in the model: ``rms_norm(x, norm, eps)`` in (``norm``), then
+    ``x @ W.T``; ``gated``: W stacks the gate rows over the up rows and the result is
+    ``silu(gate) * up``; then ``residual +`` it (``residual``). float32 ``[M, rows or rows / 2]``.
+    (The Triton twin runs it as one GEMV launch and its epilogue.)"""
+    return fused_linear(q1_linear, x, w, norm=norm, eps=eps, residual=residual, gated=gated)
+
+
+def fused_linear(
+    linear: Callable[[torch.Tensor, Q1Weight], torch.Tensor],
+    x: torch.Tensor,
+    w: Q1Weight,
+    *,
+    norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+) -> torch.Tensor:
+    """``q1_fused_linear`` composed around any Q1 ``linear`` (an op set's own matmul)."""
+    if norm is not None:
+        x = rms_norm(x, norm, eps)
+    y = linear(x, w)
+    if gated:
+        y = silu_mul(*y.chunk(2, dim=1))
+    return y if residual is None else y + residual.to(torch.float32)
 
 
 def embedding(ids: torch.Tensor, w: Q1Weight) -> torch.Tensor:
@@ -50,6 +87,32 @@ def rope_neox(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Te
     x = x.to(torch.float32)
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+def qk_norm_rope_write_kv(
+    qkv: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    q_heads: int,
+    rope_base: float,
+    eps: float,
+) -> torch.Tensor:
+    """The attention block between the QKV matmul and attention, as one op: ``qkv [T, (Hq + 2 Hkv) D]``
+    splits into q, k, v by columns; q and k get per-head RMSNorm (``q_norm``, ``k_norm`` ``[D]``) and
+    NeoX RoPE at ``positions``; k and v are stored at ``slot_mapping`` (-1: nothing stored). Returns
+    float32 q ``[T, Hq, D]``. (The Triton twin does it in one kernel launch.)"""
+    t, head_dim = qkv.shape[0], q_norm.shape[0]
+    kv_heads = k_cache.shape[2]
+    q, k, v = qkv.split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=1)
+    q = rope_neox(rms_norm(q.reshape(t, q_heads, head_dim), q_norm, eps), positions, rope_base)
+    k = rope_neox(rms_norm(k.reshape(t, kv_heads, head_dim), k_norm, eps), positions, rope_base)
+    write_kv(k, v.reshape(t, kv_heads, head_dim), k_cache, v_cache, slot_mapping)
+    return q
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
