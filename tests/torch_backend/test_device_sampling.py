@@ -404,3 +404,23 @@ def test_bad_batches_are_value_errors() -> None:
         build(seeds=[2**64])
     with pytest.raises(ValueError, match=r"logits must be \[1, 4\]"):
         sample(torch.zeros(1, 5, device=DEVICE), build())
+
+
+def test_the_row_columns_are_what_direct_conversions_give(rng: np.random.Generator) -> None:
+    """The per-row columns come over in one float64 table; each is the value and dtype a direct
+    ``torch.tensor`` of the column gives (float32 parameters rounded once, from the Python float)."""
+    n = 7
+    params = [random_params(rng) for _ in range(n)]
+    rows = Rows.random(rng, n)
+    _, batch = rows.batch(params, seeds_for(rng, n))
+    for field, name in [("top_p", "top_p"), ("min_p", "min_p"), ("repetition", "repetition_penalty"),
+                        ("frequency", "frequency_penalty"), ("presence", "presence_penalty")]:  # fmt: skip
+        want = torch.tensor([getattr(p, name) for p in params], dtype=torch.float32)
+        assert torch.equal(getattr(batch, field).cpu(), want), field
+    greedy = [np.float32(p.temperature) == 0 or p.top_k == 1 for p in params]
+    assert batch.greedy.dtype == torch.bool and batch.greedy.tolist() == greedy
+    temperature = [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]
+    assert torch.equal(batch.temperature.cpu(), torch.tensor(temperature, dtype=torch.float32))
+    assert batch.top_k.dtype == torch.int64 and batch.uniforms.dtype == torch.float64
+    assert batch.logprob_index.tolist() == [r for r, p in enumerate(params) if p.logprobs is not None]
+    assert batch.logprob_index.dtype == torch.int64

@@ -2,7 +2,7 @@
 requested logprobs cross to the host.
 
 ``SamplingBatch.build`` turns each row's ``SamplingParams``, seed, history and banned ids into tensors on
-the logits' device (the only loop over rows). ``sample`` then runs the Rust sampler's pipeline
+the logits' device (the only loop over rows; the per-row columns travel as one table, one copy). ``sample`` then runs the Rust sampler's pipeline
 (``rust/core/src/sample``) on all rows at once, in a number of kernel launches set by which features the
 batch uses, never by its size: repetition penalty over prompt and output ids, frequency and presence
 penalties over output ids, banned ids to ``-inf``; greedy rows (temperature 0 or top-k 1) take the first
@@ -123,32 +123,34 @@ class SamplingBatch:
         ]
         sampled = [not g for g in greedy]
         logprob_rows = tuple(r for r, p in enumerate(params) if p.logprobs is not None)
-
-        def tensor(values: Sequence[object], dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=device)
-
-        def floats(name: str) -> torch.Tensor:
-            return tensor([getattr(p, name) for p in params], torch.float32)
-
+        temperature = [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]
+        uniforms = [draw_uniform(s, t) for s, t in zip(seeds, steps, strict=True)]
+        rows = _upload_rows(
+            {
+                "greedy": greedy,
+                "ranked": ranked,
+                "top_k": top_k,
+                "logprob_index": [*logprob_rows, *[-1] * (len(params) - len(logprob_rows))],
+                "uniforms": uniforms,
+                "temperature": temperature,
+                **{name: [getattr(p, param) for p in params] for name, param in _FLOAT_PARAMS.items()},
+            },
+            device,
+        )
+        floats = rows["temperature":].float()  # one conversion for every float32 column
         seen, output_counts, banned_mask = _history_masks(params, histories, vocab_size, device)
         return cls(
             vocab_size=vocab_size,
-            greedy=tensor(greedy, torch.bool),
-            temperature=tensor(
-                [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)], torch.float32
-            ),
-            top_k=tensor(top_k, torch.int64),
-            top_p=floats("top_p"),
-            min_p=floats("min_p"),
-            repetition=floats("repetition_penalty"),
-            frequency=floats("frequency_penalty"),
-            presence=floats("presence_penalty"),
+            greedy=rows["greedy"] != 0,
+            temperature=floats[0],
+            top_k=rows["top_k"].long(),
+            **{name: floats[i + 1] for i, name in enumerate(_FLOAT_PARAMS)},
             seen=seen,
             output_counts=output_counts,
             banned=banned_mask,
-            ranked=tensor(ranked, torch.bool),
-            uniforms=tensor([draw_uniform(s, t) for s, t in zip(seeds, steps, strict=True)], torch.float64),
-            logprob_index=tensor(logprob_rows, torch.int64),
+            ranked=rows["ranked"] != 0,
+            uniforms=rows["uniforms"],
+            logprob_index=rows["logprob_index"][: len(logprob_rows)].long(),
             logprob_rows=logprob_rows,
             logprob_counts=tuple(int(params[r].logprobs or 0) for r in logprob_rows),
             rank_width=max((k for k, rank in zip(top_k, ranked, strict=True) if rank), default=0),
@@ -156,6 +158,36 @@ class SamplingBatch:
             all_greedy=not any(sampled),
             any_min_p=any(f32(p.min_p) > 0 for p, s in zip(params, sampled, strict=True) if s),
         )
+
+
+_FLOAT_PARAMS = {  # SamplingBatch field -> SamplingParams field, the float32 columns after temperature
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "repetition": "repetition_penalty",
+    "frequency": "frequency_penalty",
+    "presence": "presence_penalty",
+}
+
+
+class _Rows:
+    """Per-row columns uploaded as one float64 table (one host-to-device copy per step, not one per
+    column): ``rows[name]`` is that column, ``rows[name:]`` it and every column after it. float64
+    holds every value exactly: flags, ids and top-k below 2^53, the uniforms' 53-bit values, and the
+    parameters, which are Python floats rounded to float32 on the device as on the host."""
+
+    def __init__(self, names: list[str], table: torch.Tensor) -> None:
+        self.index = {name: i for i, name in enumerate(names)}
+        self.table = table
+
+    def __getitem__(self, key: str | slice) -> torch.Tensor:
+        if isinstance(key, slice):
+            return self.table[self.index[key.start] :]
+        return self.table[self.index[key]]
+
+
+def _upload_rows(columns: dict[str, Sequence[float]], device: torch.device | str) -> _Rows:
+    table = torch.from_numpy(np.array(list(columns.values()), dtype=np.float64).reshape(len(columns), -1))
+    return _Rows(list(columns), table.to(device))
 
 
 def _check_rows(
