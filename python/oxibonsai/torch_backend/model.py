@@ -24,6 +24,7 @@ import torch
 from oxibonsai import GGUFFile
 from oxibonsai.torch_backend.batch import DeviceBatch
 from oxibonsai.torch_backend.kv_pool import KvPool
+from oxibonsai.torch_backend.ops import ref_torch
 from oxibonsai.torch_backend.weights import (
     DenseWeight,
     LayerWeights,
@@ -44,6 +45,10 @@ class TorchQwen3:
         self.weights = weights
         self.ops = ops
         self.scale = 1.0 / math.sqrt(config.head_dim)
+        device = weights.output_norm.device
+        self.cos_sin = ref_torch.rope_cos_sin(
+            config.context_length, config.head_dim, config.rope_base, device
+        )
 
     @classmethod
     def from_gguf(
@@ -92,7 +97,7 @@ class TorchQwen3:
         k_cache, v_cache = kv.layer(index)
         q = ops.qk_norm_rope_write_kv(
             qkv, layer.q_norm, layer.k_norm, batch.positions, k_cache, v_cache, batch.slot_mapping,
-            q_heads=c.n_heads, rope_base=c.rope_base, eps=c.rms_eps,
+            q_heads=c.n_heads, cos_sin=self.cos_sin, eps=c.rms_eps,
         )  # fmt: skip
         tables, lens, starts = batch.block_tables, batch.seq_lens, batch.query_start_loc
         out = ops.paged_attention(

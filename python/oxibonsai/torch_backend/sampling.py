@@ -2,13 +2,14 @@
 requested logprobs cross to the host.
 
 ``SamplingBatch.build`` turns each row's ``SamplingParams``, seed, history and banned ids into tensors on
-the logits' device (the only loop over rows; the per-row columns travel as one table, one copy). ``sample`` then runs the Rust sampler's pipeline
-(``rust/core/src/sample``) on all rows at once, in a number of kernel launches set by which features the
-batch uses, never by its size: repetition penalty over prompt and output ids, frequency and presence
-penalties over output ids, banned ids to ``-inf``; greedy rows (temperature 0 or top-k 1) take the first
-maximum; the others temperature -> top-k -> top-p -> min-p and one inverse-CDF draw over the candidates
-in ascending id, the walk the Rust sampler makes. Logprobs are the *raw* ``log_softmax`` of the logits as
-given (before penalties, temperature and filters), the top ones descending with ties to the lower id.
+the logits' device (the only loop over rows; the per-row columns travel as one table, in one copy).
+``sample`` then runs the Rust sampler's pipeline (``rust/core/src/sample``) on all rows at once, in a
+number of kernel launches set by which features the batch uses, never by its size: repetition penalty
+over prompt and output ids, frequency and presence penalties over output ids, banned ids to ``-inf``;
+greedy rows (temperature 0 or top-k 1) take the first maximum; the others temperature -> top-k -> top-p
+-> min-p and one inverse-CDF draw over the candidates in ascending id, the walk the Rust sampler makes.
+Logprobs are the *raw* ``log_softmax`` of the logits as given (before penalties, temperature and
+filters), the top ones descending with ties to the lower id.
 
 A row's one uniform is a counter-based hash of (seed, step), step being the row's own token index (its
 output length by default), computed on the host when the batch is built. A row's token therefore depends

@@ -57,7 +57,7 @@ def _choice(device: torch.device) -> str:
 def _triton_ops(device: torch.device) -> SimpleNamespace:
     if not _triton_installed():
         raise RuntimeError(f"{ENV_VAR}=triton needs the triton package, which is not installed")
-    from oxibonsai.torch_backend.ops import attn_triton, kv_triton, norm_triton, q1_triton
+    from oxibonsai.torch_backend.ops import attn_triton, kv_triton, norm_triton, q1_triton, rope_kv_triton
 
     if device.type != "cuda" and not _kernels_interpreted():
         raise RuntimeError(
@@ -72,7 +72,7 @@ def _triton_ops(device: torch.device) -> SimpleNamespace:
         rope_neox=ref_torch.rope_neox,
         silu_mul=ref_torch.silu_mul,
         write_kv=kv_triton.write_kv,
-        qk_norm_rope_write_kv=ref_torch.qk_norm_rope_write_kv,
+        qk_norm_rope_write_kv=rope_kv_triton.qk_norm_rope_write_kv,
         paged_attention=attn_triton.paged_attention,
     )
 

@@ -78,12 +78,29 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rope_neox(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
     """NeoX (rotate-half) RoPE of ``x [T, heads, D]`` at ``positions [T]``: pairs ``(i, i + D/2)``
     turn by ``position * base^(-2i/D)``, computed in float32."""
-    half = x.shape[-1] // 2
-    exponents = torch.arange(0, half, device=x.device, dtype=torch.float32) * 2 / x.shape[-1]
+    angles = _rope_angles(positions.to(device=x.device, dtype=torch.float32), x.shape[-1], base)
+    return _rotate_half(x, angles.cos(), angles.sin())
+
+
+def rope_cos_sin(positions: int, head_dim: int, base: float, device: torch.device | str) -> torch.Tensor:
+    """The RoPE table of positions ``0..positions - 1``: float32 ``[positions, head_dim]``, the cos of
+    a position's ``head_dim / 2`` angles then their sin, exactly the values ``rope_neox`` computes."""
+    angles = _rope_angles(torch.arange(positions, device=device, dtype=torch.float32), head_dim, base)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+
+def _rope_angles(positions: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
+    """float32 ``[T, head_dim / 2]``: ``position * base^(-2i / head_dim)``."""
+    exponents = torch.arange(0, head_dim // 2, device=positions.device, dtype=torch.float32) * 2 / head_dim
     inv_freq = 1.0 / (base**exponents)
-    angles = positions.to(device=x.device, dtype=torch.float32)[:, None] * inv_freq[None, :]
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, None, :]
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, None, :]
+    return positions[:, None] * inv_freq[None, :]
+
+
+def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x [T, heads, D]`` turned by the angles whose ``cos``, ``sin [T, D/2]`` are given."""
+    half = x.shape[-1] // 2
+    cos = torch.cat([cos, cos], dim=-1)[:, None, :]
+    sin = torch.cat([sin, sin], dim=-1)[:, None, :]
     x = x.to(torch.float32)
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -99,18 +116,20 @@ def qk_norm_rope_write_kv(
     slot_mapping: torch.Tensor,
     *,
     q_heads: int,
-    rope_base: float,
+    cos_sin: torch.Tensor,
     eps: float,
 ) -> torch.Tensor:
     """The attention block between the QKV matmul and attention, as one op: ``qkv [T, (Hq + 2 Hkv) D]``
     splits into q, k, v by columns; q and k get per-head RMSNorm (``q_norm``, ``k_norm`` ``[D]``) and
-    NeoX RoPE at ``positions``; k and v are stored at ``slot_mapping`` (-1: nothing stored). Returns
-    float32 q ``[T, Hq, D]``. (The Triton twin does it in one kernel launch.)"""
+    NeoX RoPE at ``positions``, turned by the rows of the table ``cos_sin`` (``rope_cos_sin``); k and v
+    are stored at ``slot_mapping`` (-1: nothing stored). Returns float32 q ``[T, Hq, D]``. (The Triton
+    twin does it in one kernel launch.)"""
     t, head_dim = qkv.shape[0], q_norm.shape[0]
     kv_heads = k_cache.shape[2]
     q, k, v = qkv.split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=1)
-    q = rope_neox(rms_norm(q.reshape(t, q_heads, head_dim), q_norm, eps), positions, rope_base)
-    k = rope_neox(rms_norm(k.reshape(t, kv_heads, head_dim), k_norm, eps), positions, rope_base)
+    cos, sin = cos_sin.index_select(0, positions.to(device=cos_sin.device, dtype=torch.long)).chunk(2, dim=1)
+    q = _rotate_half(rms_norm(q.reshape(t, q_heads, head_dim), q_norm, eps), cos, sin)
+    k = _rotate_half(rms_norm(k.reshape(t, kv_heads, head_dim), k_norm, eps), cos, sin)
     write_kv(k, v.reshape(t, kv_heads, head_dim), k_cache, v_cache, slot_mapping)
     return q
 
