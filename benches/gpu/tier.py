@@ -39,15 +39,17 @@ def tier_section(plan: Plan, device: torch.device, budget: Budget) -> dict[str, 
 
 def promote_record(plan: Plan, device: torch.device) -> dict[str, Any]:
     c, n, cuda = plan.models[0].config, plan.promote_blocks, device.type == "cuda"
-    host = KvPool(c.n_layers, 4 * n, c.n_kv_heads, c.head_dim, torch.float16, "cpu", pin=cuda)
+    host = KvPool(
+        c.n_layers, 4 * n, c.n_kv_heads, c.head_dim, torch.float16, "cpu", pin=cuda, block_major=True
+    )
     dev = KvPool(c.n_layers, 2 * n, c.n_kv_heads, c.head_dim, torch.float16, device)
     rng = np.random.default_rng(SEED)
     pairs = np.stack([rng.choice(4 * n, n, replace=False), rng.choice(2 * n, n, replace=False)], axis=1)
     src = torch.from_numpy(pairs[:, 0].copy())
-    expected = torch.randn(host.data[:, :, src].shape).to(torch.float16)
-    host.data.index_copy_(2, src, expected)
+    expected = torch.randn(host.data[src].shape).to(torch.float16)  # block-major [n, layers, 2, ...]
+    host.data.index_copy_(0, src, expected)
     promote = wall_ms(lambda: copy_blocks(host, dev, pairs), device, plan.warmup, plan.reps)
-    moved = dev.data[:, :, torch.from_numpy(pairs[:, 1].copy()).to(device)].cpu()
+    moved = dev.blocks(torch.from_numpy(pairs[:, 1].copy()).to(device)).permute(2, 0, 1, 3, 4, 5).cpu()
     demote = wall_ms(lambda: copy_blocks(dev, host, pairs[:, ::-1].copy()), device, plan.warmup, plan.reps)
     nbytes = n * host.block_bytes
     big_host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)

@@ -16,9 +16,17 @@ from oxibonsai.torch_backend.kv_pool import KvPool, copy_blocks  # noqa: E402
 DTYPES = [torch.float32, torch.float16]
 
 
-def random_pool(num_blocks: int, dtype: torch.dtype, device: str = "cpu", *, pin: bool = False, **dims: int):
+def random_pool(
+    num_blocks: int,
+    dtype: torch.dtype,
+    device: str = "cpu",
+    *,
+    pin: bool = False,
+    block_major: bool = False,
+    **dims: int,
+):
     layers, heads, head_dim = dims.get("layers", 3), dims.get("heads", 2), dims.get("head_dim", 8)
-    pool = KvPool(layers, num_blocks, heads, head_dim, dtype, device, pin=pin)
+    pool = KvPool(layers, num_blocks, heads, head_dim, dtype, device, pin=pin, block_major=block_major)
     pool.data.copy_(torch.randn(pool.data.shape, dtype=torch.float32).to(dtype))
     return pool
 
@@ -31,25 +39,49 @@ def random_moves(rng: np.random.Generator, src_blocks: int, dst_blocks: int) -> 
     return np.stack([src, dst], axis=1).astype(np.int32)
 
 
+def layer_major(pool: KvPool) -> torch.Tensor:
+    """A CPU copy of the pool's bytes as ``[layers, 2, blocks, ...]``, whatever its layout."""
+    return pool.blocks(torch.arange(pool.num_blocks, device=pool.device)).cpu()
+
+
 def assert_transfer(src_before: torch.Tensor, dst_before: torch.Tensor, src: KvPool, dst: KvPool, moves):
-    """vLLM tests/v1/kv_offload/test_cpu_gpu.py's three assertions."""
-    assert torch.equal(src.data.cpu(), src_before)
-    after = dst.data.cpu()
+    """vLLM tests/v1/kv_offload/test_cpu_gpu.py's three assertions (on layer-major copies)."""
+    assert torch.equal(layer_major(src), src_before)
+    after = layer_major(dst)
     for s, d in moves:
         assert torch.equal(after[:, :, d], src_before[:, :, s])  # every layer, K and V
     unmapped = np.setdiff1d(np.arange(dst.num_blocks), moves[:, 1])
     assert torch.equal(after[:, :, unmapped], dst_before[:, :, unmapped])
 
 
+LAYOUTS = [(False, False), (False, True), (True, False), (True, True)]  # (src, dst) block-major
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_random_block_moves_between_two_pools(rng, dtype):
+@pytest.mark.parametrize(("src_major", "dst_major"), LAYOUTS)
+def test_random_block_moves_between_two_pools(rng, dtype, src_major, dst_major):
     for _ in range(5):
-        src = random_pool(int(rng.integers(1, 20)), dtype)
-        dst = random_pool(int(rng.integers(1, 20)), dtype)
+        src = random_pool(int(rng.integers(1, 20)), dtype, block_major=src_major)
+        dst = random_pool(int(rng.integers(1, 20)), dtype, block_major=dst_major)
         moves = random_moves(rng, src.num_blocks, dst.num_blocks)
-        src_before, dst_before = src.data.clone(), dst.data.clone()
+        src_before, dst_before = layer_major(src), layer_major(dst)
         copy_blocks(src, dst, moves)
         assert_transfer(src_before, dst_before, src, dst, moves)
+
+
+def test_consecutive_blocks_are_grouped_into_runs():
+    from oxibonsai.torch_backend.kv_pool import _runs
+
+    assert _runs(np.array([4, 5, 6, 9, 2, 3, 3])) == [(4, 3, 0), (9, 1, 3), (2, 2, 4), (3, 1, 6)]
+    assert _runs(np.array([7])) == [(7, 1, 0)]
+
+
+def test_a_block_major_pool_keeps_each_block_contiguous_and_has_no_layer_views():
+    pool = KvPool(3, 5, 2, 8, torch.float16, "cpu", block_major=True)
+    assert pool.data.shape == (5, 3, 2, 16, 2, 8) and pool.num_blocks == 5 and pool.num_layers == 3
+    assert pool.data[2].is_contiguous() and pool.nbytes == 5 * pool.block_bytes
+    with pytest.raises(ValueError, match="no layer views"):
+        pool.layer(0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -155,13 +187,49 @@ def test_pinning_is_a_no_op_without_cuda():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_moves_between_device_and_pinned_host_pools(rng, dtype):
-    host = random_pool(24, dtype, pin=True)
+@pytest.mark.parametrize("host_major", [True, False])
+def test_moves_between_device_and_pinned_host_pools(rng, dtype, host_major):
+    host = random_pool(24, dtype, pin=True, block_major=host_major)
     device = random_pool(16, dtype, "cuda")
     assert host.pinned
     for src, dst in ((host, device), (device, host), (device, device)):
         moves = random_moves(rng, src.num_blocks, dst.num_blocks)
-        src_before, dst_before = src.data.cpu(), dst.data.cpu()
+        src_before, dst_before = layer_major(src), layer_major(dst)
         copy_blocks(src, dst, moves)
         torch.cuda.synchronize()
         assert_transfer(src_before, dst_before, src, dst, moves)
+
+
+def test_tier_copies_demote_before_promoting_into_the_same_device_blocks(rng):
+    """A step may demote a device block and promote another block into it: the demotion reads the old
+    bytes first. On a CUDA device this runs on the copier's side stream."""
+    from oxibonsai.torch_backend.kv_pool import TierCopier
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for _ in range(3):
+        kv = random_pool(12, torch.float16, device)
+        host = random_pool(20, torch.float16, pin=device == "cuda", block_major=True)
+        n = int(rng.integers(1, 6))
+        device_blocks = rng.choice(12, n, replace=False)
+        host_slots = rng.choice(20, 2 * n, replace=False)
+        demote = np.stack([device_blocks, host_slots[:n]], axis=1)
+        promote = np.stack([host_slots[n:], rng.permutation(device_blocks)], axis=1)
+        kv_before, host_before = layer_major(kv), layer_major(host)
+        TierCopier(kv, host).run(demote, promote)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        host_after, kv_after = layer_major(host), layer_major(kv)
+        for d, h in demote:
+            assert torch.equal(host_after[:, :, h], kv_before[:, :, d])
+        for h, d in promote:
+            assert torch.equal(kv_after[:, :, d], host_before[:, :, h])
+
+
+def test_tier_copies_check_both_lists_before_copying_anything():
+    from oxibonsai.torch_backend.kv_pool import TierCopier
+
+    kv, host = random_pool(4, torch.float32), random_pool(4, torch.float32, block_major=True)
+    kv_before, host_before = kv.data.clone(), host.data.clone()
+    with pytest.raises(ValueError, match="source block ids"):
+        TierCopier(kv, host).run(np.array([[0, 1]]), np.array([[9, 0]]))
+    assert torch.equal(kv.data, kv_before) and torch.equal(host.data, host_before)

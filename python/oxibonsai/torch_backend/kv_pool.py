@@ -1,10 +1,15 @@
-"""KV memory for the torch path: ``KvPool``, one tensor holding every layer's K and V blocks, and
-``copy_blocks``, which moves whole blocks between two pools (device <-> pinned host, or within one).
+"""KV memory for the torch path: ``KvPool``, one tensor holding every layer's K and V blocks;
+``copy_blocks``, which moves whole blocks between two pools; and ``TierCopier``, which runs one step's
+tier copies on a side CUDA stream.
 
-The layout is ``[num_layers, 2, num_blocks, 16, kv_heads, head_dim]`` (2 = K, V): a block is one index
-on dim 2 for all layers at once, so a list of block moves is one gather and one scatter, whatever the
-number of layers. ``layer(l)`` gives the ``[num_blocks, 16, kv_heads, head_dim]`` views the attention
-kernels read and write.
+Two layouts (2 = K, V):
+
+- **layer-major** ``[num_layers, 2, num_blocks, 16, kv_heads, head_dim]``, the device pool: ``layer(l)``
+  gives the ``[num_blocks, 16, kv_heads, head_dim]`` views the attention kernels read and write, and a
+  list of block moves is one gather and one scatter on dim 2, whatever the number of layers;
+- **block-major** ``[num_blocks, num_layers, 2, 16, kv_heads, head_dim]``, the host tier: each block is
+  one contiguous run of bytes, so a block moves between host and device as one DMA copy straight from
+  (or into) the pinned pool, with no byte touched by the host's CPU (consecutive blocks as one copy).
 
 This module owns the bytes and the copies only. It never decides which block holds what, which blocks
 are free or which move where: the Rust core's pool and trie do, and hand over block ids and
@@ -33,6 +38,7 @@ class KvPool:
         dtype: torch.dtype,
         device: torch.device | str,
         pin: bool = False,
+        block_major: bool = False,
     ) -> None:
         dims = {
             "num_layers": num_layers,
@@ -43,7 +49,13 @@ class KvPool:
         for name, value in dims.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"KvPool: {name} must be a positive int, got {value!r}")
-        shape = (num_layers, 2, num_blocks, BLOCK_TOKENS, kv_heads, head_dim)
+        self.block_major = block_major
+        per_block = (BLOCK_TOKENS, kv_heads, head_dim)
+        shape = (
+            (num_blocks, num_layers, 2, *per_block)
+            if block_major
+            else (num_layers, 2, num_blocks, *per_block)
+        )
         # Zeros, not empty: attention may read a whole block past a sequence's end (masked out), and
         # masked garbage that happens to be NaN would still poison `probs @ v`.
         data = torch.zeros(shape, dtype=dtype, device=device)
@@ -60,11 +72,16 @@ class KvPool:
 
     @property
     def num_layers(self) -> int:
-        return int(self.data.shape[0])
+        return int(self.data.shape[1 if self.block_major else 0])
 
     @property
     def num_blocks(self) -> int:
-        return int(self.data.shape[2])
+        return int(self.data.shape[self.block_dim])
+
+    @property
+    def block_dim(self) -> int:
+        """The dimension of ``data`` that indexes blocks."""
+        return 0 if self.block_major else 2
 
     @property
     def kv_heads(self) -> int:
@@ -92,39 +109,119 @@ class KvPool:
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``index``'s ``(k_cache, v_cache)``: views ``[num_blocks, 16, kv_heads, head_dim]``."""
+        if self.block_major:
+            raise ValueError("a block-major pool (a host tier) has no layer views")
         if not 0 <= index < self.num_layers:
             raise IndexError(f"KvPool has {self.num_layers} layers, asked for layer {index}")
         return self.data[index, 0], self.data[index, 1]
 
+    def blocks(self, ids: torch.Tensor) -> torch.Tensor:
+        """Copies of blocks ``ids`` in the layer-major order ``[num_layers, 2, len(ids), 16, kv_heads,
+        head_dim]``, whatever this pool's layout (``ids`` on the pool's device)."""
+        picked = self.data.index_select(self.block_dim, ids)
+        return picked.permute(1, 2, 0, 3, 4, 5) if self.block_major else picked
+
     def __repr__(self) -> str:
         return (
             f"KvPool(layers={self.num_layers}, blocks={self.num_blocks}, kv_heads={self.kv_heads}, "
-            f"head_dim={self.head_dim}, dtype={self.dtype}, device={self.device}, pinned={self.pinned})"
+            f"head_dim={self.head_dim}, dtype={self.dtype}, device={self.device}, pinned={self.pinned}, "
+            f"block_major={self.block_major})"
         )
 
 
 def copy_blocks(src: KvPool, dst: KvPool, pairs: np.ndarray) -> None:
     """Copies block ``pairs[i, 0]`` of ``src`` onto block ``pairs[i, 1]`` of ``dst``, every layer, K and
-    V: one gather on ``src``, at most one transfer, one scatter on ``dst``. Host -> device copies are
-    asynchronous from a pinned pool; device -> host copies finish before returning (the host-side
-    scatter reads them). Everything is checked first: on a ValueError nothing has been copied."""
+    V, in stream order on the current stream: a gather on the source, at most one transfer per run of
+    consecutive blocks of a block-major pool (one transfer otherwise), a scatter on the destination.
+    Copies to or from a pinned pool are asynchronous: read a host pool only after synchronizing.
+    Everything is checked first: on a ValueError nothing has been copied."""
     src_ids, dst_ids = _check_moves(src, dst, pairs)
     if src_ids.size == 0:
         return
-    gathered = _gather(src, src_ids, staged=src.pinned and dst.device.type != "cpu")
-    if gathered.device != dst.device:
-        gathered = gathered.to(dst.device, non_blocking=src.pinned)
-    dst.data.index_copy_(2, _index(dst_ids, dst.device), gathered)
+    _scatter(dst, dst_ids, _gather(src, src_ids, dst))
 
 
-def _gather(pool: KvPool, ids: np.ndarray, *, staged: bool) -> torch.Tensor:
-    """``pool.data[:, :, ids]``; into a pinned buffer when it is headed for a device."""
-    index = _index(ids, pool.device)
-    if not staged:
-        return pool.data.index_select(2, index)
-    shape = (*pool.data.shape[:2], ids.size, *pool.data.shape[3:])
-    staging = torch.empty(shape, dtype=pool.dtype, pin_memory=True)
-    return torch.index_select(pool.data, 2, index, out=staging)
+class TierCopier:
+    """Runs one step's tier copies between the device pool and the host tier: demotions (device ->
+    host), then promotions (host -> device), before the step's forward pass.
+
+    On CUDA they run on a side stream that first waits for the work already queued (the KV that
+    demotions read). There the demotions' blocks are gathered into one contiguous device buffer, the
+    promotions are copied in and scattered, and only then is the event the forward pass waits for
+    recorded: the demotions' device-to-host transfers run after it, beside the forward pass. A later
+    step's copies queue behind them on the same stream, so every read of a host block follows its
+    write. Elsewhere the copies run in order on the current stream."""
+
+    def __init__(self, device_pool: KvPool, host_pool: KvPool) -> None:
+        self.kv, self.host = device_pool, host_pool
+        cuda = device_pool.device.type == "cuda"
+        self.stream = torch.cuda.Stream(device_pool.device) if cuda else None
+
+    def run(self, demote: np.ndarray, promote: np.ndarray) -> None:
+        """Queues the copies; both lists are checked first, so a ValueError copies nothing."""
+        from_ids, to_ids = _check_moves(self.kv, self.host, demote)
+        _check_moves(self.host, self.kv, promote)
+        if self.stream is None:
+            copy_blocks(self.kv, self.host, demote)
+            copy_blocks(self.host, self.kv, promote)
+            return
+        compute = torch.cuda.current_stream(self.kv.device)
+        self.stream.wait_stream(compute)
+        with torch.cuda.stream(self.stream):
+            demoted = _gather(self.kv, from_ids, self.host) if from_ids.size else None
+            copy_blocks(self.host, self.kv, promote)
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+            if demoted is not None:
+                _scatter(self.host, to_ids, demoted)
+        compute.wait_event(ready)
+
+    def synchronize(self) -> None:
+        """Waits for every queued copy (before the host reads or frees the host tier)."""
+        if self.stream is not None:
+            self.stream.synchronize()
+
+
+def _gather(src: KvPool, ids: np.ndarray, dst: KvPool) -> torch.Tensor:
+    """Blocks ``ids`` of ``src`` in ``dst``'s layout with the blocks in order: on ``dst``'s device,
+    except on the way into a block-major pool on another device, where it stays contiguous on the
+    source's device for ``_scatter`` to copy run by run."""
+    if src.block_major and src.device != dst.device:  # the host tier to the device: a DMA per run
+        staging = torch.empty((ids.size, *src.data.shape[1:]), dtype=src.dtype, device=dst.device)
+        for first, count, at in _runs(ids):
+            staging[at : at + count].copy_(src.data[first : first + count], non_blocking=src.pinned)
+        return staging if dst.block_major else _relayout(staging, to_block_major=False)
+    moved = src.data.index_select(src.block_dim, _index(ids, src.device))
+    if src.block_major != dst.block_major:
+        moved = _relayout(moved, to_block_major=dst.block_major)
+    if moved.device == dst.device:
+        return moved
+    if dst.block_major:
+        return moved.contiguous()
+    # Host-bound copies block (the host may read them at once); device-bound ones need not.
+    return moved.to(dst.device, non_blocking=dst.device.type != "cpu")
+
+
+def _scatter(dst: KvPool, ids: np.ndarray, moved: torch.Tensor) -> None:
+    """Writes ``moved`` (``dst``'s layout, blocks in the order of ``ids``) into blocks ``ids``."""
+    if moved.device == dst.device:
+        dst.data.index_copy_(dst.block_dim, _index(ids, dst.device), moved)
+        return
+    for first, count, at in _runs(ids):  # a device-made block-major copy into the host pool
+        dst.data[first : first + count].copy_(moved[at : at + count], non_blocking=dst.pinned)
+
+
+def _relayout(blocks: torch.Tensor, *, to_block_major: bool) -> torch.Tensor:
+    """A view of ``blocks`` in the other layout (a permutation of the first three dimensions)."""
+    return blocks.permute(2, 0, 1, 3, 4, 5) if to_block_major else blocks.permute(1, 2, 0, 3, 4, 5)
+
+
+def _runs(ids: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(first id, count, position)`` of each run of consecutive ids (``ids[i + 1] == ids[i] + 1``)."""
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    counts = np.diff(np.concatenate([starts, [ids.size]]))
+    return [(int(ids[a]), int(c), int(a)) for a, c in zip(starts, counts, strict=True)]
 
 
 def _index(ids: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -157,7 +254,7 @@ def _check_range(what: str, ids: np.ndarray, num_blocks: int) -> None:
 
 
 def _check_compatible(src: KvPool, dst: KvPool) -> None:
-    def layout(p: KvPool) -> tuple[object, ...]:
+    def layout(p: KvPool) -> tuple[object, ...]:  # the block's contents, not the pool's layout
         return (p.num_layers, p.kv_heads, p.head_dim, p.dtype)
 
     if layout(src) != layout(dst):

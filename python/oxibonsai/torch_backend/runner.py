@@ -1,15 +1,15 @@
 """``TorchRunner``: computes the native scheduler's step plans with the torch Qwen3 model on one device.
 
-It owns the device KV pool and the host-memory warm tier (their bytes; the Rust core owns every
-block's id, tier, reference count and LRU place) and, per step: asks the scheduler for the plan
-(``Scheduler.prepare``), runs the plan's tier copies (demotions to the host, then promotions back,
-one batched call per direction, on the step's stream before the forward pass reads anything), runs
-the forward pass (a plain decode step as a CUDA graph replay on CUDA, ``graphs.DecodeGraphs``, unless
-``enforce_eager``), and samples: on the device (``sampling.sample_rows``: only token ids and requested
-logprobs come to the host) where ``sample_on_device`` is set, the default off the CPU, else with each
-request's Rust sampler on the logits brought to the host. ``OXIBONSAI_DEVICE_SAMPLING=0`` or ``1``
-overrides the default. Sizes are checked at load, so a model or pool that does not fit fails with the
-sizes named, never in the middle of a step."""
+It owns the device KV pool and the host-memory warm tier (their bytes; the Rust core owns every block's
+id, tier, reference count and LRU place) and, per step: asks the scheduler for the plan
+(``Scheduler.prepare``), runs the plan's tier copies (demotions to the host, then promotions back; on
+CUDA on a side stream, ``kv_pool.TierCopier``, which the forward pass waits for, the demotions' transfers
+to the host overlapping it), runs the forward pass (a plain decode step as a CUDA graph replay on CUDA,
+``graphs.DecodeGraphs``, unless ``enforce_eager``), and samples: on the device (``sampling.sample_rows``:
+only token ids and requested logprobs come to the host) where ``sample_on_device`` is set, the default
+off the CPU, else with each request's Rust sampler on the logits brought to the host.
+``OXIBONSAI_DEVICE_SAMPLING=0`` or ``1`` overrides the default. Sizes are checked at load, so a model or
+pool that does not fit fails with the sizes named, never in the middle of a step."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from oxibonsai import _core
 from oxibonsai.runner import BLOCK_TOKENS, DEFAULT_MAX_MODEL_LEN, Draw, SampleRow, sample_on_host
 from oxibonsai.torch_backend.batch import StepBatch
 from oxibonsai.torch_backend.graphs import DecodeGraphs
-from oxibonsai.torch_backend.kv_pool import KvPool, copy_blocks
+from oxibonsai.torch_backend.kv_pool import KvPool, TierCopier
 from oxibonsai.torch_backend.model import TorchQwen3
 from oxibonsai.torch_backend.sampling import sample_rows
 
@@ -101,10 +101,13 @@ class TorchRunner:
         self.kv = self.model.new_kv_pool(device_blocks, dtype)
         cuda = self._device.type == "cuda"
         self.host = (
-            KvPool(c.n_layers, host_blocks, c.n_kv_heads, c.head_dim, dtype, "cpu", pin=cuda)
+            KvPool(
+                c.n_layers, host_blocks, c.n_kv_heads, c.head_dim, dtype, "cpu", pin=cuda, block_major=True
+            )
             if host_blocks
             else None
         )
+        self.tiers = TierCopier(self.kv, self.host) if self.host is not None else None
         self._kv_dtype_name = "f32" if dtype == torch.float32 else "f16"
         self.sample_on_device = _device_sampling(self._device)
         self.graphs = (
@@ -156,13 +159,11 @@ class TorchRunner:
         return self.model.forward(batch.to_device(self._device), self.kv)
 
     def _copy_tiers(self, plan: _core.StepPlan) -> None:
-        """Demotions first (their device blocks may be rewritten by this step), then promotions."""
+        """Demotions first (their device blocks may be rewritten by this step), then promotions; on
+        CUDA on the tier copier's side stream (see ``kv_pool.TierCopier``)."""
         if plan.demote.shape[0] or plan.promote.shape[0]:
-            assert self.host is not None, "copies come only from a host tier"
-            if plan.demote.shape[0]:
-                copy_blocks(self.kv, self.host, plan.demote)
-            if plan.promote.shape[0]:
-                copy_blocks(self.host, self.kv, plan.promote)
+            assert self.tiers is not None, "copies come only from a host tier"
+            self.tiers.run(plan.demote, plan.promote)
 
     def cache_stats(self) -> dict[str, Any]:
         stats: dict[str, Any] = dict(self._scheduler().cache_stats())
