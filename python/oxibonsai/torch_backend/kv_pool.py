@@ -280,4 +280,5 @@ def _pin_host(data: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 
 def _host_unregister(ptr: int) -> None:
+    torch.cuda.synchronize()  # a side stream's transfer may still be writing the pages
     torch.cuda.cudart().cudaHostUnregister(ptr)  # type: ignore[no-untyped-call]
