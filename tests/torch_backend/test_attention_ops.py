@@ -7,8 +7,9 @@ table that point at other blocks. Every cache slot that holds no position of a s
 kernel that reads past a sequence's length or through a padding entry returns NaN. One query row past
 the last sequence belongs to no sequence and must come back as zeros.
 
-Bounds: all paths compute in float32 from the same cache values (fp16 caches are read exactly), so
-``ATOL`` = 1e-5 against outputs of size about 1 (measured 2e-7..7e-7)."""
+Bounds: the paths compute in float32 from the same cache values (fp16 caches are read exactly), so
+``ATOL`` = 1e-5 against outputs of size about 1 (measured 2e-7..7e-7), for the Triton kernels with
+"ieee" dots; their CUDA default, tf32 dots, gets ``TF32_ATOL``."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from oxibonsai.torch_backend.ops import ref_torch  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where the Triton kernels run
 ATOL = 1e-5
+TF32_ATOL = 5e-3
 PAGE = 16
 DECODE = ([1, 5, 16, 17, 40], [1, 1, 1, 0, 1])  # (KV lengths, query lengths): a q_len 0 sequence too
 EXTEND = ([5, 16, 17, 40, 33], [5, 3, 0, 40, 1])  # whole prompts, cached contexts, q_len 0 and 1
@@ -143,7 +145,7 @@ def test_triton_decode_matches_ref(
     """One split, several, and 8 splits over at most 40 positions (most of them empty)."""
     case = make_case(rng, DECODE, heads, dtype=dtype)
     scale = 1 / math.sqrt(case.q.shape[-1])
-    out = attn_triton.paged_attention(*case.args(DEVICE), scale, max_splits=max_splits)
+    out = attn_triton.paged_attention(*case.args(DEVICE), scale, max_splits=max_splits, precision="ieee")
     check(out, ref_torch.paged_attention(*case.args(), scale))
 
 
@@ -157,7 +159,7 @@ def test_triton_extend_matches_ref(
     """Whole prompts (40 rows: two query tiles at group 1), extends over a cached context, q_len 0/1."""
     case = make_case(rng, EXTEND, heads, dtype=dtype)
     scale = 1 / math.sqrt(case.q.shape[-1])
-    out = attn_triton.paged_attention(*case.args(DEVICE), scale)
+    out = attn_triton.paged_attention(*case.args(DEVICE), scale, precision="ieee")
     check(out, ref_torch.paged_attention(*case.args(), scale))
 
 
@@ -167,8 +169,23 @@ def test_triton_head_dim_128(
 ) -> None:
     """Bonsai's head size, fp16 cache, GQA 2."""
     case = make_case(rng, lens, (4, 2), head_dim=128, dtype=torch.float16)
-    out = attn_triton.paged_attention(*case.args(DEVICE), 128**-0.5)
+    out = attn_triton.paged_attention(*case.args(DEVICE), 128**-0.5, precision="ieee")
     check(out, ref_torch.paged_attention(*case.args(), 128**-0.5))
+
+
+@pytest.mark.parametrize("lens", [DECODE, EXTEND], ids=["decode", "extend"])
+def test_triton_tf32_dots_the_gpu_default(
+    attn_triton: ModuleType, rng: np.random.Generator, lens: tuple[list[int], list[int]]
+) -> None:
+    """The CUDA default: dots on tensor cores from inputs rounded to tf32 (10 mantissa bits, 2^-11
+    relative). ``TF32_ATOL`` allows a few such roundings on outputs of size about 1; the interpreter
+    computes these dots exactly, so the bound is checked only where a GPU runs this."""
+    case = make_case(rng, lens, (4, 2), head_dim=128, dtype=torch.float16)
+    out = attn_triton.paged_attention(*case.args(DEVICE), 128**-0.5, precision="tf32")
+    expected = ref_torch.paged_attention(*case.args(), 128**-0.5)
+    np.testing.assert_allclose(out.cpu().numpy(), expected.numpy(), rtol=0, atol=TF32_ATOL)
+    with pytest.raises(ValueError, match="precision"):
+        attn_triton.paged_attention(*case.args(DEVICE), 0.5, precision="fp8")
 
 
 def test_no_queries(attn_triton: ModuleType, rng: np.random.Generator) -> None:

@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-DOT_PRECISION = "ieee"  # exact float32 dots, matching the reference; "tf32" is the faster GPU choice
+PRECISIONS = ("ieee", "tf32")  # tl.dot's: exact float32 (FMAs), or tensor cores on inputs rounded to tf32
+GPU_PRECISION = "tf32"  # the default on CUDA: "ieee" needs 255 registers and spills in prefill (sm_90)
 DECODE_BLOCK_N = 32  # KV positions per decode tile
 PREFILL_BLOCK_M = 32  # packed (query, head) rows per prefill tile
 PREFILL_BLOCK_N = 32  # KV positions per prefill tile
@@ -176,21 +177,28 @@ def paged_attention(
     *,
     max_splits: int | None = None,
     max_q_len: int | None = None,
+    precision: str | None = None,
 ) -> torch.Tensor:
     """Causal paged attention, float32 ``[T, Hq, D]`` (see ``ref_torch.paged_attention``). ``max_splits``
-    (a power of 2) fixes the decode kernel's KV splits: 16 on a GPU, 2 in the interpreter."""
+    (a power of 2) fixes the decode kernel's KV splits: 16 on a GPU, 2 in the interpreter.
+    ``precision`` (one of ``PRECISIONS``) picks the dots: ``GPU_PRECISION`` on CUDA, "ieee" elsewhere."""
     q = _check(q, k_cache, v_cache)
+    precision = precision or (GPU_PRECISION if _on_gpu(q.device) else "ieee")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     if max_q_len is None:  # a device sync: runners pass it from the plan, which the host already has
         q_lens = query_start_loc[1:] - query_start_loc[:-1]
         max_q_len = int(q_lens.max()) if q_lens.numel() else 0
     if max_q_len == 1:
-        splits = max_splits or (16 if q.device.type == "cuda" else 2)
+        splits = max_splits or (16 if _on_gpu(q.device) else 2)
         if splits & (splits - 1):
             raise ValueError(f"max_splits must be a power of 2, got {splits}")
-        _decode(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, splits)
+        _decode(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, splits, precision)
     elif max_q_len > 1:
-        _prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, max_q_len)
+        _prefill(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, max_q_len, precision
+        )
     return out
 
 
@@ -204,6 +212,7 @@ def _decode(
     scale: float,
     out: torch.Tensor,
     splits: int,
+    precision: str,
 ) -> None:
     tokens, q_heads, head_dim = q.shape
     kv_heads, group = k_cache.shape[2], q_heads // k_cache.shape[2]
@@ -217,7 +226,7 @@ def _decode(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         GROUP=group, PAGE=k_cache.shape[1], MAX_SPLITS=splits,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=_block_d(head_dim),
-        BLOCK_N=DECODE_BLOCK_N, PRECISION=DOT_PRECISION,
+        BLOCK_N=DECODE_BLOCK_N, PRECISION=precision,
     )  # fmt: skip
     _merge_kernel[(seqs, q_heads)](
         mid_o, mid_lse, query_start_loc, out,
@@ -236,6 +245,7 @@ def _prefill(
     scale: float,
     out: torch.Tensor,
     max_q_len: int,
+    precision: str,
 ) -> None:
     head_dim = q.shape[2]
     kv_heads, group = k_cache.shape[2], q.shape[1] // k_cache.shape[2]
@@ -248,8 +258,14 @@ def _prefill(
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
         out.stride(0), out.stride(1),
         GROUP=group, PAGE=k_cache.shape[1], Q_PER_TILE=q_per_tile,
-        BLOCK_M=block_m, BLOCK_D=_block_d(head_dim), BLOCK_N=PREFILL_BLOCK_N, PRECISION=DOT_PRECISION,
+        BLOCK_M=block_m, BLOCK_D=_block_d(head_dim), BLOCK_N=PREFILL_BLOCK_N, PRECISION=precision,
+        num_warps=4 if precision == "ieee" else 8,  # sm_90: tf32 spills nothing at 8, ieee less at 4
     )  # fmt: skip
+
+
+def _on_gpu(device: torch.device) -> bool:
+    """Whether the kernels run compiled on a GPU (else in the interpreter); the defaults follow it."""
+    return device.type == "cuda"
 
 
 def _block_d(head_dim: int) -> int:

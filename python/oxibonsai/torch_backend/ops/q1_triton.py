@@ -3,9 +3,13 @@
 
 Two kernels in plain ``tl`` operations, so both also run under ``TRITON_INTERPRET=1``:
 
-- a GEMV for ``M <= GEMV_MAX_M`` rows. Weights are read as {0, 1}, using
-  ``sum_j x_j * s_j = 2 * sum_{bit_j = 1} x_j - sum_j x_j`` per 128-weight group, all in float32. Rows
-  of W are split over programs, and optionally K (``split_k`` partial sums, added on the host);
+- a GEMV for ``M <= GEMV_MAX_M`` rows, with the RMSNorm before and the SwiGLU / residual add after a
+  matmul folded in (``q1_gemv_fused``). Each weight costs three ALU operations per activation row:
+  its sign bit is xor-ed into the bits of ``-x`` and the result added, all in float32, and threads
+  reduce across each other once, at the end (the first version reduced every 128-group with
+  shuffles: 24 SASS instructions per weight and row on sm_90 against about 4 now, counted by
+  ``benches/gpu/sass.py``). Rows of W are split over programs, and optionally K (``split_k`` partial
+  sums, reduced by the epilogue kernel);
 - a GEMM for larger M. Each 128-weight group decodes to a ±1 tile and goes through ``tl.dot``, scaled
   per group. ``precision`` picks the dot: "tf32" (default: float32 range, about 1e-3 relative on a
   GPU), "fp16" (activations rounded to fp16) or "ieee" (exact float32, slow on a GPU).
@@ -25,6 +29,7 @@ from oxibonsai.torch_backend.ops.norm_triton import rms_norm
 from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight
 
 GEMV_MAX_M = 8
+GEMV_TILE = 128  # rows x activation rows per GEMV program (halved for gate|up): 4 sums per thread
 PRECISIONS = ("tf32", "fp16", "ieee")
 
 
@@ -37,55 +42,71 @@ def _gemv_kernel(
 ):  # fmt: skip
     """Partial ``out[split, m, n]`` over the 128-groups of split ``program_id(1)``, rows ``program_id(0)``.
 
+    A program holds its rows' 4 sign words of a group and walks the 32 bit positions: at position
+    ``b`` it loads ``x`` at columns ``32 w + b`` and adds ``+x`` or ``-x`` by the bit, by xor-ing the
+    bit (shifted to the sign position) into the bits of ``-x`` (shift, and+xor, add: 3 ALU operations
+    per weight and row, no conversion, no reduction across threads until the end). Each group's sum
+    is scaled by its ``d`` once.
+
     ``NORM``: ``x`` times the RMSNorm weight goes in, and the split's sum of ``x^2`` per row goes to
     ``sumsq[split, m]`` (the norm's ``rstd`` factors out of the dot; the caller applies it).
     ``GATED``: the program also computes rows ``n + up_offset`` (the up half of a gate|up matrix)
-    into ``out[split, m, up_offset + n]``."""
+    into ``out[split, m, up_offset + n]``, with the same loads of ``x``."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, 128)
+    quarter = tl.arange(0, 4)  # the group's 4 sign words
     mask_n = offs_n < N
     mask_m = offs_m < M
     split = tl.program_id(1)
     first = split * groups_per_split
     last = tl.minimum(first + groups_per_split, K // 128)
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_M, 4], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_M, 4], dtype=tl.float32)
+    squares = tl.zeros([BLOCK_M, 4], dtype=tl.float32)
     for g in range(first, last):
-        cols = g * 128 + offs_k
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :], mask=mask_m[:, None], other=0.0)
-        x = x.to(tl.float32)
-        if NORM:
-            sumsq += tl.sum(x * x, axis=1)
-            x = x * tl.load(norm_ptr + cols).to(tl.float32)[None, :]
-        total = tl.sum(x, axis=1)  # [BLOCK_M]
-        acc += _group_dot(
-            x, total, signs_ptr, scales_ptr, offs_n, mask_n, cols, offs_k, g, stride_sn, stride_dn
-        )
+        word_ptrs = signs_ptr + offs_n[:, None] * stride_sn + g * 4 + quarter[None, :]
+        words = tl.load(word_ptrs, mask=mask_n[:, None], other=0)
+        words_up = words
         if GATED:
-            acc_up += _group_dot(x, total, signs_ptr, scales_ptr, offs_n + up_offset, mask_n, cols, offs_k, g,
-                                 stride_sn, stride_dn)  # fmt: skip
+            words_up = tl.load(word_ptrs + up_offset * stride_sn, mask=mask_n[:, None], other=0)
+        part = tl.zeros([BLOCK_N, BLOCK_M, 4], dtype=tl.float32)
+        part_up = tl.zeros([BLOCK_N, BLOCK_M, 4], dtype=tl.float32)
+        for b in tl.static_range(32):
+            cols = g * 128 + quarter * 32 + b
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :], mask=mask_m[:, None], other=0.0)
+            x = x.to(tl.float32)
+            if NORM:
+                squares += x * x
+                x = x * tl.load(norm_ptr + cols).to(tl.float32)[None, :]
+            neg = (-x).to(tl.int32, bitcast=True)[None, :, :]
+            part += _signed(neg, words, b)
+            if GATED:
+                part_up += _signed(neg, words_up, b)
+        acc += _scale(part, scales_ptr, offs_n, mask_n, g, stride_dn)
+        if GATED:
+            acc_up += _scale(part_up, scales_ptr, offs_n + up_offset, mask_n, g, stride_dn)
     out = out_ptr + split * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
-    tl.store(out, acc, mask=mask_n[:, None] & mask_m[None, :])
+    tl.store(out, tl.sum(acc, axis=2), mask=mask_n[:, None] & mask_m[None, :])
     if GATED:
-        tl.store(out + up_offset, acc_up, mask=mask_n[:, None] & mask_m[None, :])
+        tl.store(out + up_offset, tl.sum(acc_up, axis=2), mask=mask_n[:, None] & mask_m[None, :])
     if NORM:
         if tl.program_id(0) == 0:  # every row tile computed the same sums
-            tl.store(sumsq_ptr + split * stride_qs + offs_m, sumsq, mask=mask_m)
+            tl.store(sumsq_ptr + split * stride_qs + offs_m, tl.sum(squares, axis=1), mask=mask_m)
 
 
 @triton.jit
-def _group_dot(x, total, signs_ptr, scales_ptr, offs_n, mask_n, cols, offs_k, g, stride_sn, stride_dn):
-    """``d_n * sum_j x[m, j] * s[n, j]`` over one 128-group as ``[BLOCK_N, BLOCK_M]``, with the weights
-    read as {0, 1}: ``sum_j x_j s_j = 2 * sum_{bit_j = 1} x_j - sum_j x_j``."""
-    words = tl.load(
-        signs_ptr + offs_n[:, None] * stride_sn + (cols // 32)[None, :], mask=mask_n[:, None], other=0
-    )
-    bits = ((words >> (offs_k % 32)[None, :]) & 1).to(tl.float32)  # [BLOCK_N, 128]
-    ones = tl.sum(bits[:, None, :] * x[None, :, :], axis=2)  # [BLOCK_N, BLOCK_M]
+def _signed(neg, words, b: tl.constexpr):
+    """``[BLOCK_N, BLOCK_M, 4]``: ``x`` where bit ``b`` of the row's word is set, else ``-x``, from the
+    bits of ``-x`` (``neg``, ``[1, BLOCK_M, 4]``)."""
+    sign = (words << (31 - b)) & -2147483648  # bit b at the float sign position
+    return (neg ^ sign[:, None, :]).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _scale(part, scales_ptr, offs_n, mask_n, g, stride_dn):
+    """A group's sums ``part`` times each row's scale ``d``."""
     d = tl.load(scales_ptr + offs_n * stride_dn + g, mask=mask_n, other=0.0).to(tl.float32)
-    return d[:, None] * (2.0 * ones - total[None, :])
+    return d[:, None, None] * part
 
 
 @triton.jit
@@ -178,7 +199,9 @@ def q1_fused_linear(
     return y if residual is None else y.add_(residual)
 
 
-def q1_gemv(x: torch.Tensor, w: Q1Weight, block_n: int = 32, split_k: int | None = None) -> torch.Tensor:
+def q1_gemv(
+    x: torch.Tensor, w: Q1Weight, block_n: int | None = None, split_k: int | None = None
+) -> torch.Tensor:
     """The {0, 1} GEMV (any M, meant for ``M <= GEMV_MAX_M``); ``split_k`` partial sums over K."""
     return q1_gemv_fused(x, w, block_n=block_n, split_k=split_k)
 
@@ -191,7 +214,7 @@ def q1_gemv_fused(
     eps: float = 0.0,
     residual: torch.Tensor | None = None,
     gated: bool = False,
-    block_n: int = 32,
+    block_n: int | None = None,
     split_k: int | None = None,
 ) -> torch.Tensor:
     """The GEMV with what surrounds a matmul in the model folded in: ``rms_norm(x, norm, eps)`` as its
@@ -210,6 +233,8 @@ def q1_gemv_fused(
         raise ValueError(f"residual must be [{m}, {out_rows}], got {list(residual.shape)}")
     if m == 0:
         return torch.empty(0, out_rows, dtype=torch.float32, device=x.device)
+    block_m = triton.next_power_of_2(m)
+    block_n = block_n or max(8, GEMV_TILE // block_m // (2 if gated else 1))
     n_tiles = triton.cdiv(out_rows, block_n)
     split_k = min(split_k or _default_split_k(n_tiles, groups, x.device), groups)
     groups_per_split = triton.cdiv(groups, split_k)
@@ -221,7 +246,7 @@ def q1_gemv_fused(
         m, out_rows, w.cols, groups_per_split, out_rows,
         x.stride(0), w.signs.stride(0), w.scales.stride(0), partial.stride(0), partial.stride(1),
         sumsq.stride(0),
-        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, NORM=norm is not None, GATED=gated,
+        BLOCK_M=block_m, BLOCK_N=block_n, NORM=norm is not None, GATED=gated,
     )  # fmt: skip
     if split_k == 1 and norm is None and residual is None and not gated:
         return partial[0]
@@ -273,6 +298,7 @@ def q1_gemm(
         x.stride(0), w.signs.stride(0), w.scales.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, DOT_FP16=precision == "fp16",
         PRECISION="ieee" if precision == "fp16" else precision,
+        num_warps=8 if block_m * block_n >= 64 * 64 else 4,  # sm_90: a 64x64 tile spills at 4 warps
     )  # fmt: skip
     return out
 

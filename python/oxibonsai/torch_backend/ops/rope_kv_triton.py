@@ -80,11 +80,10 @@ def _qk_norm_rope_write_kv_kernel(
     v_dst = (
         v_cache_ptr + block * stride_vb + offset * stride_vs + offs_hk[:, None] * stride_vh + offs_d[None, :]
     )
-    k_ty, v_ty = k_cache_ptr.dtype.element_ty, v_cache_ptr.dtype.element_ty
-    tl.store(k_dst, k_lo.to(k_ty), mask=mask_kv)
-    tl.store(k_dst + half, k_hi.to(k_ty), mask=mask_kv)
-    tl.store(v_dst, v_lo.to(v_ty), mask=mask_kv)
-    tl.store(v_dst + half, v_hi.to(v_ty), mask=mask_kv)
+    tl.store(k_dst, k_lo.to(k_cache_ptr.dtype.element_ty), mask=mask_kv)
+    tl.store(k_dst + half, k_hi.to(k_cache_ptr.dtype.element_ty), mask=mask_kv)
+    tl.store(v_dst, v_lo.to(v_cache_ptr.dtype.element_ty), mask=mask_kv)
+    tl.store(v_dst + half, v_hi.to(v_cache_ptr.dtype.element_ty), mask=mask_kv)
 
 
 def _check_shapes(

@@ -1,0 +1,254 @@
+"""Every Triton kernel the torch model launches, compiled for an NVIDIA GPU without one, with its SASS
+counted: what a CPU-only machine can learn about the GPU kernels.
+
+The model's forward pass runs on the ``meta`` device (shapes, no data) with the Triton op set and
+``JITFunction.run`` replaced by a recorder, so every launch a decode step and a prefill make is
+collected with its argument types and constexprs, nothing executed. Each distinct launch is then
+compiled ahead of time for ``--arch`` (default 90, the H100/H200) through Triton's own compiler and
+ptxas, which ship with Triton and need no driver, and its SASS disassembled with the bundled
+``cuobjdump``. Per kernel it reports registers, spill instructions, the longest loop's instruction
+count and, for the Q1 GEMV, SASS instructions per weight and activation row (a static measure of its
+ALU cost: the loop body's instructions per thread, times the threads, over the weight-row products
+the loop covers).
+
+    python benches/gpu/sass.py --model 1.7b            # the table
+    python benches/gpu/sass.py --model tiny --check    # exit 1 if a kernel fails to compile or spills
+
+It must run without ``TRITON_INTERPRET`` (the interpreter has no compiler); the test suite runs the
+``--check`` form in a subprocess."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benches/, for the gpu package
+
+from gpu.models import random_weights
+from gpu.plan import BONSAI_1P7B, BONSAI_8B, TINY_UNTIED, ModelSpec
+from oxibonsai.torch_backend.batch import StepBatch
+from oxibonsai.torch_backend.kv_pool import KvPool
+from oxibonsai.torch_backend.model import TorchQwen3
+
+MODELS = {"tiny": TINY_UNTIED, "1.7b": BONSAI_1P7B, "8b": BONSAI_8B}
+TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
+         torch.int64: "i64", torch.bool: "i1", torch.uint8: "u8", torch.int8: "i8"}  # fmt: skip
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+H100_SMS = 132
+
+
+@dataclass
+class Launch:
+    """One distinct launch: the kernel, its argument types and its constexprs."""
+
+    fn: JITFunction
+    signature: dict[str, str]
+    constexprs: dict[str, Any]
+    options: dict[str, int]  # num_warps, num_stages where the launch set them
+    count: int = 1
+    key: tuple[Any, ...] = field(default=())
+
+
+@contextmanager
+def recording() -> Iterator[dict[tuple[Any, ...], Launch]]:
+    """Replaces every kernel launch by a record of its signature (nothing runs)."""
+    launches: dict[tuple[Any, ...], Launch] = {}
+    original = JITFunction.run
+
+    def record(self: JITFunction, *args: Any, grid: Any = None, warmup: bool = False, **kwargs: Any) -> None:
+        values = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
+        values = {k: v for k, v in values.items() if k in self.arg_names}
+        names = [param.name for param in self.params if param.is_constexpr]
+        constexprs = {n: values[n] for n in names}
+        signature = {n: "constexpr" if n in constexprs else type_of(values[n]) for n in self.arg_names}
+        options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+        key = (self.__name__, *(tuple(sorted(d.items())) for d in (signature, constexprs, options)))
+        if key in launches:
+            launches[key].count += 1
+        else:
+            launches[key] = Launch(self, signature, constexprs, options, key=key)
+
+    JITFunction.run = record  # type: ignore[method-assign]
+    try:
+        yield launches
+    finally:
+        JITFunction.run = original  # type: ignore[method-assign]
+
+
+def type_of(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"no Triton type for {type(value).__name__}")
+
+
+def triton_ops() -> SimpleNamespace:
+    """The CUDA op set (``dispatch._triton_ops`` without its device check)."""
+    from oxibonsai.torch_backend.ops import (
+        attn_triton,
+        kv_triton,
+        norm_triton,
+        q1_triton,
+        ref_torch,
+        rope_kv_triton,
+    )
+
+    return SimpleNamespace(
+        q1_linear=q1_triton.q1_linear, q1_fused_linear=q1_triton.q1_fused_linear,
+        embedding=ref_torch.embedding, rms_norm=norm_triton.rms_norm, rope_neox=ref_torch.rope_neox,
+        silu_mul=ref_torch.silu_mul, write_kv=kv_triton.write_kv,
+        qk_norm_rope_write_kv=rope_kv_triton.qk_norm_rope_write_kv,
+        paged_attention=attn_triton.paged_attention,
+    )  # fmt: skip
+
+
+@contextmanager
+def as_on_a_gpu(multiprocessors: int) -> Iterator[None]:
+    """The wrappers' device-dependent choices (attention precision and splits, the GEMV's split-K) made
+    as on a CUDA device with ``multiprocessors`` SMs, for tensors on ``meta``."""
+    from oxibonsai.torch_backend.ops import attn_triton, q1_triton
+
+    saved = attn_triton._on_gpu, q1_triton._default_split_k
+    attn_triton._on_gpu = lambda device: True  # type: ignore[assignment]
+    q1_triton._default_split_k = lambda tiles, groups, device: max(  # type: ignore[assignment]
+        1, min(groups, 2 * multiprocessors // max(tiles, 1))
+    )
+    try:
+        yield
+    finally:
+        attn_triton._on_gpu, q1_triton._default_split_k = saved  # type: ignore[assignment]
+
+
+def model_launches(spec: ModelSpec, batches: tuple[int, ...], prefill: int) -> dict[tuple[Any, ...], Launch]:
+    """The launches of decode steps at ``batches`` and a ``prefill``-token prefill, on ``meta``, as on an
+    H100 (132 SMs)."""
+    meta = torch.device("meta")
+    model = TorchQwen3(spec.config, random_weights(spec, meta), triton_ops())
+    c = spec.config
+    per_seq = -(-(prefill + 1) // 16)
+    pool = KvPool(c.n_layers, max(batches) * per_seq, c.n_kv_heads, c.head_dim, torch.float16, meta)
+    steps = [StepBatch.for_sequences([(list(range(per_seq)), 0, [1] * prefill, "last")])]
+    for b in batches:
+        tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(b)]
+        steps.append(StepBatch.for_sequences([(t, prefill - 1, [1], "last") for t in tables]))
+    with recording() as launches, as_on_a_gpu(H100_SMS):
+        for step in steps:
+            model.forward(step.to_device(meta), pool)
+    return launches
+
+
+@dataclass
+class Compiled:
+    name: str
+    constexprs: dict[str, Any]
+    count: int
+    registers: int
+    spills: int
+    loop: int
+    ops: collections.Counter[str]
+    per_weight_row: float | None
+
+
+def compile_launch(launch: Launch, arch: int) -> Compiled:
+    src = ASTSource(fn=launch.fn, signature=launch.signature, constexprs=launch.constexprs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=launch.options)
+    text = disassemble(kernel.asm["cubin"], "-sass")
+    registers = int(re.search(r"REG:(\d+)", disassemble(kernel.asm["cubin"], "-res-usage")).group(1))
+    instrs = [(int(a, 16), i.strip()) for a, i in re.findall(r"/\*([0-9a-f]{4})\*/\s+([^;]*);", text)]
+    body = longest_loop(instrs)
+    ops = collections.Counter(opcode(i) for i in body)
+    spills = sum(1 for _, i in instrs if re.search(r"\b(STL|LDL)\b", i))
+    threads = 32 * kernel.metadata.num_warps
+    return Compiled(launch.fn.__name__, launch.constexprs, launch.count, registers, spills, len(body), ops,
+                    gemv_cost(launch, len(body), threads))  # fmt: skip
+
+
+def disassemble(cubin: bytes, what: str) -> str:
+    """``cuobjdump what`` of a cubin (``-sass``: the instructions; ``-res-usage``: registers, stack)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        cmd = [str(BIN / "cuobjdump"), what, f.name]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+
+def longest_loop(instrs: list[tuple[int, str]]) -> list[str]:
+    """The instructions between the target of the longest backward branch and the branch."""
+    best: list[str] = []
+    for addr, ins in instrs:
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", ins)
+        if m and int(m.group(1), 16) < addr:
+            body = [i for a, i in instrs if int(m.group(1), 16) <= a <= addr]
+            best = body if len(body) > len(best) else best
+    return best
+
+
+def opcode(ins: str) -> str:
+    words = ins.split()
+    return (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
+
+
+def gemv_cost(launch: Launch, loop: int, threads: int) -> float | None:
+    """SASS instructions per weight and activation row of the Q1 GEMV's group loop (one 128-group)."""
+    if launch.fn.__name__ != "_gemv_kernel" or not loop:
+        return None
+    c = launch.constexprs
+    products = c["BLOCK_N"] * 128 * c["BLOCK_M"] * (2 if c["GATED"] else 1)
+    return loop * threads / products
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="1.7b")
+    p.add_argument("--arch", type=int, default=90)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--prefill", type=int, default=64)
+    p.add_argument("--check", action="store_true", help="exit 1 on a compile error or a spill")
+    args = p.parse_args()
+    if os.environ.get("TRITON_INTERPRET"):
+        raise SystemExit("unset TRITON_INTERPRET: the interpreter cannot compile kernels")
+    launches = model_launches(MODELS[args.model], tuple(args.batches), args.prefill)
+    failures = 0
+    head = f"{'kernel':<32} {'regs':>4} {'spill':>5} {'loop':>5} {'/w.row':>6} {'calls':>5}"
+    print(f"{head}  constexprs; top ops")
+    for launch in launches.values():
+        try:
+            k = compile_launch(launch, args.arch)
+        except Exception as e:  # reported, and the rest still compile
+            failures += 1
+            print(f"{launch.fn.__name__:<32} FAILED {launch.constexprs}: {type(e).__name__}: {e}")
+            continue
+        failures += k.spills > 0
+        cost = f"{k.per_weight_row:.2f}" if k.per_weight_row is not None else "-"
+        top = ", ".join(f"{op} {n}" for op, n in k.ops.most_common(5))
+        row = f"{k.name:<32} {k.registers:>4} {k.spills:>5} {k.loop:>5} {cost:>6} {k.count:>5}"
+        print(f"{row}  {k.constexprs}; {top}")
+    print(f"{len(launches)} launches compiled for sm_{args.arch}, {failures} failed or spilled")
+    if args.check and failures:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Every Triton kernel a decode step and a prefill launch compiles for an H100 (sm_90) without
+spilling registers, checked on a machine with no GPU: ``benches/gpu/sass.py --check`` records the
+launches of the torch model on the ``meta`` device and compiles each through Triton's compiler and
+the ptxas it ships. (The interpreter, which the rest of these tests use, runs kernels without
+compiling them, so a kernel can pass every interpreted test and still not compile for a GPU.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (pip install 'oxibonsai[torch]')")
+triton = pytest.importorskip("triton", reason="triton is not installed")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benches" / "gpu" / "sass.py"
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="this Triton has no NVIDIA backend (ptxas)")
+def test_every_model_kernel_compiles_for_sm90_without_spills():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "tiny", "--batches", "1", "5", "--prefill", "40", "--check"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "0 failed or spilled" in done.stdout
