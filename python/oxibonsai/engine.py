@@ -281,7 +281,7 @@ class Engine:
         return sorted(self._tokenizer.stop_token_ids | set(r.params.stop_token_ids or []))
 
     def _sample_row(self, r: _Request) -> SampleRow:
-        return SampleRow(r.params, r.seed, r.sampler, r.prompt_ids, r.output_ids, self._banned(r))
+        return SampleRow(r.params, r.seed, r.sampler, r.prompt_ids, r.output_ids, self._banned(r), r.handle)
 
     def _accept(self, r: _Request, token: int, logprob: float | None, top: list[tuple[int, float]]) -> None:
         """Appends a sampled token and finishes the request on a stop token, stop string or length."""
@@ -332,6 +332,7 @@ class Engine:
         r.finish_reason = reason
         r.metrics.finished_time = time.perf_counter()
         self.metrics.on_request_finished(r.metrics, reason)
+        self._runner.forget(r.handle)
         if reason == "abort":
             self._sched.abort(r.handle)
         else:

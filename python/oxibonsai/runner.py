@@ -42,8 +42,9 @@ Draw = tuple[int, float | None, list[tuple[int, float]]]
 @dataclass(frozen=True)
 class SampleRow:
     """What sampling one request's next token needs: its parameters, its seed (the request's, or the
-    engine's for it), its stateful Rust sampler (built from both), its prompt and output so far, and
-    the ids it may not sample now (stop ids before ``min_tokens``)."""
+    engine's for it), its stateful Rust sampler (built from both), its prompt and output so far, the
+    ids it may not sample now (stop ids before ``min_tokens``), and a key naming the request while it
+    runs (what a runner keeps for it across steps is keyed by it; ``Runner.forget`` drops it)."""
 
     params: SamplingParams
     seed: int
@@ -51,6 +52,7 @@ class SampleRow:
     prompt_ids: list[int]
     output_ids: list[int]
     banned: list[int]
+    key: int = -1
 
 
 def sample_on_host(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[Draw]:
@@ -83,6 +85,7 @@ class Runner(Protocol):
     def cache_stats(self) -> dict[str, Any]: ...
     def reset_prefix_cache(self) -> int: ...
     def logits(self, token_ids: list[int]) -> np.ndarray: ...
+    def forget(self, key: int) -> None: ...
 
 
 class NativeRunner:
@@ -122,6 +125,9 @@ class NativeRunner:
 
     def reset_prefix_cache(self) -> int:
         return self._model.reset_prefix_cache()
+
+    def forget(self, key: int) -> None:
+        """Nothing to drop: each request's Rust sampler holds its own state."""
 
     def logits(self, token_ids: list[int]) -> np.ndarray:
         seq = self._model.add_sequence()

@@ -101,3 +101,19 @@ def test_nan_logits_fail_the_step_with_the_samplers_error(tiny_model, monkeypatc
     monkeypatch.setattr(model, "forward", poisoned)
     with pytest.raises(ValueError, match="NaN or \\+inf"):
         llm.generate(prompts(rng, llm.config["vocab"], 2), ob.SamplingParams(max_tokens=2))
+
+
+def test_penalized_requests_keep_history_rows_until_they_finish(tiny_model, monkeypatch, rng):
+    """Penalties read each request's history rows kept on the device (``DeviceHistories``); finished
+    and aborted requests give their rows back, and the tokens are those of rows rebuilt every step."""
+    llm = torch_llm(tiny_model, monkeypatch, True)
+    vocab = llm.config["vocab"]
+    params = ob.SamplingParams(
+        max_tokens=10, temperature=0.0, repetition_penalty=1.4, frequency_penalty=0.5, ignore_eos=True
+    )
+    ps = prompts(rng, vocab, 3)
+    kept = tokens(llm.generate(ps, params))
+    assert len(llm._runner.histories) == 0  # type: ignore[attr-defined]
+    rebuilt = torch_llm(tiny_model, monkeypatch, True)
+    monkeypatch.setattr(rebuilt._runner, "histories", None)  # type: ignore[attr-defined]
+    assert tokens(rebuilt.generate(ps, params)) == kept

@@ -25,6 +25,7 @@ from oxibonsai import _core
 from oxibonsai.runner import BLOCK_TOKENS, DEFAULT_MAX_MODEL_LEN, Draw, SampleRow, sample_on_host
 from oxibonsai.torch_backend.batch import StepBatch
 from oxibonsai.torch_backend.graphs import DecodeGraphs
+from oxibonsai.torch_backend.histories import DeviceHistories
 from oxibonsai.torch_backend.kv_pool import KvPool, TierCopier
 from oxibonsai.torch_backend.model import TorchQwen3
 from oxibonsai.torch_backend.sampling import sample_rows
@@ -110,6 +111,7 @@ class TorchRunner:
         self.tiers = TierCopier(self.kv, self.host) if self.host is not None else None
         self._kv_dtype_name = "f32" if dtype == torch.float32 else "f16"
         self.sample_on_device = _device_sampling(self._device)
+        self.histories: DeviceHistories | None = DeviceHistories(c.vocab, self._device)  # None: rebuilt
         self.graphs = (
             DecodeGraphs(
                 self.model, self.kv, max_num_seqs=max_num_seqs, max_model_len=self.max_model_len, capture=True
@@ -150,7 +152,7 @@ class TorchRunner:
         logits = self._forward(StepBatch.from_plan(plan))
         self._computed_tokens += plan.num_tokens
         if self.sample_on_device:
-            return sample_rows(logits, rows, self.vocab_size)
+            return sample_rows(logits, rows, self.vocab_size, self.histories)
         return sample_on_host(logits.to("cpu", torch.float32).numpy(), rows)
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
@@ -178,6 +180,11 @@ class TorchRunner:
 
     def reset_prefix_cache(self) -> int:
         return self._scheduler().reset_prefix_cache()
+
+    def forget(self, key: int) -> None:
+        """Frees the device history rows of a finished request."""
+        if self.histories is not None:
+            self.histories.forget(key)
 
     def logits(self, token_ids: list[int]) -> np.ndarray:
         """Logits after every position, computed in a private pool (the cache is untouched)."""

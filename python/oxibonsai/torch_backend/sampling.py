@@ -32,6 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from oxibonsai.torch_backend.histories import DeviceHistories
+
 if TYPE_CHECKING:
     from oxibonsai.runner import SampleRow
     from oxibonsai.sampling_params import SamplingParams
@@ -108,13 +110,16 @@ class SamplingBatch:
         *,
         vocab_size: int,
         steps: Sequence[int] | None = None,
+        kept: tuple[DeviceHistories, Sequence[int]] | None = None,
     ) -> SamplingBatch:
         """The batch of rows ``params[r]`` with ``seeds[r]`` (the request's seed, or the engine's when it
         has none), its histories and the ids it must not sample now. ``steps[r]`` keys row r's random
-        draw (default: its output length, the index of the token being sampled)."""
+        draw (default: its output length, the index of the token being sampled). ``kept``: the
+        penalties' history rows come from these ``DeviceHistories`` under these request keys (only
+        the ids they add are read and checked), not from histograms of the whole lists."""
         steps = [len(o) for o in output_ids] if steps is None else steps
         histories = {"prompt_ids": prompt_ids, "output_ids": output_ids, "banned": banned}
-        _check_rows(params, seeds, steps, histories, vocab_size)
+        _check_rows(params, seeds, steps, histories, vocab_size, whole_lists=kept is None)
         f32 = np.float32
         greedy = [f32(p.temperature) == 0 or p.top_k == 1 for p in params]
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
@@ -139,7 +144,7 @@ class SamplingBatch:
             device,
         )
         floats = rows["temperature":].float()  # one conversion for every float32 column
-        seen, output_counts, banned_mask = _history_masks(params, histories, vocab_size, device)
+        seen, output_counts, banned_mask = _history_masks(params, histories, vocab_size, device, kept)
         return cls(
             vocab_size=vocab_size,
             greedy=rows["greedy"] != 0,
@@ -197,16 +202,20 @@ def _check_rows(
     steps: Sequence[int],
     histories: dict[str, Sequence[Sequence[int]]],
     vocab: int,
+    *,
+    whole_lists: bool,
 ) -> None:
-    """Raises ValueError unless every column has a row per ``params``, every id is a token id, every seed
-    fits 64 bits and every step is >= 0 (the Rust sampler's checks, made once per batch)."""
+    """Raises ValueError unless every column has a row per ``params``, every id is a token id (the
+    banned ids, and with ``whole_lists`` the prompts and outputs too), every seed fits 64 bits and
+    every step is >= 0 (the Rust sampler's checks, made once per batch)."""
     for name, column in {"seeds": seeds, "steps": steps, **histories}.items():
         if len(column) != len(params):
             raise ValueError(f"{name} has {len(column)} rows but params has {len(params)}")
     if vocab < 1:
         raise ValueError(f"vocab_size must be >= 1, got {vocab}")
     for name, rows in histories.items():
-        _check_ids(rows, name, vocab)
+        if whole_lists or name == "banned":
+            _check_ids(rows, name, vocab)
     for r, (seed, step) in enumerate(zip(seeds, steps, strict=True)):
         if not (0 <= seed < _SEED_LIMIT and step >= 0):
             raise ValueError(f"row {r}: seed must be in [0, 2**64) and step >= 0, got {seed}, {step}")
@@ -217,17 +226,26 @@ def _history_masks(
     histories: dict[str, Sequence[Sequence[int]]],
     vocab: int,
     device: torch.device | str,
+    kept: tuple[DeviceHistories, Sequence[int]] | None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """``seen``, ``output_counts`` and ``banned`` of :class:`SamplingBatch`, each None where no row of
     the batch needs it."""
     f32 = np.float32
     prompt_ids, output_ids, banned = histories["prompt_ids"], histories["output_ids"], histories["banned"]
+    repetition = any(f32(p.repetition_penalty) != 1 for p in params)
+    counted = any(f32(p.frequency_penalty) != 0 or f32(p.presence_penalty) != 0 for p in params)
     seen = output_counts = banned_mask = None
-    if any(f32(p.repetition_penalty) != 1 for p in params):
-        history = [[*p, *o] for p, o in zip(prompt_ids, output_ids, strict=True)]
-        seen = _histogram(history, vocab, device) > 0
-    if any(f32(p.frequency_penalty) != 0 or f32(p.presence_penalty) != 0 for p in params):
-        output_counts = _histogram(output_ids, vocab, device)
+    if kept is not None and (repetition or counted):
+        rows, keys = kept
+        slots = rows.slots(keys, prompt_ids, output_ids)
+        seen = rows.seen.index_select(0, slots) if repetition else None
+        output_counts = rows.counts.index_select(0, slots) if counted else None
+    else:
+        if repetition:
+            history = [[*p, *o] for p, o in zip(prompt_ids, output_ids, strict=True)]
+            seen = _histogram(history, vocab, device) > 0
+        if counted:
+            output_counts = _histogram(output_ids, vocab, device)
     if any(banned):
         banned_mask = _histogram(banned, vocab, device) > 0
     return seen, output_counts, banned_mask
@@ -302,9 +320,12 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
     return SampleResult(token, *_logprobs(logits.float(), token, batch))
 
 
-def sample_rows(logits: torch.Tensor, rows: Sequence[SampleRow], vocab_size: int) -> list[Draw]:
+def sample_rows(
+    logits: torch.Tensor, rows: Sequence[SampleRow], vocab_size: int, kept: DeviceHistories | None = None
+) -> list[Draw]:
     """One step's draws for the engine's sampling rows (``logits``: [R, V] on the device): the batch is
-    built, sampled and only the token ids and requested logprobs come back to the host."""
+    built, sampled and only the token ids and requested logprobs come back to the host. ``kept``: the
+    runner's ``DeviceHistories``, keyed by each row's ``key``, for the penalties."""
     batch = SamplingBatch.build(
         [r.params for r in rows],
         [r.seed for r in rows],
@@ -313,6 +334,7 @@ def sample_rows(logits: torch.Tensor, rows: Sequence[SampleRow], vocab_size: int
         [r.banned for r in rows],
         logits.device,
         vocab_size=vocab_size,
+        kept=None if kept is None else (kept, [r.key for r in rows]),
     )
     return sample(logits, batch).to_host(batch)
 
