@@ -41,7 +41,11 @@ def q1_shapes(spec: ModelSpec, roles: Sequence[str]) -> list[tuple[str, int, int
 
 
 def q1_section(plan: Plan, device: torch.device, budget: Budget, b1: float | None) -> dict[str, Any]:
-    from oxibonsai.torch_backend.ops import q1_triton
+    from oxibonsai.torch_backend.ops import q1_fast, q1_triton
+
+    # On CUDA the op set's linear (the f16x2 GEMV up to 2 rows once checked); the smoke run interprets
+    # the plain Triton kernels.
+    linear = q1_fast.fused_linear if device.type == "cuda" else q1_triton.q1_fused_linear
 
     rows: list[dict[str, Any]] = []
     for spec in plan.models:
@@ -49,9 +53,9 @@ def q1_section(plan: Plan, device: torch.device, budget: Budget, b1: float | Non
             if budget.over():
                 rows.append({"shape": name, **budget.skipped()})
                 continue
-            rows += q1_shape(q1_triton.q1_linear, name, n, k, plan, device, b1)
+            rows += q1_shape(linear, name, n, k, plan, device, b1)
             gc.collect()
-    return {"b1_d2d_gbps": b1, "kernel": "q1_triton.q1_linear", "rows": rows}
+    return {"b1_d2d_gbps": b1, "kernel": f"{linear.__module__}.{linear.__name__}", "rows": rows}
 
 
 def copies(nbytes: int, plan: Plan) -> int:
@@ -84,10 +88,26 @@ def q1_case(
     mine = time_calls([partial(kernel, x, w) for w in ours], device, plan.reps)
     base = time_calls([partial(torch.matmul, x16, w.T) for w in dense], device, plan.reps)
     ours_gbps = gbps(w0.rows * w0.cols * 18 / 128, mine["ms"])
-    return {
+    return {**fast_check(x, ours, plan, device, mine["ms"]),
         "ours_ms": mine["ms"], "ours_eager_ms": mine["eager_ms"], "timing": mine["timing"],
         "weight_copies": len(ours), "ours_gbps": ours_gbps, "ours_over_b1": ratio(ours_gbps, b1),
         "b2_ms": base["ms"], "b2_gbps": gbps(w0.rows * w0.cols * 2, base["ms"]),
         "speedup_vs_b2": ratio(base["ms"], mine["ms"]),
         "rel_err": float((got - want).norm() / want.norm()), "finite": bool(torch.isfinite(got).all()),
     }  # fmt: skip
+
+
+def fast_check(
+    x: torch.Tensor, ours: list[Q1Weight], plan: Plan, device: torch.device, ms: float
+) -> dict[str, Any]:
+    """Up to ``q1_fast.MAX_M`` rows on CUDA: whether the f16x2 PTX equals its twin bit for bit, and the
+    plain Triton GEMV's time beside the op's."""
+    from oxibonsai.torch_backend.ops import q1_fast, q1_triton
+
+    if device.type != "cuda" or x.shape[0] > q1_fast.MAX_M:
+        return {}
+    w0 = ours[0]
+    same = torch.equal(q1_fast.q1_gemv_fast(x, w0, asm=True), q1_fast.q1_gemv_fast(x, w0, asm=False))
+    plain = time_calls([partial(q1_triton.q1_gemv_fused, x, w) for w in ours], device, plan.reps)
+    return {"fast_used": q1_fast._asm_ok(device), "fast_asm_equals_twin": same, "plain_ms": plain["ms"],
+            "plain_over_ours": ratio(plain["ms"], ms)}  # fmt: skip

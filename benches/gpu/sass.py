@@ -110,13 +110,14 @@ def triton_ops() -> SimpleNamespace:
         attn_triton,
         kv_triton,
         norm_triton,
+        q1_fast,
         q1_triton,
         ref_torch,
         rope_kv_triton,
     )
 
     return SimpleNamespace(
-        q1_linear=q1_triton.q1_linear, q1_fused_linear=q1_triton.q1_fused_linear,
+        q1_linear=q1_triton.q1_linear, q1_fused_linear=q1_fast.fused_linear,
         embedding=ref_torch.embedding, rms_norm=norm_triton.rms_norm, rope_neox=ref_torch.rope_neox,
         silu_mul=ref_torch.silu_mul, write_kv=kv_triton.write_kv,
         qk_norm_rope_write_kv=rope_kv_triton.qk_norm_rope_write_kv,
@@ -128,17 +129,18 @@ def triton_ops() -> SimpleNamespace:
 def as_on_a_gpu(multiprocessors: int) -> Iterator[None]:
     """The wrappers' device-dependent choices (attention precision and splits, the GEMV's split-K) made
     as on a CUDA device with ``multiprocessors`` SMs, for tensors on ``meta``."""
-    from oxibonsai.torch_backend.ops import attn_triton, q1_triton
+    from oxibonsai.torch_backend.ops import attn_triton, q1_fast, q1_triton
 
-    saved = attn_triton._on_gpu, q1_triton._default_split_k
+    saved = attn_triton._on_gpu, q1_triton._default_split_k, q1_fast._asm_ok
     attn_triton._on_gpu = lambda device: True  # type: ignore[assignment]
+    q1_fast._asm_ok = lambda device: True  # type: ignore[assignment]
     q1_triton._default_split_k = lambda tiles, groups, device: max(  # type: ignore[assignment]
         1, min(groups, 2 * multiprocessors // max(tiles, 1))
     )
     try:
         yield
     finally:
-        attn_triton._on_gpu, q1_triton._default_split_k = saved  # type: ignore[assignment]
+        attn_triton._on_gpu, q1_triton._default_split_k, q1_fast._asm_ok = saved  # type: ignore[assignment]
 
 
 def model_launches(spec: ModelSpec, batches: tuple[int, ...], prefill: int) -> dict[tuple[Any, ...], Launch]:
@@ -212,7 +214,7 @@ def opcode(ins: str) -> str:
 
 def gemv_cost(launch: Launch, loop: int, threads: int) -> float | None:
     """SASS instructions per weight and activation row of the Q1 GEMV's group loop (one 128-group)."""
-    if launch.fn.__name__ != "_gemv_kernel" or not loop:
+    if launch.fn.__name__ not in ("_gemv_kernel", "_fast_gemv_kernel") or not loop:
         return None
     c = launch.constexprs
     products = c["BLOCK_N"] * 128 * c["BLOCK_M"] * (2 if c["GATED"] else 1)

@@ -57,7 +57,14 @@ def _choice(device: torch.device) -> str:
 def _triton_ops(device: torch.device) -> SimpleNamespace:
     if not _triton_installed():
         raise RuntimeError(f"{ENV_VAR}=triton needs the triton package, which is not installed")
-    from oxibonsai.torch_backend.ops import attn_triton, kv_triton, norm_triton, q1_triton, rope_kv_triton
+    from oxibonsai.torch_backend.ops import (
+        attn_triton,
+        kv_triton,
+        norm_triton,
+        q1_fast,
+        q1_triton,
+        rope_kv_triton,
+    )
 
     if device.type != "cuda" and not _kernels_interpreted():
         raise RuntimeError(
@@ -66,7 +73,7 @@ def _triton_ops(device: torch.device) -> SimpleNamespace:
         )
     return SimpleNamespace(
         q1_linear=q1_triton.q1_linear,
-        q1_fused_linear=q1_triton.q1_fused_linear,
+        q1_fused_linear=q1_fast.fused_linear,
         embedding=ref_torch.embedding,
         rms_norm=norm_triton.rms_norm,
         rope_neox=ref_torch.rope_neox,

@@ -224,13 +224,8 @@ def q1_gemv_fused(
     asked for."""
     x = _check(x, w)
     out_rows = w.rows // 2 if gated else w.rows
-    if gated and w.rows % 2:
-        raise ValueError(f"a gate|up matrix needs an even number of rows, got {w.rows}")
-    if norm is not None and norm.shape != (w.cols,):
-        raise ValueError(f"norm weight must be [{w.cols}], got {list(norm.shape)}")
+    check_fused(x, w, norm, residual, gated)
     m, groups = x.shape[0], w.cols // QK
-    if residual is not None and residual.shape != (m, out_rows):
-        raise ValueError(f"residual must be [{m}, {out_rows}], got {list(residual.shape)}")
     if m == 0:
         return torch.empty(0, out_rows, dtype=torch.float32, device=x.device)
     block_m = triton.next_power_of_2(m)
@@ -251,6 +246,19 @@ def q1_gemv_fused(
     if split_k == 1 and norm is None and residual is None and not gated:
         return partial[0]
     return _epilogue(partial, sumsq, norm is not None, eps, residual, gated, out_rows, w.cols)
+
+
+def check_fused(
+    x: torch.Tensor, w: Q1Weight, norm: torch.Tensor | None, residual: torch.Tensor | None, gated: bool
+) -> None:
+    """Raises ValueError unless the fused GEMV's operands fit ``w`` (``x`` already checked)."""
+    out_rows = w.rows // 2 if gated else w.rows
+    if gated and w.rows % 2:
+        raise ValueError(f"a gate|up matrix needs an even number of rows, got {w.rows}")
+    if norm is not None and norm.shape != (w.cols,):
+        raise ValueError(f"norm weight must be [{w.cols}], got {list(norm.shape)}")
+    if residual is not None and residual.shape != (x.shape[0], out_rows):
+        raise ValueError(f"residual must be [{x.shape[0]}, {out_rows}], got {list(residual.shape)}")
 
 
 def _epilogue(
