@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from oxibonsai.torch_backend.ops import q1_triton
-from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight
+from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
 
 SIGNS_15_31 = tl.constexpr(-2147450880)  # 0x80008000 as an int32: both halves' sign bits
 TILE = 256  # rows x activation rows per program, halved for gate|up: 2.45 SASS ops per weight at M=1
@@ -157,31 +157,9 @@ def q1_gemv_fast(
 ) -> torch.Tensor:
     """``q1_triton.q1_gemv_fused`` in packed fp16 pairs; ``asm`` (default: on CUDA) picks the PTX or its
     twin."""
-    x = q1_triton._check(x, w)
     asm = x.is_cuda if asm is None else asm
-    out_rows = w.rows // 2 if gated else w.rows
-    q1_triton.check_fused(x, w, norm, residual, gated)
-    m, groups = x.shape[0], w.cols // QK
-    if m == 0:
-        return torch.empty(0, out_rows, dtype=torch.float32, device=x.device)
-    block_m = triton.next_power_of_2(m)
-    block_n = max(8, TILE // block_m // (2 if gated else 1))
-    n_tiles = triton.cdiv(out_rows, block_n)
-    split_k = min(split_k or q1_triton._default_split_k(n_tiles, groups, x.device), groups)
-    groups_per_split = triton.cdiv(groups, split_k)
-    split_k = triton.cdiv(groups, groups_per_split)
-    partial = torch.empty(split_k, m, w.rows, dtype=torch.float32, device=x.device)
-    sumsq = torch.empty(split_k, m, dtype=torch.float32, device=x.device) if norm is not None else partial
-    _fast_gemv_kernel[(n_tiles, split_k)](
-        x, w.signs, w.scales, norm if norm is not None else x, partial, sumsq,
-        m, out_rows, w.cols, groups_per_split, out_rows,
-        x.stride(0), w.signs.stride(0), w.scales.stride(0), partial.stride(0), partial.stride(1),
-        sumsq.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, NORM=norm is not None, GATED=gated, ASM=asm,
-    )  # fmt: skip
-    if split_k == 1 and norm is None and residual is None and not gated:
-        return partial[0]
-    return q1_triton._epilogue(partial, sumsq, norm is not None, eps, residual, gated, out_rows, w.cols)
+    fused = {"norm": norm, "eps": eps, "residual": residual, "gated": gated}
+    return q1_triton.launch_gemv(_fast_gemv_kernel, x, w, TILE, split_k=split_k, ASM=asm, **fused)
 
 
 def fused_linear(

@@ -20,6 +20,7 @@ tested against this one."""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 import triton
@@ -202,7 +203,7 @@ def q1_fused_linear(
 def q1_gemv(
     x: torch.Tensor, w: Q1Weight, block_n: int | None = None, split_k: int | None = None
 ) -> torch.Tensor:
-    """The {0, 1} GEMV (any M, meant for ``M <= GEMV_MAX_M``); ``split_k`` partial sums over K."""
+    """The sign-flip GEMV (any M, meant for ``M <= GEMV_MAX_M``); ``split_k`` partial sums over K."""
     return q1_gemv_fused(x, w, block_n=block_n, split_k=split_k)
 
 
@@ -222,6 +223,27 @@ def q1_gemv_fused(
     of rows is the gate, the second the up; the output has half W's rows), and ``residual +`` the
     result (``residual``). One launch, plus one for the epilogue when K is split or an epilogue is
     asked for."""
+    fused = {"norm": norm, "eps": eps, "residual": residual, "gated": gated}
+    return launch_gemv(_gemv_kernel, x, w, GEMV_TILE, block_n=block_n, split_k=split_k, **fused)
+
+
+def launch_gemv(
+    kernel: Any,
+    x: torch.Tensor,
+    w: Q1Weight,
+    tile: int,
+    *,
+    norm: torch.Tensor | None,
+    eps: float,
+    residual: torch.Tensor | None,
+    gated: bool,
+    block_n: int | None = None,
+    split_k: int | None = None,
+    **constexprs: Any,
+) -> torch.Tensor:
+    """Checks the operands, sizes the grid (``tile`` rows x activation rows per program, halved for
+    gate|up; K split for about two programs per SM), runs a GEMV kernel with ``_gemv_kernel``'s
+    arguments (and ``constexprs``), then the epilogue where one is needed."""
     x = _check(x, w)
     out_rows = w.rows // 2 if gated else w.rows
     check_fused(x, w, norm, residual, gated)
@@ -229,19 +251,19 @@ def q1_gemv_fused(
     if m == 0:
         return torch.empty(0, out_rows, dtype=torch.float32, device=x.device)
     block_m = triton.next_power_of_2(m)
-    block_n = block_n or max(8, GEMV_TILE // block_m // (2 if gated else 1))
+    block_n = block_n or max(8, tile // block_m // (2 if gated else 1))
     n_tiles = triton.cdiv(out_rows, block_n)
     split_k = min(split_k or _default_split_k(n_tiles, groups, x.device), groups)
     groups_per_split = triton.cdiv(groups, split_k)
     split_k = triton.cdiv(groups, groups_per_split)  # no empty splits
     partial = torch.empty(split_k, m, w.rows, dtype=torch.float32, device=x.device)
     sumsq = torch.empty(split_k, m, dtype=torch.float32, device=x.device) if norm is not None else partial
-    _gemv_kernel[(n_tiles, split_k)](
+    kernel[(n_tiles, split_k)](
         x, w.signs, w.scales, norm if norm is not None else x, partial, sumsq,
         m, out_rows, w.cols, groups_per_split, out_rows,
         x.stride(0), w.signs.stride(0), w.scales.stride(0), partial.stride(0), partial.stride(1),
         sumsq.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, NORM=norm is not None, GATED=gated,
+        BLOCK_M=block_m, BLOCK_N=block_n, NORM=norm is not None, GATED=gated, **constexprs,
     )  # fmt: skip
     if split_k == 1 and norm is None and residual is None and not gated:
         return partial[0]
