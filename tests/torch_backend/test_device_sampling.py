@@ -424,3 +424,37 @@ def test_the_row_columns_are_what_direct_conversions_give(rng: np.random.Generat
     assert batch.top_k.dtype == torch.int64 and batch.uniforms.dtype == torch.float64
     assert batch.logprob_index.tolist() == [r for r, p in enumerate(params) if p.logprobs is not None]
     assert batch.logprob_index.dtype == torch.int64
+
+
+def test_all_greedy_batches_take_the_short_path_to_the_same_draws(rng: np.random.Generator) -> None:
+    """``greedy_draws`` (one max, no ``SamplingBatch``) gives what ``sample`` gives a plain greedy
+    batch, ties to the lower id, and its errors; any other batch is left to ``sample``."""
+    from oxibonsai.runner import SampleRow
+    from oxibonsai.torch_backend.sampling import greedy_draws
+
+    def rows_of(params: list[SamplingParams], banned: list[list[int]] | None = None) -> list[SampleRow]:
+        banned = banned or [[] for _ in params]
+        return [SampleRow(p, 0, None, [1], [2], b) for p, b in zip(params, banned, strict=True)]  # type: ignore[arg-type]
+
+    greedy = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_k=1)] * 3
+    logits = torch.from_numpy(rng.integers(-3, 3, (6, 40)).astype(np.float32))  # many ties
+    logits[1, :] = float("-inf")
+    logits[1, 7] = 2.0
+    on_device = logits.to(DEVICE)
+    batch = SamplingBatch.build(greedy, [0] * 6, [[1]] * 6, [[2]] * 6, [[]] * 6, DEVICE, vocab_size=40)
+    assert greedy_draws(on_device, rows_of(greedy)) == sample(on_device, batch).to_host(batch)
+    for value, message in ((float("nan"), "hold NaN"), (float("inf"), "hold NaN or \\+inf")):
+        poisoned = logits.clone()
+        poisoned[4, 3] = value
+        with pytest.raises(ValueError, match=f"sampling row 4 {message}"):
+            greedy_draws(poisoned.to(DEVICE), rows_of(greedy))
+    nothing = torch.full((6, 40), float("-inf"), device=DEVICE)
+    with pytest.raises(ValueError, match="no token can be sampled"):
+        greedy_draws(nothing, rows_of(greedy))
+    for others in (
+        [*greedy[:5], SamplingParams(temperature=0.5)],
+        [*greedy[:5], SamplingParams(temperature=0.0, repetition_penalty=1.1)],
+        [*greedy[:5], SamplingParams(temperature=0.0, logprobs=2)],
+    ):
+        assert greedy_draws(on_device, rows_of(others)) is None
+    assert greedy_draws(on_device, rows_of(greedy, [[], [], [], [], [], [3]])) is None

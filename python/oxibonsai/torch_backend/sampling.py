@@ -289,13 +289,7 @@ class SampleResult:
         logprob)] * n)``; raises its ValueError for a row with nothing to sample or with NaN or
         ``+inf`` logits. Synchronizes."""
         tokens = self.token_ids.tolist()
-        if _NON_FINITE in tokens:
-            row = tokens.index(_NON_FINITE)
-            raise ValueError(
-                f"the logits of sampling row {row} hold NaN or +inf; logits must be finite or -inf"
-            )
-        if _NOTHING in tokens:
-            raise ValueError(f"no token can be sampled: all {batch.vocab_size} logits are -inf or banned")
+        _raise_for_missing(tokens, batch.vocab_size)
         draws: list[Draw] = [(token, None, []) for token in tokens]
         if self.logprobs is None or self.top_ids is None or self.top_logprobs is None:
             return draws
@@ -304,6 +298,38 @@ class SampleResult:
         for j, (r, n) in enumerate(rows):
             draws[r] = (tokens[r], lps[j], list(zip(ids[j][:n], tops[j][:n], strict=True)))
         return draws
+
+
+def _raise_for_missing(tokens: list[int], vocab: int) -> None:
+    """The Rust sampler's ValueError for the first row that got no token, if any."""
+    if _NON_FINITE in tokens:
+        row = tokens.index(_NON_FINITE)
+        raise ValueError(f"the logits of sampling row {row} hold NaN or +inf; logits must be finite or -inf")
+    if _NOTHING in tokens:
+        raise ValueError(f"no token can be sampled: all {vocab} logits are -inf or banned")
+
+
+def greedy_draws(logits: torch.Tensor, rows: Sequence[SampleRow]) -> list[Draw] | None:
+    """The draws of a batch whose every row is plain greedy (temperature 0 or top-k 1; no penalty, no
+    banned id, no logprobs), what ``sample`` gives it, from one max over the vocabulary and a few
+    elementwise kernels, with no ``SamplingBatch`` built; None for any other batch."""
+    if not all(_plain_greedy(r) for r in rows):
+        return None
+    best, index = logits.max(dim=-1)  # NaN propagates; ties go to the lower id
+    bad = best.isnan() | (best == float("inf"))
+    code = torch.where(bad, _NON_FINITE, torch.where(best == float("-inf"), _NOTHING, index))
+    tokens = code.tolist()
+    _raise_for_missing(tokens, logits.shape[-1])
+    return [(token, None, []) for token in tokens]
+
+
+def _plain_greedy(row: SampleRow) -> bool:
+    p, f32 = row.params, np.float32
+    greedy = f32(p.temperature) == 0 or p.top_k == 1
+    neutral = (
+        f32(p.repetition_penalty) == 1 and f32(p.frequency_penalty) == 0 and f32(p.presence_penalty) == 0
+    )
+    return greedy and neutral and not row.banned and p.logprobs is None
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
@@ -326,6 +352,9 @@ def sample_rows(
     """One step's draws for the engine's sampling rows (``logits``: [R, V] on the device): the batch is
     built, sampled and only the token ids and requested logprobs come back to the host. ``kept``: the
     runner's ``DeviceHistories``, keyed by each row's ``key``, for the penalties."""
+    draws = greedy_draws(logits, rows)
+    if draws is not None:
+        return draws
     batch = SamplingBatch.build(
         [r.params for r in rows],
         [r.seed for r in rows],
