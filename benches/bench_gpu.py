@@ -19,6 +19,9 @@ Sections (--sections picks some; each records its error and the run goes on):
   ``oxibonsai.LLM(device="cuda", runner="torch")`` on a random Bonsai-1.7B-shaped GGUF, the TTFT of a
   request whose 1,024-token prefix was demoted to the host tier, against a cold prefill (and a device
   hit), with ``cache_stats()`` promotions as proof.
+- engine: ``oxibonsai.LLM(device="cuda")`` end to end on a random Bonsai-1.7B-shaped GGUF: greedy
+  decode tokens/s of 1/16/64 concurrent requests with CUDA graphs and with ``enforce_eager=True``,
+  and whether both gave the same tokens.
 
 ``--smoke`` runs all of it on the CPU with tiny shapes (the Triton q1 kernels under
 ``TRITON_INTERPRET=1``, the model on the reference ops) in about a minute, writing the same keys.
@@ -46,6 +49,7 @@ from typing import Any
 import torch
 
 # benches/ is sys.path[0] when this file runs as a script, so its gpu package imports by name.
+from gpu.engine import engine_section
 from gpu.models import decode_section
 from gpu.plan import BONSAI_1P7B, BONSAI_8B, GPU_PLAN, SEED, SMOKE_PLAN, Plan
 from gpu.q1 import q1_section
@@ -53,7 +57,7 @@ from gpu.report import table_lines, write_report
 from gpu.tier import tier_section
 from gpu.timing import Budget, free, guarded, probe
 
-SECTIONS = ("probe", "q1", "decode", "tier")
+SECTIONS = ("probe", "q1", "decode", "tier", "engine")
 SHARES = {"q1": 0.4, "decode": 0.8}  # of --budget-s: where q1 and decode stop starting new cases
 NOTES = [
     "B1 = device-to-device copy GB/s counting bytes read + written; q1 GB/s counts weight bytes read",
@@ -70,6 +74,7 @@ def run_sections(args: argparse.Namespace, plan: Plan, report: dict[str, Any]) -
         "q1": lambda: q1_section(plan, device, budget.share(SHARES["q1"]), report_b1(report)),
         "decode": lambda: decode_section(plan, device, budget.share(SHARES["decode"])),
         "tier": lambda: tier_section(plan, device, budget),
+        "engine": lambda: engine_section(plan, device),
     }
     for name in SECTIONS:
         if name not in args.sections:

@@ -49,6 +49,12 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                          f"{fmt(r.get('graph_speedup_vs_b2'), '.2f'):>6} "
                          f"{r.get('graph_logits_equal', '-')!s:>5} "
                          f"{problem(m) or problem(r)}")  # fmt: skip
+    e = report.get("engine", {})
+    lines.append(f"engine: {problem(e)}")
+    for r in e.get("rows", []):
+        lines.append(f"   batch {r['batch']:>3}: graphs {fmt(r.get('graph_tok_s'))} tok/s, eager "
+                     f"{fmt(r.get('eager_tok_s'))} ({fmt(r.get('graph_over_eager'), '.2f')}x), "
+                     f"same tokens {r.get('same_tokens')}")  # fmt: skip
     t = report.get("tier", {})
     pr, tt = t.get("promote", {}), t.get("ttft", {})
     lines.append(f"tier: promote {fmt(pr.get('promote_gbps'))} GB/s vs one large H2D "

@@ -1,0 +1,77 @@
+"""The engine section: what a user of ``oxibonsai.LLM(device="cuda")`` sees, end to end, on a random
+Bonsai-1.7B-shaped GGUF (a tiny one in the smoke run): greedy decode tokens/s of one request and of
+16 and 64 concurrent ones, with CUDA graphs (the default) and eagerly (``enforce_eager=True``), the
+same prompts in both, and whether both gave the same tokens. Tokens/s counts generated tokens over
+the wall time of ``generate`` after a warm-up, so it includes the prefill of each batch's prompts,
+the scheduler, sampling and detokenization."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import oxibonsai
+
+from .plan import SEED, Plan
+from .tier import import_tests_module
+from .timing import free, ratio
+
+PROMPT_TOKENS = 32
+
+
+def engine_section(plan: Plan, device: torch.device) -> dict[str, Any]:
+    factory = import_tests_module("model_factory")
+    cfg = factory.bonsai_1p7b_config() if device.type == "cuda" else factory.TinyQwen3Config()
+    path = Path(tempfile.mkdtemp(prefix="bench-gpu-")) / "engine.gguf"
+    factory.write_qwen3_gguf(path, cfg, np.random.default_rng(SEED + 1))
+    rng = np.random.default_rng(SEED)
+    batches = {
+        n: [rng.integers(cfg.vocab_size, size=PROMPT_TOKENS).tolist() for _ in range(n)] for n in plan.batches
+    }
+    runs: dict[str, Any] = {}
+    tokens: dict[str, dict[int, list[list[int]]]] = {}
+    try:
+        for mode in ("graphs", "eager"):
+            llm = load(path, plan, max(plan.batches), eager=mode == "eager")
+            runs[mode], tokens[mode] = decode_runs(llm, batches, plan)
+            graphs = getattr(llm._runner, "graphs", None)
+            runs[mode]["graph_replays"] = graphs.replays if graphs is not None else 0
+            del llm
+            free(device)
+    finally:
+        path.unlink()
+    rows = [{"batch": n, "graph_tok_s": runs["graphs"][n]["tok_s"], "eager_tok_s": runs["eager"][n]["tok_s"],
+             "graph_over_eager": ratio(runs["graphs"][n]["tok_s"], runs["eager"][n]["tok_s"]),
+             "same_tokens": tokens["graphs"][n] == tokens["eager"][n]} for n in plan.batches]  # fmt: skip
+    return {"gguf": cfg.name, "prompt_tokens": PROMPT_TOKENS, "decode_tokens": plan.engine_tokens,
+            "graph_replays": runs["graphs"]["graph_replays"], "rows": rows}  # fmt: skip
+
+
+def load(path: Path, plan: Plan, max_batch: int, *, eager: bool) -> oxibonsai.LLM:
+    return oxibonsai.LLM(
+        str(path), device=plan.device, runner="torch", max_model_len=PROMPT_TOKENS + plan.engine_tokens + 16,
+        max_num_seqs=max_batch, kv_cache_dtype="f16", enable_prefix_caching=False, enforce_eager=eager,
+    )  # fmt: skip
+
+
+def decode_runs(
+    llm: oxibonsai.LLM, batches: dict[int, list[list[int]]], plan: Plan
+) -> tuple[dict[Any, Any], dict[int, list[list[int]]]]:
+    """Per batch size: tokens/s of a timed ``generate`` after an untimed one, and its tokens."""
+    params = oxibonsai.SamplingParams(max_tokens=plan.engine_tokens, temperature=0.0, ignore_eos=True)
+    rates: dict[Any, Any] = {}
+    tokens: dict[int, list[list[int]]] = {}
+    for n, prompts in batches.items():
+        requests = [{"prompt_token_ids": p} for p in prompts]
+        llm.generate(requests, params, use_tqdm=False)  # warm-up: compiles and captures every bucket
+        start = time.perf_counter()
+        outs = llm.generate(requests, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        tokens[n] = [o.outputs[0].token_ids for o in outs]
+        rates[n] = {"tok_s": sum(len(t) for t in tokens[n]) / seconds, "seconds": seconds}
+    return rates, tokens
