@@ -324,7 +324,9 @@ def q1_gemm(
     m = x.shape[0]
     if m == 0:
         return torch.empty(0, w.rows, dtype=torch.float32, device=x.device)
-    block_m = block_m or (128 if m >= 128 else min(64, max(16, triton.next_power_of_2(m))))
+    # Tile heights change only at multiples of 8 (16, 32, 64, past 128), so a decode step padded to its
+    # CUDA-graph bucket (graphs.decode_buckets) runs the tiles its eager twin runs.
+    block_m = block_m or (128 if m > 128 else min(64, max(16, triton.next_power_of_2(m))))
     out = torch.empty(m, w.rows, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, block_m), triton.cdiv(w.rows, block_n))
     _gemm_kernel[grid](
