@@ -39,6 +39,27 @@ def test_every_batch_size_has_the_smallest_bucket_that_holds_it():
         decode_buckets(0)
 
 
+def test_a_padded_step_runs_the_matmul_tiles_of_its_eager_twin():
+    """Graph and eager steps give the same tokens because a step padded to its bucket picks the same
+    Q1 kernel and tile height as the unpadded step: the f16x2 GEMV (1-2 rows), the GEMV's power-of-two
+    BLOCK_M (3-8) or the GEMM's tile height (9+)."""
+    triton = pytest.importorskip("triton", reason="triton is not installed")
+    from oxibonsai.torch_backend.ops import q1_fast, q1_triton
+
+    def tiles(m: int) -> tuple[str, int]:
+        if m <= q1_fast.MAX_M:
+            return "f16x2", m
+        if m <= q1_triton.GEMV_MAX_M:
+            return "gemv", int(triton.next_power_of_2(m))
+        return "gemm", q1_triton.gemm_block_m(m)
+
+    for max_num_seqs in (6, 64, 100, 256):
+        buckets = decode_buckets(max_num_seqs)
+        for n in range(1, max_num_seqs + 1):
+            bucket = next(b for b in buckets if b >= n)
+            assert tiles(bucket) == tiles(n), (max_num_seqs, n, bucket)
+
+
 def random_decode_step(
     rng: np.random.Generator, n: int, vocab: int, max_blocks: int, num_blocks: int
 ) -> StepBatch:

@@ -324,9 +324,7 @@ def q1_gemm(
     m = x.shape[0]
     if m == 0:
         return torch.empty(0, w.rows, dtype=torch.float32, device=x.device)
-    # Tile heights change only at multiples of 8 (16, 32, 64, past 128), so a decode step padded to its
-    # CUDA-graph bucket (graphs.decode_buckets) runs the tiles its eager twin runs.
-    block_m = block_m or (128 if m > 128 else min(64, max(16, triton.next_power_of_2(m))))
+    block_m = block_m or gemm_block_m(m)
     out = torch.empty(m, w.rows, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, block_m), triton.cdiv(w.rows, block_n))
     _gemm_kernel[grid](
@@ -338,6 +336,13 @@ def q1_gemm(
         num_warps=8 if block_m * block_n >= 64 * 64 else 4,  # sm_90: a 64x64 tile spills at 4 warps
     )  # fmt: skip
     return out
+
+
+def gemm_block_m(m: int) -> int:
+    """The GEMM's tile height for ``m`` rows. It changes only at multiples of 8 (16, 32, 64, past 128),
+    so a decode step padded to its CUDA-graph bucket (``graphs.decode_buckets``) runs the tiles its
+    eager twin runs."""
+    return 128 if m > 128 else min(64, max(16, int(triton.next_power_of_2(m))))
 
 
 def _check(x: torch.Tensor, w: Q1Weight) -> torch.Tensor:
