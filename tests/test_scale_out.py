@@ -171,6 +171,18 @@ def slow_model(tmp_path_factory: pytest.TempPathFactory, model_seed: int) -> Pat
     return write_tiny(tmp_path_factory.mktemp("models") / "slow.gguf", model_seed + 11, cfg=cfg)
 
 
+async def busy_replica(app: str, tasks: list[asyncio.Future[Any]], timeout: float = 30.0) -> str:
+    """The actor name of a replica whose last board post shows running requests, polled until one
+    does (posts come once a second) while ``tasks`` are still in flight."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(t.done() for t in tasks):
+        busy = [p["actor_name"] for p in board(app).values() if p.get("num_running", 0) > 0]
+        if busy:
+            return busy[0]
+        await asyncio.sleep(0.2)
+    raise AssertionError("no replica reported running requests while they were in flight")
+
+
 def test_a_killed_replica_fails_its_requests_the_rest_finish_and_it_comes_back(cluster, slow_model):
     app = "kill"
     deploy(slow_model, "pow2", app)
@@ -181,8 +193,8 @@ def test_a_killed_replica_fails_its_requests_the_rest_finish_and_it_comes_back(c
         async with httpx.AsyncClient(base_url=cluster, timeout=120) as client:
             body = {"model": NAME, "prompt": "the", "max_tokens": 400, "ignore_eos": True}
             tasks = [asyncio.ensure_future(client.post("/v1/completions", json=body)) for _ in range(8)]
-            await asyncio.sleep(0.5)  # every request routed and decoding
-            victim = next(iter(before.values()))["actor_name"]
+            # The victim is a replica the board shows decoding (routing decides which got requests).
+            victim = await busy_replica(app, tasks)
             ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=False)
             return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
 
