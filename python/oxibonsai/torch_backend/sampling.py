@@ -351,7 +351,8 @@ def sample_rows(
 ) -> list[Draw]:
     """One step's draws for the engine's sampling rows (``logits``: [R, V] on the device): the batch is
     built, sampled and only the token ids and requested logprobs come back to the host. ``kept``: the
-    runner's ``DeviceHistories``, keyed by each row's ``key``, for the penalties."""
+    runner's ``DeviceHistories``, keyed by each row's ``key``, for the penalties (not used when a row
+    has no key, -1)."""
     draws = greedy_draws(logits, rows)
     if draws is not None:
         return draws
@@ -363,7 +364,7 @@ def sample_rows(
         [r.banned for r in rows],
         logits.device,
         vocab_size=vocab_size,
-        kept=None if kept is None else (kept, [r.key for r in rows]),
+        kept=None if kept is None or any(r.key < 0 for r in rows) else (kept, [r.key for r in rows]),
     )
     return sample(logits, batch).to_host(batch)
 
