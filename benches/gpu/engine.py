@@ -41,6 +41,8 @@ def engine_section(plan: Plan, device: torch.device) -> dict[str, Any]:
             runs[mode], tokens[mode] = decode_runs(llm, batches, plan)
             graphs = getattr(llm._runner, "graphs", None)
             runs[mode]["graph_replays"] = graphs.replays if graphs is not None else 0
+            if mode == "graphs":
+                runs["vs_native_cpu"] = against_native(llm, path, batches[min(batches)][0])
             del llm
             free(device)
     finally:
@@ -49,7 +51,8 @@ def engine_section(plan: Plan, device: torch.device) -> dict[str, Any]:
              "graph_over_eager": ratio(runs["graphs"][n]["tok_s"], runs["eager"][n]["tok_s"]),
              "same_tokens": tokens["graphs"][n] == tokens["eager"][n]} for n in plan.batches]  # fmt: skip
     return {"gguf": cfg.name, "prompt_tokens": PROMPT_TOKENS, "decode_tokens": plan.engine_tokens,
-            "graph_replays": runs["graphs"]["graph_replays"], "rows": rows}  # fmt: skip
+            "graph_replays": runs["graphs"]["graph_replays"], "rows": rows,
+            "vs_native_cpu": runs["vs_native_cpu"]}  # fmt: skip
 
 
 def load(path: Path, plan: Plan, max_batch: int, *, eager: bool) -> oxibonsai.LLM:
@@ -75,3 +78,14 @@ def decode_runs(
         tokens[n] = [o.outputs[0].token_ids for o in outs]
         rates[n] = {"tok_s": sum(len(t) for t in tokens[n]) / seconds, "seconds": seconds}
     return rates, tokens
+
+
+def against_native(llm: oxibonsai.LLM, path: Path, ids: list[int]) -> dict[str, Any]:
+    """The torch runner's logits of ``ids`` against the native CPU runner's on the same file."""
+    native = oxibonsai.LLM(str(path), runner="native", device="cpu", max_model_len=len(ids) + 16,
+                           kv_cache_dtype="f32")  # fmt: skip
+    ours, cpu = llm.logits(ids).astype(np.float64), native.logits(ids).astype(np.float64)
+    rel = np.linalg.norm(ours - cpu, axis=1) / np.linalg.norm(cpu, axis=1)
+    return {"tokens": len(ids), "median_rel_l2": float(np.median(rel)), "max_rel_l2": float(rel.max()),
+            "top1_agreement": float(np.mean(ours.argmax(axis=1) == cpu.argmax(axis=1))),
+            "max_abs_diff": float(np.abs(ours - cpu).max())}  # fmt: skip

@@ -50,7 +50,10 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                          f"{r.get('graph_logits_equal', '-')!s:>5} "
                          f"{problem(m) or problem(r)}")  # fmt: skip
     e = report.get("engine", {})
-    lines.append(f"engine: {problem(e)}")
+    v = e.get("vs_native_cpu", {})
+    lines.append(f"engine: logits vs the native CPU runner: median rel L2 "
+                 f"{fmt(v.get('median_rel_l2'), '.1e')}, top-1 agreement "
+                 f"{fmt(v.get('top1_agreement'), '.2f')} {problem(e)}")  # fmt: skip
     for r in e.get("rows", []):
         lines.append(f"   batch {r['batch']:>3}: graphs {fmt(r.get('graph_tok_s'))} tok/s, eager "
                      f"{fmt(r.get('eager_tok_s'))} ({fmt(r.get('graph_over_eager'), '.2f')}x), "
