@@ -15,9 +15,9 @@ its ``n`` sequences. The padding rules:
   ``0..bucket - 1``; the step's logits are the first ``n`` rows of the bucket's output.
 
 Every op of the forward pass is row-wise or per sequence, so padding rows never change a real row,
-and a bucket launches the kernels with the tile sizes an eager step of ``n`` rows picks (the Q1 GEMV
-below 9 rows and the GEMM above size tiles by powers of two that the buckets follow): graph and eager
-steps give the same tokens.
+and a bucket launches the Q1 kernel and tile height an eager step of ``n`` rows picks (the f16x2 GEMV
+for 1-2 rows, the GEMV's power-of-two rows up to 8, ``q1_triton.gemm_block_m`` above: each changes
+only at a bucket boundary): graph and eager steps give the same tokens.
 
 All buckets' inputs are views of one int32 device buffer, filled by one host-to-device copy per step
 from one (pinned) host buffer; the graphs are captured lazily, the first time a bucket is needed,
