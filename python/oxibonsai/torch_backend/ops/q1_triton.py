@@ -45,71 +45,75 @@ def _gemv_kernel(
 ):  # fmt: skip
     """Partial ``out[split, m, n]`` over the 128-groups of split ``program_id(1)``, rows ``program_id(0)``.
 
-    A program holds its rows' 4 sign words of a group and walks the 32 bit positions: at position
-    ``b`` it loads ``x`` at columns ``32 w + b`` and adds ``+x`` or ``-x`` by the bit, by xor-ing the
-    bit (shifted to the sign position) into the bits of ``-x`` (shift, and+xor, add: 3 ALU operations
-    per weight and row, no conversion, no reduction across threads until the end). Each group's sum
-    is scaled by its ``d`` once.
+    A program holds its rows' 4 sign words of a group for each activation row (the ``4 * BLOCK_M``
+    cells of a 2-D tile: cell ``c`` is activation row ``c // 4``, word ``c % 4``) and walks the 32 bit
+    positions: at position ``b`` it loads ``x`` at columns ``32 w + b`` and adds ``+x`` or ``-x`` by
+    the bit, by xor-ing the bit (shifted to the sign position) into the bits of ``-x`` (shift,
+    and+xor, add: 3 ALU operations per weight and row, no conversion, no reduction across threads
+    until the end). Each group's sum is scaled by its ``d`` once. (A 3-D ``[BLOCK_N, BLOCK_M, 4]``
+    tile made Triton move data through shared memory every bit for 2-4 rows.)
 
     ``NORM``: ``x`` times the RMSNorm weight goes in, and the split's sum of ``x^2`` per row goes to
     ``sumsq[split, m]`` (the norm's ``rstd`` factors out of the dot; the caller applies it).
     ``GATED``: the program also computes rows ``n + up_offset`` (the up half of a gate|up matrix)
     into ``out[split, m, up_offset + n]``, with the same loads of ``x``."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    quarter = tl.arange(0, 4)  # the group's 4 sign words
+    cells = tl.arange(0, BLOCK_M * 4)
+    row_of, word_of = cells // 4, cells % 4
     mask_n = offs_n < N
-    mask_m = offs_m < M
+    mask_c = row_of < M
     split = tl.program_id(1)
     first = split * groups_per_split
     last = tl.minimum(first + groups_per_split, K // 128)
-    acc = tl.zeros([BLOCK_N, BLOCK_M, 4], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_M, 4], dtype=tl.float32)
-    squares = tl.zeros([BLOCK_M, 4], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_M * 4], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_M * 4], dtype=tl.float32)
+    squares = tl.zeros([BLOCK_M * 4], dtype=tl.float32)
     for g in range(first, last):
-        word_ptrs = signs_ptr + offs_n[:, None] * stride_sn + g * 4 + quarter[None, :]
+        word_ptrs = signs_ptr + offs_n[:, None] * stride_sn + g * 4 + word_of[None, :]
         words = tl.load(word_ptrs, mask=mask_n[:, None], other=0)
         words_up = words
         if GATED:
             words_up = tl.load(word_ptrs + up_offset * stride_sn, mask=mask_n[:, None], other=0)
-        part = tl.zeros([BLOCK_N, BLOCK_M, 4], dtype=tl.float32)
-        part_up = tl.zeros([BLOCK_N, BLOCK_M, 4], dtype=tl.float32)
+        part = tl.zeros([BLOCK_N, BLOCK_M * 4], dtype=tl.float32)
+        part_up = tl.zeros([BLOCK_N, BLOCK_M * 4], dtype=tl.float32)
         for b in tl.static_range(32):
-            cols = g * 128 + quarter * 32 + b
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :], mask=mask_m[:, None], other=0.0)
-            x = x.to(tl.float32)
+            cols = g * 128 + word_of * 32 + b
+            x = tl.load(x_ptr + row_of * stride_xm + cols, mask=mask_c, other=0.0).to(tl.float32)
             if NORM:
                 squares += x * x
-                x = x * tl.load(norm_ptr + cols).to(tl.float32)[None, :]
-            neg = (-x).to(tl.int32, bitcast=True)[None, :, :]
+                x = x * tl.load(norm_ptr + cols).to(tl.float32)
+            neg = (-x).to(tl.int32, bitcast=True)
             part += _signed(neg, words, b)
             if GATED:
                 part_up += _signed(neg, words_up, b)
         acc += _scale(part, scales_ptr, offs_n, mask_n, g, stride_dn)
         if GATED:
             acc_up += _scale(part_up, scales_ptr, offs_n + up_offset, mask_n, g, stride_dn)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask = mask_n[:, None] & (offs_m < M)[None, :]
     out = out_ptr + split * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
-    tl.store(out, tl.sum(acc, axis=2), mask=mask_n[:, None] & mask_m[None, :])
+    tl.store(out, tl.sum(tl.reshape(acc, [BLOCK_N, BLOCK_M, 4]), axis=2), mask=mask)
     if GATED:
-        tl.store(out + up_offset, tl.sum(acc_up, axis=2), mask=mask_n[:, None] & mask_m[None, :])
+        tl.store(out + up_offset, tl.sum(tl.reshape(acc_up, [BLOCK_N, BLOCK_M, 4]), axis=2), mask=mask)
     if NORM:
         if tl.program_id(0) == 0:  # every row tile computed the same sums
-            tl.store(sumsq_ptr + split * stride_qs + offs_m, tl.sum(squares, axis=1), mask=mask_m)
+            sums = tl.sum(tl.reshape(squares, [BLOCK_M, 4]), axis=1)
+            tl.store(sumsq_ptr + split * stride_qs + offs_m, sums, mask=offs_m < M)
 
 
 @triton.jit
 def _signed(neg, words, b: tl.constexpr):
-    """``[BLOCK_N, BLOCK_M, 4]``: ``x`` where bit ``b`` of the row's word is set, else ``-x``, from the
-    bits of ``-x`` (``neg``, ``[1, BLOCK_M, 4]``)."""
+    """``[BLOCK_N, 4 * BLOCK_M]``: ``x`` where bit ``b`` of the cell's word is set, else ``-x``, from the
+    bits of ``-x`` (``neg``, one per cell)."""
     sign = (words << (31 - b)) & -2147483648  # bit b at the float sign position
-    return (neg ^ sign[:, None, :]).to(tl.float32, bitcast=True)
+    return (neg[None, :] ^ sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _scale(part, scales_ptr, offs_n, mask_n, g, stride_dn):
     """A group's sums ``part`` times each row's scale ``d``."""
     d = tl.load(scales_ptr + offs_n * stride_dn + g, mask=mask_n, other=0.0).to(tl.float32)
-    return d[:, None, None] * part
+    return d[:, None] * part
 
 
 @triton.jit
