@@ -20,6 +20,10 @@ from oxibonsai.torch_backend.ops.dispatch import ops_for  # noqa: E402
 from models import tiny_config, write_tiny  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The interpreter runs the float32 kernels (2e-3 holds with room). On CUDA, decode steps of 1-2 rows
+# run the f16x2 GEMV (fp16 activations: up to 1.8e-3 of the largest output per matmul, measured on
+# its twin) and attention's dots are tf32, so the bound is looser there; not yet measured on a GPU.
+REL_L2, GAP = (1e-2, 5e-2) if DEVICE == "cuda" else (2e-3, 1e-2)
 
 
 @pytest.fixture(scope="module")
@@ -48,5 +52,5 @@ def test_triton_kernels_run_the_model_as_the_reference_ops_do(small_model, monke
     decodes = [int(t) for t in rng.integers(0, vocab, 2)]
     ours, want = steps(triton_model, prompt, decodes), steps(ref_model, prompt, decodes)
     for got, ref in zip(ours, want, strict=True):
-        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
-        assert int(got.argmax()) == int(ref.argmax()) or np.sort(ref)[-1] - np.sort(ref)[-2] < 1e-2
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < REL_L2
+        assert int(got.argmax()) == int(ref.argmax()) or np.sort(ref)[-1] - np.sort(ref)[-2] < GAP
