@@ -135,10 +135,13 @@ def copy_blocks(src: KvPool, dst: KvPool, pairs: np.ndarray) -> None:
     consecutive blocks of a block-major pool (one transfer otherwise), a scatter on the destination.
     Copies to or from a pinned pool are asynchronous: read a host pool only after synchronizing.
     Everything is checked first: on a ValueError nothing has been copied."""
-    src_ids, dst_ids = _check_moves(src, dst, pairs)
-    if src_ids.size == 0:
-        return
-    _scatter(dst, dst_ids, _gather(src, src_ids, dst))
+    _move(src, dst, *_check_moves(src, dst, pairs))
+
+
+def _move(src: KvPool, dst: KvPool, src_ids: np.ndarray, dst_ids: np.ndarray) -> None:
+    """``copy_blocks`` of checked id lists."""
+    if src_ids.size:
+        _scatter(dst, dst_ids, _gather(src, src_ids, dst))
 
 
 class TierCopier:
@@ -160,16 +163,16 @@ class TierCopier:
     def run(self, demote: np.ndarray, promote: np.ndarray) -> None:
         """Queues the copies; both lists are checked first, so a ValueError copies nothing."""
         from_ids, to_ids = _check_moves(self.kv, self.host, demote)
-        _check_moves(self.host, self.kv, promote)
+        promoted = _check_moves(self.host, self.kv, promote)
         if self.stream is None:
-            copy_blocks(self.kv, self.host, demote)
-            copy_blocks(self.host, self.kv, promote)
+            _move(self.kv, self.host, from_ids, to_ids)
+            _move(self.host, self.kv, *promoted)
             return
         compute = torch.cuda.current_stream(self.kv.device)
         self.stream.wait_stream(compute)
         with torch.cuda.stream(self.stream):
             demoted = _gather(self.kv, from_ids, self.host) if from_ids.size else None
-            copy_blocks(self.host, self.kv, promote)
+            _move(self.host, self.kv, *promoted)
             ready = torch.cuda.Event()
             ready.record(self.stream)
             if demoted is not None:

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from oxibonsai.torch_backend.ops import ref_torch
 from oxibonsai.torch_backend.ops.norm_triton import rms_norm
 from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight
 
@@ -200,13 +201,8 @@ def q1_fused_linear(
     the GEMM and the epilogue as separate launches (prefill is not launch-bound)."""
     if x.shape[0] <= GEMV_MAX_M:
         return q1_gemv_fused(x, w, norm=norm, eps=eps, residual=residual, gated=gated)
-    if norm is not None:
-        x = rms_norm(x, norm, eps)
-    y = q1_gemm(x, w)
-    if gated:
-        gate, up = y.chunk(2, dim=1)
-        y = torch.nn.functional.silu(gate) * up
-    return y if residual is None else y.add_(residual)
+    normed = x if norm is None else rms_norm(x, norm, eps)
+    return ref_torch.fused_linear(q1_gemm, normed, w, residual=residual, gated=gated)
 
 
 def q1_gemv(
