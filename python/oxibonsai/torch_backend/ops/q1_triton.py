@@ -358,11 +358,15 @@ def _default_split_k(n_tiles: int, groups: int, device: torch.device) -> int:
     """Enough K splits for about two programs per SM on a GPU; none elsewhere (the interpreter)."""
     if device.type != "cuda":
         return 1
-    programs = 2 * _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
-    return max(1, min(groups, programs // max(n_tiles, 1)))
+    return max(1, min(groups, 2 * multiprocessors(device) // max(n_tiles, 1)))
+
+
+def multiprocessors(device: torch.device) -> int:
+    """The SM count of CUDA ``device`` (the current one where it has no index)."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.cache
-def _multiprocessors(index: int) -> int:
+def _sm_count(index: int) -> int:
     """The SM count of CUDA device ``index``, asked once (the query costs microseconds per call)."""
     return int(torch.cuda.get_device_properties(index).multi_processor_count)

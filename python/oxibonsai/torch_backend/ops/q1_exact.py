@@ -1,0 +1,546 @@
+"""Exact-integer Q1_0 linear layers for the GPU: the CPU engine's arithmetic, bit for bit, at every
+batch size.
+
+Activations are quantized per 128 values exactly as the Rust core does (``rust/core/src/q1/act.rs``:
+int16 values whose block L1 norm stays within 32639, one float32 scale and one integer sum per block).
+Each block's signed sum ``sum_j s_j q_j`` is then an integer, computed exactly, and the blocks are
+combined in order, ``acc = fma(float(isum), d_w * d_a, acc)`` from block 0, like every CPU kernel. So:
+
+- a row's output never depends on the other rows of the batch, on the kernel (GEMV or GEMM) or on its
+  tiles: greedy tokens batched and alone go through the same bits, and a CUDA graph's padded bucket
+  changes nothing;
+- the output equals ``oxibonsai.Q1Matrix.matmul`` on the same activations (the tests check it bit for
+  bit under Triton's interpreter).
+
+The int16 values travel as two planes of signed bytes (``q = 256 * high + low``, the split the CPU's
+VNNI and AMX kernels use), stored so that each int32 word holds the four values a ``dp4a`` pairs with
+one weight word's bits ``j, j + 8, j + 16, j + 24`` (``(word >> j) & 0x01010101`` in byte lanes).
+
+- ``quantize``: one program per activation row, the RMSNorm before the matmul folded in.
+- the GEMV (``M <= GEMV_MAX_M``): rows of W over programs, one weight row per thread lane, no
+  reduction across threads: per sign word, 8 shift-and-mask operations expose 4 weights each, and per
+  activation row two ``dp4a`` (high and low plane) add them; about one SASS instruction per weight at
+  one row. ``ASM`` picks the inline-PTX ``dp4a`` or its plain-Triton twin, which gives the same
+  integers and runs in the interpreter. The SwiGLU of a gate|up matrix and the residual add run in
+  the same program.
+- the GEMM (larger M, prefill): each sign word becomes a 32 x BLOCK_N tile of 0/1 bytes and both
+  planes go through int8 ``tl.dot`` (integer tensor cores on a GPU, exact); the epilogue is a second
+  kernel running the GEMV's code.
+
+Kernels launch with floating-point contraction off (``enable_fp_fusion=False``): every rounding is the
+one written, and the CPU's fused multiply-add is an explicit ``tl.fma``."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from oxibonsai.torch_backend.ops.q1_triton import check_fused, gemm_block_m, multiprocessors
+from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight
+
+GEMV_MAX_M = 8
+PROGRAMS_PER_SM = 4  # the GEMV splits K until it has this many 4-warp programs per SM
+L1_FIXED = tl.constexpr(65536.0)  # act.rs: fixed-point resolution of the L1 estimate
+L1_BUDGET = tl.constexpr(32575.0)  # act.rs: the L1 budget a block's scale targets
+MIN_AMAX = tl.constexpr(2.0**-96)  # act.rs: blocks whose largest magnitude is below this quantize to 0
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+NAN = tl.constexpr(float("nan"))
+ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (v + ROUND) - ROUND rounds |v| < 2^22 half to even
+LANES = tl.constexpr(0x01010101)
+NO_FUSION = {"enable_fp_fusion": False}
+
+
+@dataclass(frozen=True)
+class QuantizedRows:
+    """``M`` activation rows quantized per 128 values (``act.rs``'s rule)."""
+
+    planes: torch.Tensor  # int8 [2, padded_rows(M), K]: high then low bytes of q, 32 columns in dp4a order
+    scales: torch.Tensor  # float32 [M, K / 128]; NaN for a block with a non-finite value
+    sums: torch.Tensor  # int32 [M, K / 128]: each block's sum of q
+
+    @property
+    def rows(self) -> int:
+        return int(self.scales.shape[0])
+
+    def values(self) -> torch.Tensor:
+        """int32 ``[M, K]`` of q in column order (tests and oracles only)."""
+        m, k = self.rows, self.planes.shape[2]
+        q = self.planes[0, :m].to(torch.int32) * 256 + self.planes[1, :m].to(torch.int32)
+        return q.reshape(m, k // 32, 8, 4).transpose(2, 3).reshape(m, k)
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr, norm_ptr, planes_ptr, scales_ptr, sums_ptr,
+    K, eps,
+    stride_xm, stride_pp, stride_pm, stride_sm,
+    NORM: tl.constexpr,
+):  # fmt: skip
+    """Row ``program_id(0)`` of ``x`` (times its RMSNorm when ``NORM``) into ``QuantizedRows``."""
+    m = tl.program_id(0)
+    cols = tl.arange(0, 128)
+    row = x_ptr + m * stride_xm
+    rstd = 1.0
+    if NORM:
+        squares = tl.zeros([128], dtype=tl.float32)
+        for b in range(K // 128):
+            v = tl.load(row + b * 128 + cols).to(tl.float32)
+            squares += v * v
+        rstd = 1.0 / tl.sqrt(tl.sum(squares) / K + eps)
+    # column 32c + 8i + j goes to byte 32c + 4j + i: word 8c + j, lane i
+    dest = (cols // 32) * 32 + (cols % 8) * 4 + (cols % 32) // 8
+    for b in range(K // 128):
+        x = tl.load(row + b * 128 + cols).to(tl.float32)
+        if NORM:
+            x = x * rstd * tl.load(norm_ptr + b * 128 + cols).to(tl.float32)
+        q, scale = _quantize_block(x)
+        low = (q << 24) >> 24
+        high = (q - low) >> 8
+        plane = planes_ptr + m * stride_pm + b * 128 + dest
+        tl.store(plane, high.to(tl.int8))
+        tl.store(plane + stride_pp, low.to(tl.int8))
+        tl.store(scales_ptr + m * stride_sm + b, scale)
+        tl.store(sums_ptr + m * stride_sm + b, tl.sum(q))
+
+
+@triton.jit
+def _quantize_block(x):
+    """``act.rs``'s rule for one block: int32 ``q`` and the float32 scale (0 for a block below
+    ``MIN_AMAX``, NaN for one with a non-finite value, whose q are 0)."""
+    ax = tl.abs(x)
+    finite = tl.sum((ax <= FLT_MAX).to(tl.int32)) == 128  # NaN compares false
+    amax = tl.max(ax)
+    used = finite & (amax >= MIN_AMAX)
+    safe = tl.where(used, amax, 1.0)
+    t = tl.sum(tl.floor(ax * tl.math.div_rn(L1_FIXED, safe)).to(tl.int32))
+    scale = tl.math.div_rn((t + 128).to(tl.float32) * (safe * (1.0 / L1_FIXED)), L1_BUDGET)
+    rounded = (x * tl.math.div_rn(1.0, scale) + ROUND) - ROUND
+    q = tl.where(used, rounded, 0.0).to(tl.int32)
+    scale = tl.where(used, scale, tl.where(finite, 0.0, NAN))
+    return q, scale
+
+
+@triton.jit
+def _dot4(bits, acts, acc, ASM: tl.constexpr):
+    """``acc + sum_i bits_i * acts_i`` over the four byte lanes (bits 0/1, acts signed bytes)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            "dp4a.s32.s32 $0, $1, $2, $3;",
+            "=r,r,r,r",
+            [bits, acts, acc],
+            dtype=tl.int32,
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        picked = acts & (bits * 255)  # a lane's byte where its bit is set, else 0
+        lanes = ((picked << 24) >> 24) + ((picked << 16) >> 24) + ((picked << 8) >> 24) + (picked >> 24)
+        return acc + lanes
+
+
+@triton.jit
+def _combine(acc, ones, block_sums, d_wa):
+    """``fma(isum, d_w * d_a, acc)`` for one block: its exact signed sum ``2 * sum_{bit set} q - sum q``
+    (``ones``: the sum over set bits) added with the CPU kernels' one rounding."""
+    isum = 2 * ones - block_sums
+    return tl.fma(isum.to(tl.float32), d_wa, acc)
+
+
+@triton.jit
+def _finish(y, up, residual, GATED: tl.constexpr, RESIDUAL: tl.constexpr):
+    """The epilogue every path shares: ``silu(gate) * up`` when ``GATED``, then ``+ residual``."""
+    if GATED:
+        y = y * tl.sigmoid(y) * up
+    if RESIDUAL:
+        y = y + residual
+    return y
+
+
+@triton.jit
+def _ones_of_group(planes_ptr, signs_ptr, offs_m, mask_m, offs_n, mask_n, g, stride_pp, stride_pm, stride_sn,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """int32 ``[BLOCK_M, BLOCK_N]``: ``sum q`` over the set bits of 128-group ``g`` of each row ``n``, for
+    each activation row ``m`` (``planes`` as int32 words: high plane, then low at ``stride_pp``)."""
+    high = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    low = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    pairs = planes_ptr.to(tl.pointer_type(tl.int64))  # two words a load
+    for w in tl.static_range(4):
+        word = tl.load(signs_ptr + offs_n * stride_sn + g * 4 + w, mask=mask_n, other=0)
+        for p in tl.static_range(4):
+            at = pairs + offs_m * (stride_pm // 2) + g * 16 + w * 4 + p
+            high2 = tl.load(at)[:, None]  # the planes hold BLOCK_M rows (quantize pads them)
+            low2 = tl.load(at + stride_pp // 2)[:, None]
+            for half in tl.static_range(2):
+                bits = ((word >> (2 * p + half)) & LANES)[None, :]
+                high = _dot4(bits, (high2 >> (32 * half)).to(tl.int32), high, ASM)
+                low = _dot4(bits, (low2 >> (32 * half)).to(tl.int32), low, ASM)
+    return high * 256 + low
+
+
+@triton.jit
+def _gemv_kernel(
+    planes_ptr, ascales_ptr, asums_ptr, signs_ptr, wscales_ptr, residual_ptr, out_ptr, ones_ptr,
+    M, N, K, up_offset, groups_per_split,
+    stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_rm, stride_om, stride_og, stride_on,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    SPLIT: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    """Rows ``n`` of program ``program_id(0)`` for every activation row ``m``, ``planes`` read as int32
+    words; with ``GATED`` also rows ``n + up_offset``. ``SPLIT``: the program covers the groups of
+    split ``program_id(1)`` and stores each group's integer sums at ``ones[g, m, n]`` for
+    ``_combine_kernel``; otherwise it covers every group, combines them and stores ``out[m, n]``."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    first = tl.program_id(1) * groups_per_split
+    last = tl.minimum(first + groups_per_split, K // 128)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for g in range(first, last):
+        ones = _ones_of_group(
+            planes_ptr, signs_ptr, offs_m, mask_m, offs_n, mask_n, g, stride_pp, stride_pm, stride_sn,
+            BLOCK_M, BLOCK_N, ASM,
+        )  # fmt: skip
+        ones_up = ones
+        if GATED:
+            ones_up = _ones_of_group(
+                planes_ptr, signs_ptr, offs_m, mask_m, offs_n + up_offset, mask_n, g, stride_pp, stride_pm,
+                stride_sn, BLOCK_M, BLOCK_N, ASM,
+            )  # fmt: skip
+        if SPLIT:
+            at = ones_ptr + g * stride_og + offs_m[:, None] * stride_on + offs_n[None, :]
+            tl.store(at, ones, mask=mask_m[:, None] & mask_n[None, :])
+            if GATED:
+                tl.store(at + up_offset, ones_up, mask=mask_m[:, None] & mask_n[None, :])
+        else:
+            acc, acc_up = _combine_group(
+                acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n,
+                mask_n, g, up_offset, stride_am, stride_dn, GATED,
+            )  # fmt: skip
+    if not SPLIT:
+        _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
+                   GATED, RESIDUAL)  # fmt: skip
+
+
+@triton.jit
+def _combine_group(
+    acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n,
+    g, up_offset, stride_am, stride_dn, GATED: tl.constexpr,
+):  # fmt: skip
+    """``acc`` (and ``acc_up``) after group ``g``: ``[BLOCK_M, BLOCK_N]`` tiles."""
+    block_sums = tl.load(asums_ptr + offs_m * stride_am + g, mask=mask_m, other=0)[:, None]
+    d_a = tl.load(ascales_ptr + offs_m * stride_am + g, mask=mask_m, other=0.0)[:, None]
+    d_w = tl.load(wscales_ptr + offs_n * stride_dn + g, mask=mask_n, other=0.0).to(tl.float32)
+    acc = _combine(acc, ones, block_sums, d_w[None, :] * d_a)
+    if GATED:
+        d_up = tl.load(wscales_ptr + (offs_n + up_offset) * stride_dn + g, mask=mask_n, other=0.0)
+        acc_up = _combine(acc_up, ones_up, block_sums, d_up.to(tl.float32)[None, :] * d_a)
+    return acc, acc_up
+
+
+@triton.jit
+def _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
+               GATED: tl.constexpr, RESIDUAL: tl.constexpr):  # fmt: skip
+    """``out[m, n] = _finish(acc, acc_up, residual[m, n])`` over a ``[BLOCK_M, BLOCK_N]`` tile."""
+    mask = mask_m[:, None] & mask_n[None, :]
+    residual = 0.0
+    if RESIDUAL:
+        residual = tl.load(residual_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0)
+    y = _finish(acc, acc_up, residual, GATED, RESIDUAL)
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], y, mask=mask)
+
+
+@triton.jit
+def _combine_kernel(
+    ones_ptr, ascales_ptr, asums_ptr, wscales_ptr, residual_ptr, out_ptr,
+    M, N, K, up_offset,
+    stride_am, stride_dn, stride_rm, stride_om, stride_og, stride_on,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+):  # fmt: skip
+    """The split GEMV's second half: every group's integer sums ``ones[g, m, n]`` combined in order, then
+    the epilogue, for rows ``n`` of program ``program_id(0)``."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    mask = mask_m[:, None] & mask_n[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for g in range(0, K // 128):
+        at = ones_ptr + g * stride_og + offs_m[:, None] * stride_on + offs_n[None, :]
+        ones = tl.load(at, mask=mask, other=0)
+        ones_up = ones
+        if GATED:
+            ones_up = tl.load(at + up_offset, mask=mask, other=0)
+        acc, acc_up = _combine_group(
+            acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n,
+            g, up_offset, stride_am, stride_dn, GATED,
+        )  # fmt: skip
+    _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
+               GATED, RESIDUAL)  # fmt: skip
+
+
+@triton.jit
+def _gemm_kernel(
+    planes_ptr, ascales_ptr, asums_ptr, signs_ptr, wscales_ptr, out_ptr,
+    M, N, K,
+    stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """``out[m, n]`` (no epilogue) for one ``BLOCK_M x BLOCK_N`` tile: per sign word, a 0/1 byte tile
+    ``[32, BLOCK_N]`` in the planes' dp4a order and two int8 ``tl.dot``s."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    pos = tl.arange(0, 32)
+    shift = 8 * (pos % 4) + pos // 4  # byte 4j + i of a chunk holds column 8i + j
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for g in range(K // 128):
+        high = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        low = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        for w in tl.static_range(4):
+            word = tl.load(signs_ptr + offs_n * stride_sn + g * 4 + w, mask=mask_n, other=0)
+            bits = ((word[None, :] >> shift[:, None]) & 1).to(tl.int8)
+            acts = planes_ptr + offs_m[:, None] * stride_pm + g * 128 + w * 32 + pos[None, :]
+            high = tl.dot(tl.load(acts, mask=mask_m[:, None], other=0), bits, high)
+            low = tl.dot(tl.load(acts + stride_pp, mask=mask_m[:, None], other=0), bits, low)
+        block_sums = tl.load(asums_ptr + offs_m * stride_am + g, mask=mask_m, other=0)[:, None]
+        d_a = tl.load(ascales_ptr + offs_m * stride_am + g, mask=mask_m, other=0.0)[:, None]
+        d_w = tl.load(wscales_ptr + offs_n * stride_dn + g, mask=mask_n, other=0.0).to(tl.float32)
+        acc = _combine(acc, high * 256 + low, block_sums, d_w[None, :] * d_a)
+    tl.store(
+        out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc, mask=mask_m[:, None] & mask_n[None, :]
+    )
+
+
+@triton.jit
+def _epilogue_kernel(
+    raw_ptr, residual_ptr, out_ptr,
+    N, up_offset, stride_raw, stride_rm, stride_om,
+    BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+):  # fmt: skip
+    """``out[m, n] = _finish(raw[m, n], raw[m, n + up_offset], residual[m, n])`` for row ``program_id(0)``."""
+    m = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    y = tl.load(raw_ptr + m * stride_raw + offs_n, mask=mask_n, other=0.0)
+    up = 0.0
+    if GATED:
+        up = tl.load(raw_ptr + m * stride_raw + up_offset + offs_n, mask=mask_n, other=0.0)
+    residual = 0.0
+    if RESIDUAL:
+        residual = tl.load(residual_ptr + m * stride_rm + offs_n, mask=mask_n, other=0.0)
+    tl.store(out_ptr + m * stride_om + offs_n, _finish(y, up, residual, GATED, RESIDUAL), mask=mask_n)
+
+
+def quantize(x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 0.0) -> QuantizedRows:
+    """``x [M, K]`` (``K % 128 == 0``), first RMS-normalized with weight ``norm`` when given, quantized by
+    ``act.rs``'s rule."""
+    if x.dim() != 2 or x.shape[1] % QK or x.shape[1] == 0:
+        raise ValueError(f"x must be [M, K] with K a positive multiple of {QK}, got {list(x.shape)}")
+    if norm is not None and norm.shape != (x.shape[1],):
+        raise ValueError(f"norm weight must be [{x.shape[1]}], got {list(norm.shape)}")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    m, k = x.shape
+    planes = torch.empty(2, padded_rows(m), k, dtype=torch.int8, device=x.device)
+    planes[:, m:].zero_()
+    scales = torch.empty(m, k // QK, dtype=torch.float32, device=x.device)
+    sums = torch.empty(m, k // QK, dtype=torch.int32, device=x.device)
+    if m:
+        _quantize_kernel[(m,)](
+            x, norm if norm is not None else x, planes, scales, sums,
+            k, eps,
+            x.stride(0), planes.stride(0), planes.stride(1), scales.stride(0),
+            NORM=norm is not None, **NO_FUSION,
+        )  # fmt: skip
+    return QuantizedRows(planes, scales, sums)
+
+
+def padded_rows(m: int) -> int:
+    """Rows the planes hold for ``m`` activation rows: the GEMV's ``BLOCK_M`` (a power of 2) up to
+    ``GEMV_MAX_M``, so its hot loop loads them unmasked."""
+    return int(triton.next_power_of_2(m)) if 0 < m <= GEMV_MAX_M else m
+
+
+def fused_linear(
+    x: torch.Tensor,
+    w: Q1Weight,
+    *,
+    norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+    asm: bool | None = None,
+) -> torch.Tensor:
+    """``ref_torch.q1_fused_linear`` in exact integer arithmetic: ``rms_norm(x, norm)`` quantized, times W,
+    ``silu(gate) * up`` of a gate|up matrix (``gated``), ``+ residual``. ``asm`` (default: on CUDA,
+    once ``asm_matches_twin`` holds there) picks the GEMV's PTX ``dp4a`` over its twin."""
+    if x.dim() != 2 or x.shape[1] != w.cols:
+        raise ValueError(f"x must be [M, {w.cols}], got {list(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"x must be floating point, got {x.dtype}")
+    check_fused(x, w, norm, residual, gated)
+    acts = quantize(x, norm, eps)
+    return linear_quantized(acts, w, residual=residual, gated=gated, asm=asm)
+
+
+def q1_linear(x: torch.Tensor, w: Q1Weight) -> torch.Tensor:
+    """``x [M, K] @ W.T`` -> float32 ``[M, N]``, exactly as the CPU engine computes it."""
+    return fused_linear(x, w)
+
+
+def linear_quantized(
+    acts: QuantizedRows,
+    w: Q1Weight,
+    *,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+    asm: bool | None = None,
+    kernel: str | None = None,
+    split_k: int | None = None,
+) -> torch.Tensor:
+    """Quantized rows times W with the epilogue. ``kernel`` ("gemv" or "gemm", default by M) and the
+    GEMV's ``split_k`` (default: about two programs per SM on a GPU) exist for tests: every choice gives
+    the same bits."""
+    m = acts.rows
+    out_rows = w.rows // 2 if gated else w.rows
+    out = torch.empty(m, out_rows, dtype=torch.float32, device=acts.planes.device)
+    if m == 0:
+        return out
+    if residual is not None:
+        residual = residual.to(torch.float32)
+        residual = residual if residual.stride(1) == 1 else residual.contiguous()
+    kernel = kernel or ("gemv" if m <= GEMV_MAX_M else "gemm")
+    if kernel == "gemv":
+        asm = _asm_ok(acts.planes.device) if asm is None else asm
+        _gemv(acts, w, residual, gated, out, asm, split_k)
+    elif kernel == "gemm":
+        _gemm_and_epilogue(acts, w, residual, gated, out)
+    else:
+        raise ValueError(f"kernel must be 'gemv' or 'gemm', got {kernel!r}")
+    return out
+
+
+def _gemv(
+    acts: QuantizedRows,
+    w: Q1Weight,
+    residual: torch.Tensor | None,
+    gated: bool,
+    out: torch.Tensor,
+    asm: bool,
+    split_k: int | None = None,
+) -> None:
+    m, out_rows = out.shape
+    block_m = triton.next_power_of_2(m)
+    block_n = gemv_rows(block_m, gated)
+    n_tiles, groups = triton.cdiv(out_rows, block_n), w.cols // QK
+    split_k = min(split_k or _default_split_k(n_tiles, groups, out.device), groups)
+    per_split = triton.cdiv(groups, split_k)
+    split_k = triton.cdiv(groups, per_split)  # no empty splits
+    ones = torch.empty(groups, m, w.rows, dtype=torch.int32, device=out.device) if split_k > 1 else out
+    words = acts.planes.view(torch.int32)  # [2, M, K / 4]
+    residual_or_out = residual if residual is not None else out
+    _gemv_kernel[(n_tiles, split_k)](
+        words, acts.scales, acts.sums, w.signs, w.scales, residual_or_out, out, ones,
+        m, out_rows, w.cols, out_rows, per_split,
+        words.stride(0), words.stride(1), acts.scales.stride(0), w.signs.stride(0), w.scales.stride(0),
+        residual_or_out.stride(0), out.stride(0), ones.stride(0) if split_k > 1 else 0, ones.stride(-2),
+        BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None, SPLIT=split_k > 1,
+        ASM=asm, **_gemv_options(block_m),
+    )  # fmt: skip
+    if split_k > 1:
+        _combine_kernel[(n_tiles,)](
+            ones, acts.scales, acts.sums, w.scales, residual_or_out, out,
+            m, out_rows, w.cols, out_rows,
+            acts.scales.stride(0), w.scales.stride(0), residual_or_out.stride(0), out.stride(0),
+            ones.stride(0), ones.stride(1),
+            BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None, **NO_FUSION,
+        )  # fmt: skip
+
+
+def _gemv_options(block_m: int) -> dict[str, object]:
+    """Launch options: no FP contraction; 8 warps for 8 activation rows (at 4, ptxas held the kernel
+    to 128 registers and spilled, sm_90)."""
+    return {**NO_FUSION, "num_warps": 8} if block_m >= 8 else NO_FUSION
+
+
+def gemv_rows(block_m: int, gated: bool) -> int:
+    """Weight rows per GEMV program at 4 warps: two rows per thread for one plain activation row (the
+    activation loads are shared by a thread's rows; more rows per thread would leave too few warps
+    for the LM head), one otherwise, never less, so activation rows stay in a thread (a thread that
+    shared a weight row with others would repeat its unpacking)."""
+    return 128 * max(1, 2 // (block_m * (2 if gated else 1)))
+
+
+def _default_split_k(n_tiles: int, groups: int, device: torch.device) -> int:
+    """Enough K splits for about ``PROGRAMS_PER_SM`` programs per SM on a GPU; none elsewhere."""
+    if device.type != "cuda":
+        return 1
+    return max(1, min(groups, PROGRAMS_PER_SM * multiprocessors(device) // max(n_tiles, 1)))
+
+
+def _gemm_and_epilogue(
+    acts: QuantizedRows, w: Q1Weight, residual: torch.Tensor | None, gated: bool, out: torch.Tensor
+) -> None:
+    m, out_rows = out.shape
+    raw = (
+        out
+        if not gated and residual is None
+        else torch.empty(m, w.rows, dtype=torch.float32, device=out.device)
+    )
+    block_m, block_n = gemm_block_m(m), 64
+    _gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(w.rows, block_n))](
+        acts.planes, acts.scales, acts.sums, w.signs, w.scales, raw,
+        m, w.rows, w.cols,
+        acts.planes.stride(0), acts.planes.stride(1), acts.scales.stride(0), w.signs.stride(0),
+        w.scales.stride(0), raw.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8 if block_m * block_n >= 64 * 64 else 4, **NO_FUSION,
+    )  # fmt: skip
+    if raw is out:
+        return
+    block = 256
+    _epilogue_kernel[(m, triton.cdiv(out_rows, block))](
+        raw, residual if residual is not None else out, out,
+        out_rows, out_rows, raw.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
+        BLOCK_N=block, GATED=gated, RESIDUAL=residual is not None, **NO_FUSION,
+    )  # fmt: skip
+
+
+def _asm_ok(device: torch.device) -> bool:
+    return device.type == "cuda" and asm_matches_twin(device.index or 0)
+
+
+@functools.cache
+def asm_matches_twin(device_index: int) -> bool:
+    """Whether the GEMV's PTX ``dp4a`` gives its twin's bits on CUDA device ``device_index`` (random
+    inputs; plain, gated and residual; 1, 3 and 8 rows). On a mismatch or an error it warns, and the
+    twin runs: slower, the same bits as the CPU."""
+    device = torch.device("cuda", device_index)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    try:
+        w = Q1Weight(
+            signs=torch.randint(-(2**31), 2**31, (96, 16), dtype=torch.int32, generator=gen).to(device),
+            scales=(torch.rand(96, 4, generator=gen) + 0.5).to(torch.float16).to(device),
+            rows=96,
+            cols=512,
+        )
+        for m, gated in ((1, False), (3, True), (8, False)):
+            acts = quantize((torch.randn(m, 512, generator=gen) * 3).to(device))
+            residual = torch.randn(m, 48 if gated else 96, generator=gen).to(device)
+            args = {"residual": residual, "gated": gated, "kernel": "gemv"}
+            if not torch.equal(
+                linear_quantized(acts, w, asm=True, **args), linear_quantized(acts, w, asm=False, **args)
+            ):
+                warnings.warn("the dp4a PTX GEMV differs from its twin here; the twin runs", stacklevel=3)
+                return False
+    except Exception as e:  # a PTX the driver rejects: never fatal, the twin is always there
+        warnings.warn(f"the dp4a PTX GEMV failed here ({type(e).__name__}: {e}); the twin runs", stacklevel=3)
+        return False
+    return True

@@ -1,0 +1,165 @@
+"""The exact-integer Q1 linear (``ops/q1_exact``), the CUDA op set's default: its activation
+quantization equals the Rust core's bit for bit, its matmul equals ``Q1Matrix.matmul`` (the CPU
+engine) bit for bit through the GEMV, its split-K form and the int8 GEMM, and a row's result never
+depends on the other rows of the batch. Here the GEMV runs its plain-Triton ``dp4a`` twin in the
+interpreter; where CUDA exists the PTX must equal the twin.
+
+Bound against float64 (the fused norm, SwiGLU and residual): ``EXACT_TOL`` = 5e-3 of the largest output.
+It is the CPU engine's own error, since these are its bits: int16 activations whose block L1 norm is
+at most 32639 (about 255 per value) round each value by up to 1/500 of a typical one; measured at most
+2.3e-3 over 30 random cases, the gated ones the worst."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'oxibonsai[torch]')")
+pytest.importorskip("triton", reason="triton is not installed")
+
+import oxibonsai as ob  # noqa: E402
+from oxibonsai import _core  # noqa: E402
+from oxibonsai.torch_backend.ops.q1_weight import Q1Weight  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+EXACT_TOL = 5e-3
+EPS = 1e-6
+
+
+def q1_exact():
+    from oxibonsai.torch_backend.ops import q1_exact
+
+    return q1_exact
+
+
+def random_matrix(rng: np.random.Generator, rows: int, k: int) -> tuple[ob.Q1Matrix, Q1Weight]:
+    matrix = ob.Q1Matrix.quantize(rng.standard_normal((rows, k)).astype(np.float32))
+    return matrix, Q1Weight.from_gguf(np.frombuffer(matrix.to_bytes(), dtype=np.uint8), rows, k, DEVICE)
+
+
+def activations(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
+    """Rows at scales from 1e-3 to 1e3, with rare 50x outliers (massive activation channels)."""
+    x = rng.standard_normal((m, k)) * 10.0 ** rng.uniform(-3, 3, (m, 1))
+    x[rng.random((m, k)) < 0.01] *= 50
+    return x.astype(np.float32)
+
+
+def on_device(a):
+    return None if a is None else torch.from_numpy(a).to(DEVICE)
+
+
+def test_quantization_equals_the_rust_cores_bit_for_bit(rng):
+    m, k = int(rng.integers(1, 12)), 128 * int(rng.integers(1, 5))
+    x = activations(rng, m, k)
+    x[0, :128] = 0.0  # a zero block: scale 0
+    x[-1, -128:] = rng.standard_normal(128) * 1e-30  # below 2^-96: scale 0 as well
+    got = q1_exact().quantize(on_device(x))
+    q, scales = _core.quantize_activations(x)
+    assert np.array_equal(got.values().cpu().numpy(), q.reshape(m, k))
+    assert np.array_equal(got.scales.cpu().numpy(), scales.reshape(m, k // 128))
+    sums = q.reshape(m, k // 128, 128).astype(np.int64).sum(axis=2)
+    assert np.array_equal(got.sums.cpu().numpy(), sums)
+    assert got.scales[0, 0] == 0 and got.scales[-1, -1] == 0
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_value_gives_a_nan_scale_and_a_nan_row(rng, bad):
+    _, w = random_matrix(rng, 48, 256)
+    x = activations(rng, 3, 256)
+    x[1, 200] = bad
+    acts = q1_exact().quantize(on_device(x))
+    assert torch.isnan(acts.scales[1, 1]) and not torch.isnan(acts.scales[1, 0])
+    for kernel in ("gemv", "gemm"):
+        out = q1_exact().linear_quantized(acts, w, kernel=kernel, asm=False).cpu()
+        assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2]]).all()
+
+
+@pytest.mark.parametrize("kernel", ["gemv", "gemm"])
+def test_the_matmul_equals_the_cpu_engine_bit_for_bit(rng, kernel):
+    for _ in range(3):
+        m, rows, k = int(rng.integers(1, 20)), int(rng.choice([40, 96, 136])), 128 * int(rng.integers(1, 5))
+        matrix, w = random_matrix(rng, rows, k)
+        x = activations(rng, m, k)
+        acts = q1_exact().quantize(on_device(x))
+        split_k = int(rng.integers(1, 4))
+        got = q1_exact().linear_quantized(acts, w, kernel=kernel, split_k=split_k, asm=False)
+        assert np.array_equal(got.cpu().numpy(), matrix.matmul(x).reshape(m, rows)), (m, rows, k, split_k)
+
+
+def test_the_op_set_linear_is_the_cpu_engines_matmul(rng):
+    matrix, w = random_matrix(rng, 64, 384)
+    for m in (1, 5, 11):
+        x = activations(rng, m, 384)
+        assert np.array_equal(
+            q1_exact().q1_linear(on_device(x), w).cpu().numpy(), matrix.matmul(x).reshape(m, 64)
+        )
+
+
+def oracle(x, w64, norm, residual, gated):
+    x64 = x.astype(np.float64)
+    if norm is not None:
+        x64 = x64 / np.sqrt(np.mean(x64**2, axis=1, keepdims=True) + EPS) * norm
+    y = x64 @ w64.T
+    if gated:
+        gate, up = np.split(y, 2, axis=1)
+        y = gate / (1 + np.exp(-gate)) * up
+    return y if residual is None else y + residual
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+def test_the_fused_linear_matches_float64_and_every_kernel_gives_its_bits(rng):
+    for _ in range(3):
+        m, rows, k = int(rng.integers(1, 12)), int(rng.choice([48, 96])), 128 * int(rng.integers(1, 4))
+        matrix, w = random_matrix(rng, rows, k)
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        gated, normed = bool(rng.integers(2)), bool(rng.integers(2))
+        norm = (1 + 0.2 * rng.standard_normal(k)).astype(np.float32) if normed else None
+        out_rows = rows // 2 if gated else rows
+        residual = rng.standard_normal((m, out_rows)).astype(np.float32) if rng.random() < 0.5 else None
+        fused = {"norm": on_device(norm), "eps": EPS, "residual": on_device(residual), "gated": gated}
+        got = q1_exact().fused_linear(on_device(x), w, **fused)
+        want = oracle(x, matrix.dequantize().astype(np.float64), norm, residual, gated)
+        assert got.shape == want.shape and got.dtype == torch.float32
+        assert np.abs(got.cpu().numpy() - want).max() <= EXACT_TOL * np.abs(want).max()
+        acts = q1_exact().quantize(on_device(x), on_device(norm), EPS)
+        args = {"residual": on_device(residual), "gated": gated, "asm": False}
+        for kernel, split_k in (("gemv", 1), ("gemv", 2), ("gemv", 3), ("gemm", None)):
+            again = q1_exact().linear_quantized(acts, w, kernel=kernel, split_k=split_k, **args)
+            assert torch.equal(again, got), (kernel, split_k)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+def test_a_rows_bits_do_not_depend_on_the_rest_of_the_batch(rng):
+    _, w = random_matrix(rng, 64, 256)
+    norm = on_device((1 + 0.2 * rng.standard_normal(256)).astype(np.float32))
+    x = on_device(activations(rng, 12, 256))
+    residual = on_device(rng.standard_normal((12, 32)).astype(np.float32))
+    batched = q1_exact().fused_linear(x, w, norm=norm, eps=EPS, residual=residual, gated=True)
+    for lo, hi in ((0, 1), (3, 5), (4, 12), (11, 12)):  # 1, 2 and 8 rows through the GEMV; 12 the GEMM
+        part = q1_exact().fused_linear(x[lo:hi], w, norm=norm, eps=EPS, residual=residual[lo:hi], gated=True)
+        assert torch.equal(part, batched[lo:hi]), (lo, hi)
+
+
+def test_arithmetic_choice_in_the_triton_op_set(monkeypatch):
+    from oxibonsai.torch_backend.ops import dispatch, q1_exact, q1_fast
+
+    assert dispatch.triton_op_set().q1_fused_linear is q1_exact.fused_linear
+    assert dispatch.triton_op_set("float").q1_fused_linear is q1_fast.fused_linear
+    monkeypatch.setenv(dispatch.Q1_ENV_VAR, "float")
+    assert dispatch.q1_arithmetic() == "float"
+    monkeypatch.setenv(dispatch.Q1_ENV_VAR, "fp8")
+    with pytest.raises(ValueError, match="OXIBONSAI_Q1_ARITHMETIC"):
+        dispatch.q1_arithmetic()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the PTX runs on CUDA only")
+def test_the_dp4a_ptx_equals_its_twin_and_the_cpu_engine(rng):
+    assert q1_exact().asm_matches_twin(torch.cuda.current_device())
+    matrix, w = random_matrix(rng, 4096, 2048)
+    for m in (1, 2, 8):
+        x = activations(rng, m, 2048)
+        acts = q1_exact().quantize(on_device(x))
+        got = q1_exact().linear_quantized(acts, w, asm=True)
+        assert torch.equal(got, q1_exact().linear_quantized(acts, w, asm=False))
+        assert np.array_equal(got.cpu().numpy(), matrix.matmul(x).reshape(m, 4096))
