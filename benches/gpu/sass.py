@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -46,6 +45,7 @@ from gpu.plan import BONSAI_1P7B, BONSAI_8B, TINY_UNTIED, ModelSpec
 from oxibonsai.torch_backend.batch import StepBatch
 from oxibonsai.torch_backend.kv_pool import KvPool
 from oxibonsai.torch_backend.model import TorchQwen3
+from oxibonsai.torch_backend.ops.dispatch import Q1_ARITHMETICS, triton_op_set
 
 MODELS = {"tiny": TINY_UNTIED, "1.7b": BONSAI_1P7B, "8b": BONSAI_8B}
 TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
@@ -61,7 +61,8 @@ class Launch:
     fn: JITFunction
     signature: dict[str, str]
     constexprs: dict[str, Any]
-    options: dict[str, int]  # num_warps, num_stages where the launch set them
+    options: dict[str, int]  # num_warps, num_stages, enable_fp_fusion where the launch set them
+    attrs: dict[tuple[int, ...], list[list[Any]]] = field(default_factory=dict)  # divisibility hints
     count: int = 1
     key: tuple[Any, ...] = field(default=())
 
@@ -78,18 +79,32 @@ def recording() -> Iterator[dict[tuple[Any, ...], Launch]]:
         names = [param.name for param in self.params if param.is_constexpr]
         constexprs = {n: values[n] for n in names}
         signature = {n: "constexpr" if n in constexprs else type_of(values[n]) for n in self.arg_names}
-        options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
-        key = (self.__name__, *(tuple(sorted(d.items())) for d in (signature, constexprs, options)))
+        options = {k: kwargs[k] for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in kwargs}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(self.arg_names)
+                 if n not in constexprs and aligned(values.get(n))}  # fmt: skip
+        key = (
+            self.__name__,
+            *(tuple(sorted(d.items())) for d in (signature, constexprs, options)),
+            tuple(attrs),
+        )
         if key in launches:
             launches[key].count += 1
         else:
-            launches[key] = Launch(self, signature, constexprs, options, key=key)
+            launches[key] = Launch(self, signature, constexprs, options, attrs, key=key)
 
     JITFunction.run = record  # type: ignore[method-assign]
     try:
         yield launches
     finally:
         JITFunction.run = original  # type: ignore[method-assign]
+
+
+def aligned(value: Any) -> bool:
+    """Whether Triton's JIT would mark the argument divisible by 16 (a tensor's address, taking a fresh
+    allocation as aligned, or an integer's value), which lets it vectorize loads."""
+    if isinstance(value, torch.Tensor):
+        return value.storage_offset() * value.element_size() % 16 == 0
+    return isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0
 
 
 def type_of(value: Any) -> str:
@@ -104,50 +119,43 @@ def type_of(value: Any) -> str:
     raise TypeError(f"no Triton type for {type(value).__name__}")
 
 
-def triton_ops() -> SimpleNamespace:
-    """The CUDA op set (``dispatch._triton_ops`` without its device check)."""
-    from oxibonsai.torch_backend.ops import (
-        attn_triton,
-        kv_triton,
-        norm_triton,
-        q1_fast,
-        q1_triton,
-        ref_torch,
-        rope_kv_triton,
-    )
-
-    return SimpleNamespace(
-        q1_linear=q1_triton.q1_linear, q1_fused_linear=q1_fast.fused_linear,
-        embedding=ref_torch.embedding, rms_norm=norm_triton.rms_norm, rope_neox=ref_torch.rope_neox,
-        silu_mul=ref_torch.silu_mul, write_kv=kv_triton.write_kv,
-        qk_norm_rope_write_kv=rope_kv_triton.qk_norm_rope_write_kv,
-        paged_attention=attn_triton.paged_attention,
-    )  # fmt: skip
-
-
 @contextmanager
 def as_on_a_gpu(multiprocessors: int) -> Iterator[None]:
     """The wrappers' device-dependent choices (attention precision and splits, the GEMV's split-K) made
     as on a CUDA device with ``multiprocessors`` SMs, for tensors on ``meta``."""
-    from oxibonsai.torch_backend.ops import attn_triton, q1_fast, q1_triton
+    from oxibonsai.torch_backend.ops import attn_triton, q1_exact, q1_fast, q1_triton
 
-    saved = attn_triton._on_gpu, q1_triton._default_split_k, q1_fast._asm_ok
-    attn_triton._on_gpu = lambda device: True  # type: ignore[assignment]
-    q1_fast._asm_ok = lambda device: True  # type: ignore[assignment]
-    q1_triton._default_split_k = lambda tiles, groups, device: max(  # type: ignore[assignment]
-        1, min(groups, 2 * multiprocessors // max(tiles, 1))
-    )
+    def split_k(per_sm: int, tiles: int, groups: int) -> int:
+        return max(1, min(groups, per_sm * multiprocessors // max(tiles, 1)))
+
+    patches = [
+        (attn_triton, "_on_gpu", lambda device: True),
+        (q1_fast, "_asm_ok", lambda device: True),
+        (q1_exact, "_asm_ok", lambda device: True),
+        (q1_triton, "_default_split_k", lambda tiles, groups, device: split_k(2, tiles, groups)),
+        (
+            q1_exact,
+            "_default_split_k",
+            lambda tiles, groups, device: split_k(q1_exact.PROGRAMS_PER_SM, tiles, groups),
+        ),
+    ]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    for module, name, value in patches:
+        setattr(module, name, value)
     try:
         yield
     finally:
-        attn_triton._on_gpu, q1_triton._default_split_k, q1_fast._asm_ok = saved  # type: ignore[assignment]
+        for module, name, value in saved:
+            setattr(module, name, value)
 
 
-def model_launches(spec: ModelSpec, batches: tuple[int, ...], prefill: int) -> dict[tuple[Any, ...], Launch]:
+def model_launches(
+    spec: ModelSpec, batches: tuple[int, ...], prefill: int, q1: str = "exact"
+) -> dict[tuple[Any, ...], Launch]:
     """The launches of decode steps at ``batches`` and a ``prefill``-token prefill, on ``meta``, as on an
-    H100 (132 SMs)."""
+    H100 (132 SMs), with ``q1`` Q1 arithmetic (``dispatch.Q1_ARITHMETICS``)."""
     meta = torch.device("meta")
-    model = TorchQwen3(spec.config, random_weights(spec, meta), triton_ops())
+    model = TorchQwen3(spec.config, random_weights(spec, meta), triton_op_set(q1))
     c = spec.config
     per_seq = -(-(prefill + 1) // 16)
     pool = KvPool(c.n_layers, max(batches) * per_seq, c.n_kv_heads, c.head_dim, torch.float16, meta)
@@ -174,7 +182,9 @@ class Compiled:
 
 
 def compile_launch(launch: Launch, arch: int) -> Compiled:
-    src = ASTSource(fn=launch.fn, signature=launch.signature, constexprs=launch.constexprs)
+    src = ASTSource(
+        fn=launch.fn, signature=launch.signature, constexprs=launch.constexprs, attrs=launch.attrs
+    )
     kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=launch.options)
     text = disassemble(kernel.asm["cubin"], "-sass")
     registers = int(re.search(r"REG:(\d+)", disassemble(kernel.asm["cubin"], "-res-usage")).group(1))
@@ -227,11 +237,20 @@ def main() -> None:
     p.add_argument("--arch", type=int, default=90)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--prefill", type=int, default=64)
+    p.add_argument(
+        "--q1",
+        choices=Q1_ARITHMETICS,
+        nargs="+",
+        default=list(Q1_ARITHMETICS),
+        help="the Q1 arithmetics whose op sets are compiled",
+    )
     p.add_argument("--check", action="store_true", help="exit 1 on a compile error or a spill")
     args = p.parse_args()
     if os.environ.get("TRITON_INTERPRET"):
         raise SystemExit("unset TRITON_INTERPRET: the interpreter cannot compile kernels")
-    launches = model_launches(MODELS[args.model], tuple(args.batches), args.prefill)
+    launches = {}
+    for q1 in args.q1:
+        launches.update(model_launches(MODELS[args.model], tuple(args.batches), args.prefill, q1))
     failures = 0
     head = f"{'kernel':<32} {'regs':>4} {'spill':>5} {'loop':>5} {'/w.row':>6} {'calls':>5}"
     print(f"{head}  constexprs; top ops")

@@ -114,21 +114,23 @@ def test_dispatch_picks_ref_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_dispatch_forced_triton(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
     """Triton twins where they exist, the reference elsewhere; on the CPU only because the kernels are
     interpreted. (Building the namespace for "cuda" launches nothing, so it runs on this machine.)"""
-    q1_triton, attn_triton = triton_module("q1_triton"), triton_module("attn_triton")
+    q1_exact, attn_triton = triton_module("q1_exact"), triton_module("attn_triton")
     kv_triton, norm_triton = triton_module("kv_triton"), triton_module("norm_triton")
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")
+    monkeypatch.delenv(dispatch.Q1_ENV_VAR, raising=False)
     ops = dispatch.ops_for(device)
     assert set(vars(ops)) == set(dispatch.OP_NAMES)
-    assert ops.q1_linear is q1_triton.q1_linear and ops.paged_attention is attn_triton.paged_attention
+    assert ops.q1_linear is q1_exact.q1_linear and ops.paged_attention is attn_triton.paged_attention
     assert ops.write_kv is kv_triton.write_kv and ops.rms_norm is norm_triton.rms_norm
     assert ops.embedding is ref_torch.embedding and ops.rope_neox is ref_torch.rope_neox
     assert ops.silu_mul is ref_torch.silu_mul
 
 
 def test_dispatch_defaults_to_triton_on_cuda_and_honours_ref(monkeypatch: pytest.MonkeyPatch) -> None:
-    q1_triton = triton_module("q1_triton")
+    q1_exact = triton_module("q1_exact")
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-    assert dispatch.ops_for("cuda").q1_linear is q1_triton.q1_linear
+    monkeypatch.delenv(dispatch.Q1_ENV_VAR, raising=False)
+    assert dispatch.ops_for("cuda").q1_linear is q1_exact.q1_linear
     monkeypatch.setenv(dispatch.ENV_VAR, "ref")
     assert dispatch.ops_for("cuda").q1_linear is ref_torch.q1_linear
 

@@ -5,7 +5,11 @@ the reference op wherever no Triton twin exists) when Triton is installed; MPS g
 the int4-pack Q1 linear (``q1_int4pack``: Triton does not run on Metal); every other device gets
 ``ref_torch``. ``OXIBONSAI_TORCH_OPS=ref|triton|int4pack`` forces a set. Triton off CUDA means Triton's CPU
 interpreter (tests only), which must have been enabled (``TRITON_INTERPRET=1``) before the kernel
-modules were imported; anything else raises here rather than at the first launch."""
+modules were imported; anything else raises here rather than at the first launch.
+
+The Triton set's Q1 matmuls run the CPU engine's exact integer arithmetic (``q1_exact``: the same bits
+at every batch size) unless ``OXIBONSAI_Q1_ARITHMETIC=float`` picks the float kernels (``q1_triton``
+and ``q1_fast``'s f16x2 GEMV: float32 sums, tf32 GEMM; a row's bits depend on the batch size)."""
 
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ OP_NAMES = (
 )
 ENV_VAR = "OXIBONSAI_TORCH_OPS"
 CHOICES = ("ref", "triton", "int4pack")
+Q1_ENV_VAR = "OXIBONSAI_Q1_ARITHMETIC"
+Q1_ARITHMETICS = ("exact", "float")
 
 
 def ops_for(device: torch.device | str) -> SimpleNamespace:
@@ -57,23 +63,39 @@ def _choice(device: torch.device) -> str:
 def _triton_ops(device: torch.device) -> SimpleNamespace:
     if not _triton_installed():
         raise RuntimeError(f"{ENV_VAR}=triton needs the triton package, which is not installed")
-    from oxibonsai.torch_backend.ops import (
-        attn_triton,
-        kv_triton,
-        norm_triton,
-        q1_fast,
-        q1_triton,
-        rope_kv_triton,
-    )
-
     if device.type != "cuda" and not _kernels_interpreted():
         raise RuntimeError(
             f"Triton kernels run on CUDA, or on {device.type} under Triton's interpreter only: set "
             "TRITON_INTERPRET=1 before oxibonsai.torch_backend.ops' Triton modules are imported"
         )
+    return triton_op_set(q1_arithmetic())
+
+
+def q1_arithmetic() -> str:
+    """The Triton set's Q1 arithmetic: ``OXIBONSAI_Q1_ARITHMETIC``, "exact" by default."""
+    chosen = os.environ.get(Q1_ENV_VAR, "").strip().lower() or "exact"
+    if chosen not in Q1_ARITHMETICS:
+        raise ValueError(f"{Q1_ENV_VAR} must be one of {Q1_ARITHMETICS}, got {chosen!r}")
+    return chosen
+
+
+def triton_op_set(q1: str = "exact") -> SimpleNamespace:
+    """The Triton kernels as an op set, with ``q1`` (one of ``Q1_ARITHMETICS``) Q1 matmuls; no device
+    check (``benches/gpu/sass.py`` records its launches on the meta device)."""
+    from oxibonsai.torch_backend.ops import (
+        attn_triton,
+        kv_triton,
+        norm_triton,
+        q1_exact,
+        q1_fast,
+        q1_triton,
+        rope_kv_triton,
+    )
+
+    exact = q1 == "exact"
     return SimpleNamespace(
-        q1_linear=q1_triton.q1_linear,
-        q1_fused_linear=q1_fast.fused_linear,
+        q1_linear=q1_exact.q1_linear if exact else q1_triton.q1_linear,
+        q1_fused_linear=q1_exact.fused_linear if exact else q1_fast.fused_linear,
         embedding=ref_torch.embedding,
         rms_norm=norm_triton.rms_norm,
         rope_neox=ref_torch.rope_neox,
