@@ -1,14 +1,18 @@
 """Triton paged attention over a block table: the twin of ``ref_torch.paged_attention``.
 
-Two kernels, chosen by the wrapper from the host-side maximum query length:
+Two kernels, each for its own sequences: a sequence with one query row (a decode step, or a one-token
+prompt or chunk) always goes through the decode kernel, one with more through the prefill kernel,
+whatever else the step holds, so a row's bits never depend on the batch (with the exact Q1 matmuls,
+a request's greedy tokens are the same alone and batched). A step whose host-side maximum query
+length is 1 launches the decode kernel only; any other step launches both.
 
-- decode (every sequence has at most one query row): split-KV. One program per (sequence, KV head,
+- decode (sequences with exactly one query row): split-KV. One program per (sequence, KV head,
   split) computes all ``GROUP`` query heads that share the KV head, over a slice of the sequence's
   positions; a second kernel merges the ``MAX_SPLITS`` partial results by their log-sum-exp. The grid
   depends only on the batch shape, never on the sequence lengths;
-- prefill/extend (any query length): causal flash attention of a sequence's new rows against its
-  whole cached KV. Query heads of one KV head are packed along the tile's rows (row ``r`` is query
-  ``r // GROUP``, head ``r % GROUP``), and a tile stops at its last row's position.
+- prefill/extend (sequences with two query rows or more): causal flash attention of a sequence's new
+  rows against its whole cached KV. Query heads of one KV head are packed along the tile's rows (row
+  ``r`` is query ``r // GROUP``, head ``r % GROUP``), and a tile stops at its last row's position.
 
 Both read KV position ``p`` of sequence ``s`` at block ``block_tables[s, p // block_size]``, slot
 ``p % block_size``, and mask every position at or past ``seq_lens[s]``: entries beyond a sequence's
@@ -64,7 +68,7 @@ def _decode_kernel(
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     row = tl.load(qsl_ptr + seq)
     kv_len = tl.load(seq_lens_ptr + seq)
-    if tl.load(qsl_ptr + seq + 1) > row:
+    if tl.load(qsl_ptr + seq + 1) == row + 1:  # one query row; the prefill kernel takes the others
         per_split = tl.cdiv(tl.cdiv(kv_len, MAX_SPLITS), BLOCK_N) * BLOCK_N
         start = split * per_split
         end = tl.minimum(start + per_split, kv_len)
@@ -106,7 +110,7 @@ def _merge_kernel(
     """``out[row, head]`` from the splits of sequence ``program_id(0)``, head ``program_id(1)``."""
     seq, head = tl.program_id(0), tl.program_id(1)
     row = tl.load(qsl_ptr + seq)
-    if tl.load(qsl_ptr + seq + 1) > row:
+    if tl.load(qsl_ptr + seq + 1) == row + 1:
         splits = tl.arange(0, MAX_SPLITS)
         offs_d = tl.arange(0, BLOCK_D)
         mask_d = offs_d < head_dim
@@ -133,7 +137,7 @@ def _prefill_kernel(
     q_len = tl.load(qsl_ptr + seq + 1) - row0
     kv_len = tl.load(seq_lens_ptr + seq)
     q_first = tile * Q_PER_TILE
-    if q_first < q_len:
+    if (q_first < q_len) & (q_len > 1):  # the decode kernel takes one-row sequences
         r = tl.arange(0, BLOCK_M)
         q_idx = q_first + r // GROUP
         valid_r = (r < Q_PER_TILE * GROUP) & (q_idx < q_len)
@@ -190,12 +194,12 @@ def paged_attention(
     if max_q_len is None:  # a device sync: runners pass it from the plan, which the host already has
         q_lens = query_start_loc[1:] - query_start_loc[:-1]
         max_q_len = int(q_lens.max()) if q_lens.numel() else 0
-    if max_q_len == 1:
-        splits = max_splits or (16 if _on_gpu(q.device) else 2)
-        if splits & (splits - 1):
-            raise ValueError(f"max_splits must be a power of 2, got {splits}")
+    splits = max_splits or (16 if _on_gpu(q.device) else 2)
+    if splits & (splits - 1):
+        raise ValueError(f"max_splits must be a power of 2, got {splits}")
+    if max_q_len >= 1:
         _decode(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, splits, precision)
-    elif max_q_len > 1:
+    if max_q_len > 1:
         _prefill(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, max_q_len, precision
         )
