@@ -1,14 +1,20 @@
 """The engine section: what a user of ``oxibonsai.LLM(device="cuda")`` sees, end to end, on a random
 Bonsai-1.7B-shaped GGUF (a tiny one in the smoke run): greedy decode tokens/s of one request and of
-16 and 64 concurrent ones, with CUDA graphs (the default) and eagerly (``enforce_eager=True``), the
-same prompts in both, and whether both gave the same tokens. Tokens/s counts generated tokens over
-the wall time of ``generate`` after a warm-up, so it includes the prefill of each batch's prompts,
-the scheduler, sampling and detokenization."""
+16 and 64 concurrent ones, with CUDA graphs (the default), eagerly (``enforce_eager=True``) and with
+graphs over the float Q1 kernels (``OXIBONSAI_Q1_ARITHMETIC=float``), the same prompts in all three.
+Batch ``n`` runs the first ``n`` prompts of the largest batch, so each row says whether graphs and
+eager gave the same tokens and whether each request's tokens equal those it got in the largest batch
+(batched vs alone: ``batch_invariant``; the exact arithmetic promises it, the float one does not).
+Tokens/s counts generated tokens over the wall time of ``generate`` after a warm-up, so it includes
+the prefill of each batch's prompts, the scheduler, sampling and detokenization."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +22,7 @@ import numpy as np
 import torch
 
 import oxibonsai
+from oxibonsai.torch_backend.ops.dispatch import Q1_ENV_VAR
 
 from .plan import SEED, Plan
 from .tier import import_tests_module
@@ -30,14 +37,14 @@ def engine_section(plan: Plan, device: torch.device) -> dict[str, Any]:
     path = Path(tempfile.mkdtemp(prefix="bench-gpu-")) / "engine.gguf"
     factory.write_qwen3_gguf(path, cfg, np.random.default_rng(SEED + 1))
     rng = np.random.default_rng(SEED)
-    batches = {
-        n: [rng.integers(cfg.vocab_size, size=PROMPT_TOKENS).tolist() for _ in range(n)] for n in plan.batches
-    }
+    prompts = [rng.integers(cfg.vocab_size, size=PROMPT_TOKENS).tolist() for _ in range(max(plan.batches))]
+    batches = {n: prompts[:n] for n in plan.batches}
     runs: dict[str, Any] = {}
     tokens: dict[str, dict[int, list[list[int]]]] = {}
     try:
-        for mode in ("graphs", "eager"):
-            llm = load(path, plan, max(plan.batches), eager=mode == "eager")
+        for mode in ("graphs", "eager", "float"):
+            with arithmetic("float" if mode == "float" else "exact"):
+                llm = load(path, plan, max(plan.batches), eager=mode == "eager")
             runs[mode], tokens[mode] = decode_runs(llm, batches, plan)
             graphs = getattr(llm._runner, "graphs", None)
             runs[mode]["graph_replays"] = graphs.replays if graphs is not None else 0
@@ -47,12 +54,39 @@ def engine_section(plan: Plan, device: torch.device) -> dict[str, Any]:
             free(device)
     finally:
         path.unlink()
-    rows = [{"batch": n, "graph_tok_s": runs["graphs"][n]["tok_s"], "eager_tok_s": runs["eager"][n]["tok_s"],
-             "graph_over_eager": ratio(runs["graphs"][n]["tok_s"], runs["eager"][n]["tok_s"]),
-             "same_tokens": tokens["graphs"][n] == tokens["eager"][n]} for n in plan.batches]  # fmt: skip
+    rows = [engine_row(n, runs, tokens) for n in plan.batches]
     return {"gguf": cfg.name, "prompt_tokens": PROMPT_TOKENS, "decode_tokens": plan.engine_tokens,
             "graph_replays": runs["graphs"]["graph_replays"], "rows": rows,
             "vs_native_cpu": runs["vs_native_cpu"]}  # fmt: skip
+
+
+def engine_row(n: int, runs: dict[str, Any], tokens: dict[str, dict[int, list[list[int]]]]) -> dict[str, Any]:
+    largest = max(tokens["graphs"])
+
+    def invariant(mode: str) -> bool:
+        return tokens[mode][n] == tokens[mode][largest][:n]
+
+    return {"batch": n, "graph_tok_s": runs["graphs"][n]["tok_s"], "eager_tok_s": runs["eager"][n]["tok_s"],
+            "graph_over_eager": ratio(runs["graphs"][n]["tok_s"], runs["eager"][n]["tok_s"]),
+            "float_graph_tok_s": runs["float"][n]["tok_s"],
+            "exact_over_float": ratio(runs["graphs"][n]["tok_s"], runs["float"][n]["tok_s"]),
+            "same_tokens": tokens["graphs"][n] == tokens["eager"][n],
+            "batch_invariant": invariant("graphs") and invariant("eager"),
+            "float_batch_invariant": invariant("float")}  # fmt: skip
+
+
+@contextmanager
+def arithmetic(name: str) -> Iterator[None]:
+    """``OXIBONSAI_Q1_ARITHMETIC`` set while a model loads (the op set is chosen then)."""
+    saved = os.environ.get(Q1_ENV_VAR)
+    os.environ[Q1_ENV_VAR] = name
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[Q1_ENV_VAR]
+        else:
+            os.environ[Q1_ENV_VAR] = saved
 
 
 def load(path: Path, plan: Plan, max_batch: int, *, eager: bool) -> oxibonsai.LLM:

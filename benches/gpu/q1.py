@@ -1,5 +1,8 @@
-"""The q1 section: the Triton ``q1_linear`` on random ``Q1Weight``s against B1 (copy GB/s) and B2 (fp16
-``torch.matmul`` on the dequantized weight), timed over enough weight copies to stay out of L2."""
+"""The q1 section: the op set's Q1 linear (exact integer arithmetic, ``q1_exact``) on random
+``Q1Weight``s against B1 (copy GB/s) and B2 (fp16 ``torch.matmul`` on the dequantized weight), timed over
+enough weight copies to stay out of L2, with the float kernels' time beside it. Checks: the exact
+linear equals the CPU engine's ``Q1Matrix.matmul`` bit for bit, and on CUDA each PTX kernel equals
+its twin."""
 
 from __future__ import annotations
 
@@ -8,8 +11,10 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 
+import oxibonsai
 from oxibonsai.torch_backend.ops import ref_torch
 from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight, unpack
 
@@ -41,11 +46,9 @@ def q1_shapes(spec: ModelSpec, roles: Sequence[str]) -> list[tuple[str, int, int
 
 
 def q1_section(plan: Plan, device: torch.device, budget: Budget, b1: float | None) -> dict[str, Any]:
-    from oxibonsai.torch_backend.ops import q1_fast, q1_triton
+    from oxibonsai.torch_backend.ops import q1_exact
 
-    # On CUDA the op set's linear (the f16x2 GEMV up to 2 rows once checked); the smoke run interprets
-    # the plain Triton kernels.
-    linear = q1_fast.fused_linear if device.type == "cuda" else q1_triton.q1_fused_linear
+    linear = q1_exact.fused_linear
 
     rows: list[dict[str, Any]] = []
     for spec in plan.models:
@@ -55,7 +58,24 @@ def q1_section(plan: Plan, device: torch.device, budget: Budget, b1: float | Non
                 continue
             rows += q1_shape(linear, name, n, k, plan, device, b1)
             gc.collect()
-    return {"b1_d2d_gbps": b1, "kernel": f"{linear.__module__}.{linear.__name__}", "rows": rows}
+    return {"b1_d2d_gbps": b1, "kernel": f"{linear.__module__}.{linear.__name__}",
+            "float_kernel": f"{float_linear(device).__module__}.{float_linear(device).__name__}",
+            "rows": rows}  # fmt: skip
+
+
+def float_linear(device: torch.device) -> Callable[..., torch.Tensor]:
+    """The float op set's linear: the f16x2 GEMV up to 2 rows once checked on CUDA, the plain Triton
+    kernels otherwise (the smoke run interprets them)."""
+    from oxibonsai.torch_backend.ops import q1_fast, q1_triton
+
+    return q1_fast.fused_linear if device.type == "cuda" else q1_triton.q1_fused_linear
+
+
+def cpu_matrix(w: Q1Weight) -> oxibonsai.Q1Matrix:
+    """The same matrix for the CPU engine: GGUF's 18-byte blocks (fp16 scale, 16 bytes of signs)."""
+    scales = w.scales.cpu().numpy().view(np.uint8).reshape(w.rows, -1, 2)
+    signs = w.signs.cpu().numpy().view(np.uint8).reshape(w.rows, -1, 16)
+    return oxibonsai.Q1Matrix.from_bytes(np.concatenate([scales, signs], axis=2).tobytes(), w.rows, w.cols)
 
 
 def copies(nbytes: int, plan: Plan) -> int:
@@ -86,9 +106,13 @@ def q1_case(
     x16 = x.to(torch.float16)
     got, want = kernel(x, w0), ref_torch.q1_linear(x, w0)
     mine = time_calls([partial(kernel, x, w) for w in ours], device, plan.reps)
+    floats = time_calls([partial(float_linear(device), x, w) for w in ours], device, plan.reps)
     base = time_calls([partial(torch.matmul, x16, w.T) for w in dense], device, plan.reps)
     ours_gbps = gbps(w0.rows * w0.cols * 18 / 128, mine["ms"])
-    return {**fast_check(x, ours, plan, device, mine["ms"]),
+    cpu = cpu_matrix(w0).matmul(x.cpu().numpy()).reshape(m, w0.rows)
+    return {**exact_check(x, w0, device), **fast_check(x, ours, plan, device, floats["ms"]),
+        "equals_cpu_engine": bool(np.array_equal(got.cpu().numpy(), cpu)),
+        "float_ms": floats["ms"], "float_over_ours": ratio(floats["ms"], mine["ms"]),
         "ours_ms": mine["ms"], "ours_eager_ms": mine["eager_ms"], "timing": mine["timing"],
         "weight_copies": len(ours), "ours_gbps": ours_gbps, "ours_over_b1": ratio(ours_gbps, b1),
         "b2_ms": base["ms"], "b2_gbps": gbps(w0.rows * w0.cols * 2, base["ms"]),
@@ -97,11 +121,24 @@ def q1_case(
     }  # fmt: skip
 
 
+def exact_check(x: torch.Tensor, w: Q1Weight, device: torch.device) -> dict[str, Any]:
+    """Up to ``q1_exact.GEMV_MAX_M`` rows on CUDA: whether the dp4a PTX GEMV equals its twin bit for bit
+    and whether the op set used it."""
+    from oxibonsai.torch_backend.ops import q1_exact
+
+    if device.type != "cuda" or x.shape[0] > q1_exact.GEMV_MAX_M:
+        return {}
+    acts = q1_exact.quantize(x)
+    ptx, twin = (q1_exact.linear_quantized(acts, w, asm=asm) for asm in (True, False))
+    same = torch.equal(ptx, twin)
+    return {"dp4a_used": q1_exact._asm_ok(device), "dp4a_asm_equals_twin": same}
+
+
 def fast_check(
     x: torch.Tensor, ours: list[Q1Weight], plan: Plan, device: torch.device, ms: float
 ) -> dict[str, Any]:
     """Up to ``q1_fast.MAX_M`` rows on CUDA: whether the f16x2 PTX equals its twin bit for bit, and the
-    plain Triton GEMV's time beside the op's."""
+    plain Triton GEMV's time beside the float op's (``ms``)."""
     from oxibonsai.torch_backend.ops import q1_fast, q1_triton
 
     if device.type != "cuda" or x.shape[0] > q1_fast.MAX_M:
@@ -110,4 +147,4 @@ def fast_check(
     same = torch.equal(q1_fast.q1_gemv_fast(x, w0, asm=True), q1_fast.q1_gemv_fast(x, w0, asm=False))
     plain = time_calls([partial(q1_triton.q1_gemv_fused, x, w) for w in ours], device, plan.reps)
     return {"fast_used": q1_fast._asm_ok(device), "fast_asm_equals_twin": same, "plain_ms": plain["ms"],
-            "plain_over_ours": ratio(plain["ms"], ms)}  # fmt: skip
+            "plain_over_float": ratio(plain["ms"], ms)}  # fmt: skip

@@ -32,11 +32,13 @@ def table_lines(report: dict[str, Any]) -> list[str]:
     p = report.get("probe", {})
     lines = [f"probe: {p.get('name', p.get('device', '-'))}  D2D {fmt(p.get('d2d_gbps'))} GB/s  "
              f"H2D {fmt(p.get('h2d_gbps'))}  D2H {fmt(p.get('d2h_gbps'))}  {problem(p)}"]  # fmt: skip
-    lines.append(f"q1 {'shape':<22} {'M':>4} {'us':>9} {'GB/s':>8} {'/B1':>6} {'xB2':>6} {'rel_err':>8}")
+    lines.append(f"q1 {'shape':<22} {'M':>4} {'us':>9} {'GB/s':>8} {'/B1':>6} {'xB2':>6} {'rel_err':>8} "
+                 f"{'float us':>9} {'=cpu':>5}")  # fmt: skip
     for r in report.get("q1", {}).get("rows", []):
         lines.append(f"   {r['shape']:<22} {r.get('m', ''):>4} {fmt(micros(r.get('ours_ms'))):>9} "
                      f"{fmt(r.get('ours_gbps')):>8} {fmt(r.get('ours_over_b1'), '.2f'):>6} "
                      f"{fmt(r.get('speedup_vs_b2'), '.2f'):>6} {fmt(r.get('rel_err'), '.1e'):>8} "
+                     f"{fmt(micros(r.get('float_ms'))):>9} {r.get('equals_cpu_engine', '-')!s:>5} "
                      f"{problem(r)}")  # fmt: skip
     lines.append(f"model {'name':<13} {'phase':<8} {'batch':>5} {'tok/s':>10} {'B2 tok/s':>10} {'xB2':>6} "
                  f"{'graph':>10} {'xeager':>6} {'B2 graph':>10} {'xB2':>6} {'same':>5}")  # fmt: skip
@@ -56,8 +58,10 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                  f"{fmt(v.get('top1_agreement'), '.2f')} {problem(e)}")  # fmt: skip
     for r in e.get("rows", []):
         lines.append(f"   batch {r['batch']:>3}: graphs {fmt(r.get('graph_tok_s'))} tok/s, eager "
-                     f"{fmt(r.get('eager_tok_s'))} ({fmt(r.get('graph_over_eager'), '.2f')}x), "
-                     f"same tokens {r.get('same_tokens')}")  # fmt: skip
+                     f"{fmt(r.get('eager_tok_s'))} ({fmt(r.get('graph_over_eager'), '.2f')}x), float graphs "
+                     f"{fmt(r.get('float_graph_tok_s'))}; same tokens {r.get('same_tokens')}, "
+                     f"batch-invariant {r.get('batch_invariant')} "
+                     f"(float {r.get('float_batch_invariant')})")  # fmt: skip
     t = report.get("tier", {})
     pr, tt = t.get("promote", {}), t.get("ttft", {})
     lines.append(f"tier: promote {fmt(pr.get('promote_gbps'))} GB/s vs one large H2D "
