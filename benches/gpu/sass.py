@@ -223,12 +223,16 @@ def opcode(ins: str) -> str:
 
 
 def gemv_cost(launch: Launch, loop: int, threads: int) -> float | None:
-    """SASS instructions per weight and activation row of the Q1 GEMV's group loop (one 128-group)."""
-    if launch.fn.__name__ not in ("_gemv_kernel", "_fast_gemv_kernel") or not loop:
-        return None
+    """SASS instructions per weight and activation row of a Q1 GEMV's group loop (one 128-group per
+    row, activation row and split)."""
     c = launch.constexprs
-    products = c["BLOCK_N"] * 128 * c["BLOCK_M"] * (2 if c["GATED"] else 1)
-    return loop * threads / products
+    if launch.fn.__name__ in ("_gemv_kernel", "_fast_gemv_kernel"):
+        rows = c["BLOCK_N"] * c["BLOCK_M"]
+    elif launch.fn.__name__ == "_gemv_one_row_kernel":
+        rows = c["BLOCK_N"] * c["SPLITS"]
+    else:
+        return None
+    return loop * threads / (rows * 128 * (2 if c["GATED"] else 1)) if loop else None
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """The exact-integer Q1 linear (``ops/q1_exact``), the CUDA op set's default: its activation
 quantization equals the Rust core's bit for bit, its matmul equals ``Q1Matrix.matmul`` (the CPU
-engine) bit for bit through the GEMV, its split-K form and the int8 GEMM, and a row's result never
+engine) bit for bit through the GEMV, its split-K forms (over programs, and inside one program for a
+single row) and the int8 GEMM, and a row's result never
 depends on the other rows of the batch. Here the GEMV runs its plain-Triton ``dp4a`` twin in the
 interpreter; where CUDA exists the PTX must equal the twin.
 
@@ -75,14 +76,15 @@ def test_a_non_finite_value_gives_a_nan_scale_and_a_nan_row(rng, bad):
         assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2]]).all()
 
 
-@pytest.mark.parametrize("kernel", ["gemv", "gemm"])
+@pytest.mark.parametrize("kernel", ["gemv", "gemv1", "gemm"])
 def test_the_matmul_equals_the_cpu_engine_bit_for_bit(rng, kernel):
     for _ in range(3):
-        m, rows, k = int(rng.integers(1, 20)), int(rng.choice([40, 96, 136])), 128 * int(rng.integers(1, 5))
+        m, rows, k = int(rng.integers(1, 20)), int(rng.choice([40, 96, 136])), 128 * int(rng.integers(1, 9))
+        m = 1 if kernel == "gemv1" else m
         matrix, w = random_matrix(rng, rows, k)
         x = activations(rng, m, k)
         acts = q1_exact().quantize(on_device(x))
-        split_k = int(rng.integers(1, 4))
+        split_k = int(rng.choice([1, 2, 4, 8, 16])) if kernel == "gemv1" else int(rng.integers(1, 4))
         got = q1_exact().linear_quantized(acts, w, kernel=kernel, split_k=split_k, asm=False)
         assert np.array_equal(got.cpu().numpy(), matrix.matmul(x).reshape(m, rows)), (m, rows, k, split_k)
 
@@ -124,7 +126,8 @@ def test_the_fused_linear_matches_float64_and_every_kernel_gives_its_bits(rng):
         assert np.abs(got.cpu().numpy() - want).max() <= EXACT_TOL * np.abs(want).max()
         acts = q1_exact().quantize(on_device(x), on_device(norm), EPS)
         args = {"residual": on_device(residual), "gated": gated, "asm": False}
-        for kernel, split_k in (("gemv", 1), ("gemv", 2), ("gemv", 3), ("gemm", None)):
+        one_row = [("gemv1", 1), ("gemv1", 4)] if m == 1 else []
+        for kernel, split_k in [("gemv", 1), ("gemv", 2), ("gemv", 3), ("gemm", None), *one_row]:
             again = q1_exact().linear_quantized(acts, w, kernel=kernel, split_k=split_k, **args)
             assert torch.equal(again, got), (kernel, split_k)
 
@@ -139,6 +142,18 @@ def test_a_rows_bits_do_not_depend_on_the_rest_of_the_batch(rng):
     for lo, hi in ((0, 1), (3, 5), (4, 12), (11, 12)):  # 1, 2 and 8 rows through the GEMV; 12 the GEMM
         part = q1_exact().fused_linear(x[lo:hi], w, norm=norm, eps=EPS, residual=residual[lo:hi], gated=True)
         assert torch.equal(part, batched[lo:hi]), (lo, hi)
+
+
+def test_kernel_choices_are_checked(rng):
+    _, w = random_matrix(rng, 32, 256)
+    acts = q1_exact().quantize(on_device(activations(rng, 2, 256)))
+    with pytest.raises(ValueError, match="one of"):
+        q1_exact().linear_quantized(acts, w, kernel="gemv2")
+    with pytest.raises(ValueError, match="one activation row"):
+        q1_exact().linear_quantized(acts, w, kernel="gemv1")
+    one = q1_exact().quantize(on_device(activations(rng, 1, 256)))
+    with pytest.raises(ValueError, match="power of 2"):
+        q1_exact().linear_quantized(one, w, kernel="gemv1", split_k=3)
 
 
 def test_arithmetic_choice_in_the_triton_op_set(monkeypatch):
@@ -157,9 +172,9 @@ def test_arithmetic_choice_in_the_triton_op_set(monkeypatch):
 def test_the_dp4a_ptx_equals_its_twin_and_the_cpu_engine(rng):
     assert q1_exact().asm_matches_twin(torch.cuda.current_device())
     matrix, w = random_matrix(rng, 4096, 2048)
-    for m in (1, 2, 8):
+    for m, kernel in ((1, "gemv"), (1, "gemv1"), (2, "gemv"), (8, "gemv")):
         x = activations(rng, m, 2048)
         acts = q1_exact().quantize(on_device(x))
-        got = q1_exact().linear_quantized(acts, w, asm=True)
-        assert torch.equal(got, q1_exact().linear_quantized(acts, w, asm=False))
+        got = q1_exact().linear_quantized(acts, w, asm=True, kernel=kernel)
+        assert torch.equal(got, q1_exact().linear_quantized(acts, w, asm=False, kernel=kernel))
         assert np.array_equal(got.cpu().numpy(), matrix.matmul(x).reshape(m, 4096))

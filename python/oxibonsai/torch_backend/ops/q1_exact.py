@@ -44,6 +44,8 @@ from oxibonsai.torch_backend.ops.q1_triton import check_fused, gemm_block_m, mul
 from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight
 
 GEMV_MAX_M = 8
+KERNELS = ("gemv", "gemv1", "gemm")
+ONE_ROW_TILE = 256  # splits x weight rows of a one-row GEMV program: one pair per thread, 8 warps
 PROGRAMS_PER_SM = 4  # the GEMV splits K until it has this many 4-warp programs per SM
 L1_FIXED = tl.constexpr(65536.0)  # act.rs: fixed-point resolution of the L1 estimate
 L1_BUDGET = tl.constexpr(32575.0)  # act.rs: the L1 budget a block's scale targets
@@ -162,21 +164,22 @@ def _finish(y, up, residual, GATED: tl.constexpr, RESIDUAL: tl.constexpr):
 
 
 @triton.jit
-def _ones_of_group(planes_ptr, signs_ptr, offs_m, mask_m, offs_n, mask_n, g, stride_pp, stride_pm, stride_sn,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
-    """int32 ``[BLOCK_M, BLOCK_N]``: ``sum q`` over the set bits of 128-group ``g`` of each row ``n``, for
-    each activation row ``m`` (``planes`` as int32 words: high plane, then low at ``stride_pp``)."""
-    high = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-    low = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-    pairs = planes_ptr.to(tl.pointer_type(tl.int64))  # two words a load
+def _ones(planes_ptr, signs_ptr, act_pairs, word_at, word_mask, stride_pp,
+          R: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """int32 ``[R, BLOCK_N]``: ``sum q`` over the set bits of one 128-group, for the weight rows whose
+    group starts at sign word ``word_at`` (``[1 or R, BLOCK_N]``, loaded where ``word_mask``) and the
+    activation rows whose group starts at int64 ``act_pairs`` (``[R, 1]``) of the high plane, the low
+    plane ``stride_pp`` words on (planes read two words a load)."""
+    high = tl.zeros([R, BLOCK_N], dtype=tl.int32)
+    low = tl.zeros([R, BLOCK_N], dtype=tl.int32)
+    pairs = planes_ptr.to(tl.pointer_type(tl.int64))
     for w in tl.static_range(4):
-        word = tl.load(signs_ptr + offs_n * stride_sn + g * 4 + w, mask=mask_n, other=0)
+        word = tl.load(signs_ptr + word_at + w, mask=word_mask, other=0)
         for p in tl.static_range(4):
-            at = pairs + offs_m * (stride_pm // 2) + g * 16 + w * 4 + p
-            high2 = tl.load(at)[:, None]  # the planes hold BLOCK_M rows (quantize pads them)
-            low2 = tl.load(at + stride_pp // 2)[:, None]
+            high2 = tl.load(pairs + act_pairs + w * 4 + p)
+            low2 = tl.load(pairs + act_pairs + stride_pp // 2 + w * 4 + p)
             for half in tl.static_range(2):
-                bits = ((word >> (2 * p + half)) & LANES)[None, :]
+                bits = (word >> (2 * p + half)) & LANES
                 high = _dot4(bits, (high2 >> (32 * half)).to(tl.int32), high, ASM)
                 low = _dot4(bits, (low2 >> (32 * half)).to(tl.int32), low, ASM)
     return high * 256 + low
@@ -203,16 +206,16 @@ def _gemv_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for g in range(first, last):
-        ones = _ones_of_group(
-            planes_ptr, signs_ptr, offs_m, mask_m, offs_n, mask_n, g, stride_pp, stride_pm, stride_sn,
-            BLOCK_M, BLOCK_N, ASM,
-        )  # fmt: skip
+        act_pairs = (offs_m * (stride_pm // 2) + g * 16)[:, None]  # the planes hold BLOCK_M rows
+        word_at = (offs_n * stride_sn + g * 4)[None, :]
+        words_mask = mask_n[None, :]
+        ones = _ones(planes_ptr, signs_ptr, act_pairs, word_at, words_mask, stride_pp, BLOCK_M, BLOCK_N, ASM)
         ones_up = ones
         if GATED:
-            ones_up = _ones_of_group(
-                planes_ptr, signs_ptr, offs_m, mask_m, offs_n + up_offset, mask_n, g, stride_pp, stride_pm,
-                stride_sn, BLOCK_M, BLOCK_N, ASM,
-            )  # fmt: skip
+            up_at = word_at + up_offset * stride_sn
+            ones_up = _ones(
+                planes_ptr, signs_ptr, act_pairs, up_at, words_mask, stride_pp, BLOCK_M, BLOCK_N, ASM
+            )
         if SPLIT:
             at = ones_ptr + g * stride_og + offs_m[:, None] * stride_on + offs_n[None, :]
             tl.store(at, ones, mask=mask_m[:, None] & mask_n[None, :])
@@ -226,6 +229,53 @@ def _gemv_kernel(
     if not SPLIT:
         _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
                    GATED, RESIDUAL)  # fmt: skip
+
+
+@triton.jit
+def _gemv_one_row_kernel(
+    planes_ptr, ascales_ptr, asums_ptr, signs_ptr, wscales_ptr, residual_ptr, out_ptr, ones_ptr,
+    N, K, up_offset, groups_per_split,
+    stride_pp, stride_sn, stride_dn, stride_og,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    ASM: tl.constexpr,
+):  # fmt: skip
+    """One activation row, rows ``n`` of program ``program_id(0)``, with K split inside the program: the
+    ``[SPLITS, BLOCK_N]`` tile's row ``s`` takes groups ``s * groups_per_split`` onwards and stores each
+    group's integer sums at ``ones[g, n]``; after a barrier the program adds every group in order. For
+    matrices with too few rows to fill the GPU, one launch instead of the split GEMV's two."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    groups = K // 128
+    split = tl.arange(0, SPLITS)[:, None]
+    mask = (split < SPLITS) & mask_n[None, :]
+    for j in range(groups_per_split):
+        g = split * groups_per_split + j
+        valid = mask & (g < groups)
+        g = tl.minimum(g, groups - 1)  # past the end: a real group's loads, never stored
+        word_at = offs_n[None, :] * stride_sn + g * 4
+        at = ones_ptr + g * stride_og + offs_n[None, :]
+        ones = _ones(planes_ptr, signs_ptr, g * 16, word_at, mask, stride_pp, SPLITS, BLOCK_N, ASM)
+        tl.store(at, ones, mask=valid)
+        if GATED:
+            up_at = word_at + up_offset * stride_sn
+            ones_up = _ones(planes_ptr, signs_ptr, g * 16, up_at, mask, stride_pp, SPLITS, BLOCK_N, ASM)
+            tl.store(at + up_offset, ones_up, mask=valid)
+    tl.debug_barrier()  # the program's stores are visible to all its threads
+    offs_m = tl.arange(0, 1)
+    mask_m = offs_m < 1
+    acc = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+    for g in range(0, groups):
+        at = ones_ptr + g * stride_og + offs_n[None, :]
+        ones = tl.load(at, mask=mask_n[None, :], other=0)
+        ones_up = ones
+        if GATED:
+            ones_up = tl.load(at + up_offset, mask=mask_n[None, :], other=0)
+        acc, acc_up = _combine_group(
+            acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n,
+            g, up_offset, 0, stride_dn, GATED,
+        )  # fmt: skip
+    _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, 0, 0, GATED, RESIDUAL)
 
 
 @triton.jit
@@ -406,9 +456,10 @@ def linear_quantized(
     kernel: str | None = None,
     split_k: int | None = None,
 ) -> torch.Tensor:
-    """Quantized rows times W with the epilogue. ``kernel`` ("gemv" or "gemm", default by M) and the
-    GEMV's ``split_k`` (default: about two programs per SM on a GPU) exist for tests: every choice gives
-    the same bits."""
+    """Quantized rows times W with the epilogue. ``kernel`` (one of ``KERNELS``; by default "gemv1" for
+    one row of a matrix too small to fill the GPU, "gemv" up to ``GEMV_MAX_M`` rows, "gemm" above) and
+    ``split_k`` (the GEMV's K splits over programs, or "gemv1"'s inside a program) exist for tests:
+    every choice gives the same bits."""
     m = acts.rows
     out_rows = w.rows // 2 if gated else w.rows
     out = torch.empty(m, out_rows, dtype=torch.float32, device=acts.planes.device)
@@ -417,14 +468,19 @@ def linear_quantized(
     if residual is not None:
         residual = residual.to(torch.float32)
         residual = residual if residual.stride(1) == 1 else residual.contiguous()
-    kernel = kernel or ("gemv" if m <= GEMV_MAX_M else "gemm")
-    if kernel == "gemv":
-        asm = _asm_ok(acts.planes.device) if asm is None else asm
-        _gemv(acts, w, residual, gated, out, asm, split_k)
-    elif kernel == "gemm":
+    kernel = kernel or _default_kernel(m, out_rows, w.cols // QK, out.device)
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "gemm":
         _gemm_and_epilogue(acts, w, residual, gated, out)
+        return out
+    asm = _asm_ok(acts.planes.device) if asm is None else asm
+    if kernel == "gemv1":
+        if m != 1:
+            raise ValueError(f"the 'gemv1' kernel takes one activation row, got {m}")
+        _gemv_one_row(acts, w, residual, gated, out, asm, split_k or _one_row_splits(w.cols // QK))
     else:
-        raise ValueError(f"kernel must be 'gemv' or 'gemm', got {kernel!r}")
+        _gemv(acts, w, residual, gated, out, asm, split_k)
     return out
 
 
@@ -463,6 +519,43 @@ def _gemv(
             ones.stride(0), ones.stride(1),
             BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None, **NO_FUSION,
         )  # fmt: skip
+
+
+def _default_kernel(m: int, out_rows: int, groups: int, device: torch.device) -> str:
+    if m > GEMV_MAX_M:
+        return "gemm"
+    split = m == 1 and _default_split_k(triton.cdiv(out_rows, gemv_rows(1, False)), groups, device) > 1
+    return "gemv1" if split else "gemv"
+
+
+def _one_row_splits(groups: int) -> int:
+    """K splits inside a one-row GEMV program: up to 16, a power of 2, at most the groups."""
+    return min(16, 1 << (groups.bit_length() - 1))
+
+
+def _gemv_one_row(
+    acts: QuantizedRows,
+    w: Q1Weight,
+    residual: torch.Tensor | None,
+    gated: bool,
+    out: torch.Tensor,
+    asm: bool,
+    splits: int,
+) -> None:
+    if splits & (splits - 1) or not 1 <= splits <= ONE_ROW_TILE // 16:
+        raise ValueError(f"the one-row GEMV splits K in a power of 2 to {ONE_ROW_TILE // 16}, got {splits}")
+    out_rows, groups = out.shape[1], w.cols // QK
+    block_n = ONE_ROW_TILE // splits
+    ones = torch.empty(groups, w.rows, dtype=torch.int32, device=out.device)
+    words = acts.planes.view(torch.int32)
+    residual_or_out = residual if residual is not None else out
+    _gemv_one_row_kernel[(triton.cdiv(out_rows, block_n),)](
+        words, acts.scales, acts.sums, w.signs, w.scales, residual_or_out, out, ones,
+        out_rows, w.cols, out_rows, triton.cdiv(groups, splits),
+        words.stride(0), w.signs.stride(0), w.scales.stride(0), ones.stride(0),
+        BLOCK_N=block_n, SPLITS=splits, GATED=gated, RESIDUAL=residual is not None, ASM=asm,
+        num_warps=ONE_ROW_TILE // 32, **NO_FUSION,
+    )  # fmt: skip
 
 
 def _gemv_options(block_m: int) -> dict[str, object]:
@@ -519,9 +612,9 @@ def _asm_ok(device: torch.device) -> bool:
 
 @functools.cache
 def asm_matches_twin(device_index: int) -> bool:
-    """Whether the GEMV's PTX ``dp4a`` gives its twin's bits on CUDA device ``device_index`` (random
-    inputs; plain, gated and residual; 1, 3 and 8 rows). On a mismatch or an error it warns, and the
-    twin runs: slower, the same bits as the CPU."""
+    """Whether the GEMVs' PTX ``dp4a`` gives their twins' bits on CUDA device ``device_index`` (random
+    inputs; plain, gated and residual; 1, 3 and 8 rows; both GEMV kernels). On a mismatch or an error
+    it warns, and the twins run: slower, the same bits as the CPU."""
     device = torch.device("cuda", device_index)
     gen = torch.Generator(device="cpu").manual_seed(0)
     try:
@@ -531,13 +624,13 @@ def asm_matches_twin(device_index: int) -> bool:
             rows=96,
             cols=512,
         )
-        for m, gated in ((1, False), (3, True), (8, False)):
+        cases = ((1, False, "gemv"), (1, True, "gemv1"), (3, True, "gemv"), (8, False, "gemv"))
+        for m, gated, kernel in cases:
             acts = quantize((torch.randn(m, 512, generator=gen) * 3).to(device))
             residual = torch.randn(m, 48 if gated else 96, generator=gen).to(device)
-            args = {"residual": residual, "gated": gated, "kernel": "gemv"}
-            if not torch.equal(
-                linear_quantized(acts, w, asm=True, **args), linear_quantized(acts, w, asm=False, **args)
-            ):
+            args = {"residual": residual, "gated": gated, "kernel": kernel}
+            ptx, twin = (linear_quantized(acts, w, asm=asm, **args) for asm in (True, False))
+            if not torch.equal(ptx, twin):
                 warnings.warn("the dp4a PTX GEMV differs from its twin here; the twin runs", stacklevel=3)
                 return False
     except Exception as e:  # a PTX the driver rejects: never fatal, the twin is always there
