@@ -159,7 +159,9 @@ def q1_gemv_fast(
     twin."""
     asm = x.is_cuda if asm is None else asm
     fused = {"norm": norm, "eps": eps, "residual": residual, "gated": gated}
-    return q1_triton.launch_gemv(_fast_gemv_kernel, x, w, TILE, split_k=split_k, ASM=asm, **fused)
+    # two rows at 4 warps spilled with the norm (sm_90, Triton's divisibility hints); 2 warps do not
+    warps = {"num_warps": 2} if x.dim() == 2 and x.shape[0] == 2 else {}
+    return q1_triton.launch_gemv(_fast_gemv_kernel, x, w, TILE, split_k=split_k, ASM=asm, **fused, **warps)
 
 
 def fused_linear(
