@@ -25,9 +25,9 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 def test_every_model_kernel_compiles_for_sm90_without_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    args = ["--model", "1.7b", "--batches", "1", "2", "5", "--prefill", "40", "--check"]
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--model", "1.7b", "--batches", "1", "2", "5", "--prefill", "40", "--check"],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "0 failed or spilled" in done.stdout
