@@ -247,6 +247,7 @@ class Scheduler:
         enable_prefix_caching: bool = False,
         host_blocks: int = 0,
         block_bytes: int = 0,
+        min_prompt_piece: int = 1,
     ) -> Scheduler: ...
     def add(
         self, request_id: int, prompt: _Tokens, *, priority: int = 0, cache_salt: str | None = None

@@ -84,3 +84,39 @@ def test_a_sequences_logits_do_not_depend_on_the_rest_of_the_step(small_model, m
     for step in steps:
         alone = torch.cat([run(alone_pool, [seq]) for seq in step])
         assert torch.equal(run(batched_pool, step), alone)
+
+
+def first_logprobs(llm, prompt: list[int]) -> tuple[list[int], list[float]]:
+    import oxibonsai as ob
+
+    params = ob.SamplingParams(max_tokens=3, temperature=0.0, logprobs=0, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].outputs[0]
+    return out.token_ids, [entry[t].logprob for entry, t in zip(out.logprobs, out.token_ids, strict=True)]
+
+
+def test_cached_and_chunked_prompts_give_the_uncached_bits(small_model, monkeypatch, rng):
+    """With the Triton op set the scheduler never leaves a one-token prompt piece (the decode kernel's
+    case; the Rust tests check the rule itself): a 33-token prompt (2 blocks + 1) run again on its
+    cached prefix reuses 1 block, not 2, and it and a run cut into chunks by a small token budget give
+    the logprobs of a whole uncached run bit for bit. (In the interpreter the two attention kernels
+    happen to agree on this case, so the bits alone would not catch a one-token piece.)"""
+    import oxibonsai as ob
+
+    monkeypatch.setenv("OXIBONSAI_TORCH_OPS", "triton")
+    monkeypatch.setenv("OXIBONSAI_Q1_ARITHMETIC", "exact")
+    args = {
+        "device": DEVICE,
+        "runner": "torch",
+        "max_model_len": 64,
+        "max_num_seqs": 2,
+        "kv_cache_dtype": "f32",
+    }
+    vocab = TorchQwen3.from_gguf(small_model, "cpu", ops=ref_torch).config.vocab
+    prompt = [int(t) for t in rng.integers(0, vocab, 33)]
+    whole = first_logprobs(ob.LLM(small_model, **args, enable_prefix_caching=False), prompt)
+    cached_llm = ob.LLM(small_model, **args, enable_prefix_caching=True)
+    assert first_logprobs(cached_llm, prompt) == whole
+    assert first_logprobs(cached_llm, prompt) == whole  # on the cached prefix now
+    assert cached_llm.cache_stats()["hit_tokens"] == 16  # 2 blocks cached; reusing both would leave 1
+    chunked = ob.LLM(small_model, **args, enable_prefix_caching=False, max_num_batched_tokens=17)
+    assert first_logprobs(chunked, prompt) == whole  # 17 + 16, not 17 + 15 + 1

@@ -3,8 +3,10 @@
 Two kernels, each for its own sequences: a sequence with one query row (a decode step, or a one-token
 prompt or chunk) always goes through the decode kernel, one with more through the prefill kernel,
 whatever else the step holds, so a row's bits never depend on the batch (with the exact Q1 matmuls,
-a request's greedy tokens are the same alone and batched). A step whose host-side maximum query
-length is 1 launches the decode kernel only; any other step launches both.
+a request's greedy tokens are the same alone and batched). The scheduler never cuts a prompt into a
+one-row piece or rest (``MIN_PROMPT_PIECE``), so every prompt row takes the prefill kernel whether the
+prompt was cached, chunked or run whole. A step whose host-side maximum query length is 1 launches
+the decode kernel only; any other step launches both.
 
 - decode (sequences with exactly one query row): split-KV. One program per (sequence, KV head,
   split) computes all ``GROUP`` query heads that share the KV head, over a slice of the sequence's
@@ -24,6 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
+# The scheduler's min_prompt_piece for this attention (a runner passes it on): no prompt piece or rest
+# of one row, so a prompt row never takes the decode kernel because of how the prompt was cut or cached.
+MIN_PROMPT_PIECE = 2
 PRECISIONS = ("ieee", "tf32")  # tl.dot's: exact float32 (FMAs), or tensor cores on inputs rounded to tf32
 GPU_PRECISION = "tf32"  # the default on CUDA: "ieee" needs 255 registers and spills in prefill (sm_90)
 DECODE_BLOCK_N = 32  # KV positions per decode tile

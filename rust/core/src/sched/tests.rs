@@ -1,6 +1,7 @@
 //! Scheduler tests over a model-free [`SequenceTable`]: the step rules, preemption, priorities,
 //! and random workloads that must leave every block free.
 
+use super::scheduler::piece;
 use super::*;
 use crate::error::Error;
 use crate::kv::SequenceTable;
@@ -152,8 +153,11 @@ fn random_workload(seed: u64, caching: bool) {
         chunked_prefill: rng.below(4) != 0,
         priority_aging_steps: 1 + rng.below(8),
         policy: if rng.below(2) == 0 { Policy::Priority } else { Policy::LongestPrefix },
-        ..config(seqs, seqs + rng.below(40) as usize)
+        min_prompt_piece: 1 + rng.below(2) as usize,
+        ..config(seqs, seqs + 1 + rng.below(40) as usize)
     };
+    let min_piece = cfg.min_prompt_piece;
+    let mut prompt_lens = std::collections::HashMap::new();
     let budget = cfg.max_num_batched_tokens;
     let chunked = cfg.chunked_prefill;
     let mut s = Scheduler::new(cfg).unwrap();
@@ -165,6 +169,7 @@ fn random_workload(seed: u64, caching: bool) {
                 let len = 1 + rng.below(max_len as u64) as usize;
                 let shared = rng.below(3) as u32; // few distinct prefixes, so caching hits
                 let p: Vec<u32> = (0..len as u32).map(|i| if i < 20 { shared } else { i }).collect();
+                prompt_lens.insert(next_id, p.len());
                 s.add(next_id, p, rng.below(3) as i32 - 1, None).unwrap();
                 next_id += 1;
             }
@@ -177,7 +182,17 @@ fn random_workload(seed: u64, caching: bool) {
                 }
             }
             _ => {
-                step(&mut s, &mut kv);
+                let out = step(&mut s, &mut kv);
+                for it in &out.items {
+                    let prompt_len = prompt_lens[&it.request];
+                    let decode = it.num_tokens == 1 && it.start >= prompt_len;
+                    assert!(
+                        decode || it.num_tokens >= min_piece.min(prompt_len),
+                        "seed {seed}: a {}-token piece at {} of a {prompt_len}-token prompt",
+                        it.num_tokens,
+                        it.start
+                    );
+                }
                 // Requests that grew too long for the pool finish, as the engine's length limit does.
                 for id in s.running_ids() {
                     if s.request(id).unwrap().tokens.len() >= blocks * 16 / 2 {
@@ -194,6 +209,40 @@ fn random_workload(seed: u64, caching: bool) {
     assert_eq!((s.num_running(), s.num_waiting(), kv.num_sequences()), (0, 0, 0));
     kv.reset_prefix_cache();
     assert_eq!(kv.num_free_blocks(), blocks, "seed {seed}: blocks leaked");
+}
+
+#[test]
+fn a_piece_is_whole_or_leaves_and_takes_at_least_the_minimum() {
+    for min_piece in 1..=3usize {
+        for remaining in 1..40usize {
+            for budget in 1..40 {
+                let cuts = min_piece..=budget.min(remaining.saturating_sub(min_piece));
+                match piece(remaining, budget, min_piece) {
+                    Some(n) if n == remaining => assert!(remaining <= budget),
+                    Some(n) => assert!(cuts.contains(&n) && n == *cuts.end(), "{remaining} {budget} {min_piece}"),
+                    None => assert!(remaining > budget && cuts.is_empty(), "{remaining} {budget} {min_piece}"),
+                }
+                if min_piece == 1 {
+                    assert_eq!(piece(remaining, budget, 1), Some(remaining.min(budget)));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_cached_prompt_leaves_at_least_the_minimum_piece() {
+    let mut kv = SequenceTable::new(64, 0, true);
+    let cfg = SchedulerConfig { min_prompt_piece: 2, ..config(4, 64) };
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.add(1, prompt(33), 0, None).unwrap();
+    step(&mut s, &mut kv);
+    s.finish(1, &mut kv);
+    s.add(2, prompt(33), 0, None).unwrap(); // 33 = 2 blocks + 1: a one-token rest with the minimum at 1
+    let out = step(&mut s, &mut kv);
+    assert_eq!((out.items[0].start, out.items[0].num_tokens), (16, 17));
+    assert!(Scheduler::new(SchedulerConfig { min_prompt_piece: 0, ..config(4, 64) }).is_err());
+    assert!(Scheduler::new(SchedulerConfig { min_prompt_piece: 17, ..config(4, 64) }).is_err());
 }
 
 #[test]
