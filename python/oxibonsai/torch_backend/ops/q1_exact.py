@@ -17,15 +17,18 @@ VNNI and AMX kernels use), stored so that each int32 word holds the four values 
 one weight word's bits ``j, j + 8, j + 16, j + 24`` (``(word >> j) & 0x01010101`` in byte lanes).
 
 - ``quantize``: one program per activation row, the RMSNorm before the matmul folded in.
-- the GEMV (``M <= GEMV_MAX_M``): rows of W over programs, one weight row per thread lane, no
-  reduction across threads: per sign word, 8 shift-and-mask operations expose 4 weights each, and per
-  activation row two ``dp4a`` (high and low plane) add them; about one SASS instruction per weight at
-  one row. ``ASM`` picks the inline-PTX ``dp4a`` or its plain-Triton twin, which gives the same
-  integers and runs in the interpreter. The SwiGLU of a gate|up matrix and the residual add run in
-  the same program.
+- the GEMV (``M <= GEMV_MAX_M``): one weight row per thread lane and every activation row in the same
+  thread, no reduction across threads: per sign word, 8 shift-and-mask operations expose 4 weights
+  each, and per activation row two ``dp4a`` (high and low plane) add them; about 1.4 SASS instructions
+  per weight at one row (``benches/gpu/sass.py``). ``ASM`` picks the inline-PTX ``dp4a`` or its
+  plain-Triton twin, which gives the same integers and runs in the interpreter. A matrix with too few
+  rows to fill the GPU splits K: for one activation row inside each program (``_gemv_one_row_kernel``:
+  the lanes store each group's integer sums, a barrier, then the program adds the groups in order),
+  for more over programs with a second kernel adding the groups (``_combine_kernel``). The SwiGLU of a
+  gate|up matrix and the residual add run in the program that adds the groups.
 - the GEMM (larger M, prefill): each sign word becomes a 32 x BLOCK_N tile of 0/1 bytes and both
-  planes go through int8 ``tl.dot`` (integer tensor cores on a GPU, exact); the epilogue is a second
-  kernel running the GEMV's code.
+  planes go through int8 ``tl.dot`` (integer tensor cores on a GPU, exact), gate and up rows of a
+  gate|up matrix in the same program, the epilogue in the same code as the GEMV's (``_finish``).
 
 Kernels launch with floating-point contraction off (``enable_fp_fusion=False``): every rounding is the
 one written, and the CPU's fused multiply-add is an explicit ``tl.fma``."""
@@ -45,6 +48,7 @@ from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight
 
 GEMV_MAX_M = 8
 KERNELS = ("gemv", "gemv1", "gemm")
+GEMM_BLOCK_N = 64  # weight rows of a GEMM tile (32 and 32 for gate|up)
 ONE_ROW_TILE = 256  # splits x weight rows of a one-row GEMV program: one pair per thread, 8 warps
 PROGRAMS_PER_SM = 4  # the GEMV splits K until it has this many 4-warp programs per SM
 L1_FIXED = tl.constexpr(65536.0)  # act.rs: fixed-point resolution of the L1 estimate
@@ -338,56 +342,51 @@ def _combine_kernel(
 
 @triton.jit
 def _gemm_kernel(
-    planes_ptr, ascales_ptr, asums_ptr, signs_ptr, wscales_ptr, out_ptr,
-    M, N, K,
-    stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    planes_ptr, ascales_ptr, asums_ptr, signs_ptr, wscales_ptr, residual_ptr, out_ptr,
+    M, N, K, up_offset,
+    stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_rm, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
 ):  # fmt: skip
-    """``out[m, n]`` (no epilogue) for one ``BLOCK_M x BLOCK_N`` tile: per sign word, a 0/1 byte tile
-    ``[32, BLOCK_N]`` in the planes' dp4a order and two int8 ``tl.dot``s."""
+    """``out[m, n]`` for one ``BLOCK_M x BLOCK_N`` tile, the epilogue included: per sign word a 0/1 byte
+    tile ``[32, BLOCK_N]`` in the planes' dp4a order and two int8 ``tl.dot``s; with ``GATED`` the up
+    rows ``n + up_offset`` too, on the same activation tiles."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    pos = tl.arange(0, 32)
-    shift = 8 * (pos % 4) + pos // 4  # byte 4j + i of a chunk holds column 8i + j
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for g in range(K // 128):
         high = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
         low = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        high_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        low_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
         for w in tl.static_range(4):
-            word = tl.load(signs_ptr + offs_n * stride_sn + g * 4 + w, mask=mask_n, other=0)
-            bits = ((word[None, :] >> shift[:, None]) & 1).to(tl.int8)
-            acts = planes_ptr + offs_m[:, None] * stride_pm + g * 128 + w * 32 + pos[None, :]
-            high = tl.dot(tl.load(acts, mask=mask_m[:, None], other=0), bits, high)
-            low = tl.dot(tl.load(acts + stride_pp, mask=mask_m[:, None], other=0), bits, low)
-        block_sums = tl.load(asums_ptr + offs_m * stride_am + g, mask=mask_m, other=0)[:, None]
-        d_a = tl.load(ascales_ptr + offs_m * stride_am + g, mask=mask_m, other=0.0)[:, None]
-        d_w = tl.load(wscales_ptr + offs_n * stride_dn + g, mask=mask_n, other=0.0).to(tl.float32)
-        acc = _combine(acc, high * 256 + low, block_sums, d_w[None, :] * d_a)
-    tl.store(
-        out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc, mask=mask_m[:, None] & mask_n[None, :]
-    )
+            acts = planes_ptr + offs_m[:, None] * stride_pm + g * 128 + w * 32 + tl.arange(0, 32)[None, :]
+            a_high = tl.load(acts, mask=mask_m[:, None], other=0)
+            a_low = tl.load(acts + stride_pp, mask=mask_m[:, None], other=0)
+            bits = _bit_tile(signs_ptr, offs_n * stride_sn + g * 4 + w, mask_n)
+            high = tl.dot(a_high, bits, high)
+            low = tl.dot(a_low, bits, low)
+            if GATED:
+                bits_up = _bit_tile(signs_ptr, (offs_n + up_offset) * stride_sn + g * 4 + w, mask_n)
+                high_up = tl.dot(a_high, bits_up, high_up)
+                low_up = tl.dot(a_low, bits_up, low_up)
+        acc, acc_up = _combine_group(
+            acc, acc_up, high * 256 + low, high_up * 256 + low_up, asums_ptr, ascales_ptr, wscales_ptr,
+            offs_m, mask_m, offs_n, mask_n, g, up_offset, stride_am, stride_dn, GATED,
+        )  # fmt: skip
+    _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
+               GATED, RESIDUAL)  # fmt: skip
 
 
 @triton.jit
-def _epilogue_kernel(
-    raw_ptr, residual_ptr, out_ptr,
-    N, up_offset, stride_raw, stride_rm, stride_om,
-    BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-):  # fmt: skip
-    """``out[m, n] = _finish(raw[m, n], raw[m, n + up_offset], residual[m, n])`` for row ``program_id(0)``."""
-    m = tl.program_id(0)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    y = tl.load(raw_ptr + m * stride_raw + offs_n, mask=mask_n, other=0.0)
-    up = 0.0
-    if GATED:
-        up = tl.load(raw_ptr + m * stride_raw + up_offset + offs_n, mask=mask_n, other=0.0)
-    residual = 0.0
-    if RESIDUAL:
-        residual = tl.load(residual_ptr + m * stride_rm + offs_n, mask=mask_n, other=0.0)
-    tl.store(out_ptr + m * stride_om + offs_n, _finish(y, up, residual, GATED, RESIDUAL), mask=mask_n)
+def _bit_tile(signs_ptr, word_at, mask_n):
+    """int8 ``[32, BLOCK_N]``: the 0/1 bits of the sign words at ``word_at`` (one per column), row ``r``
+    holding bit ``8 (r % 4) + r // 4`` (the planes' dp4a order: byte ``4j + i`` is column ``8i + j``)."""
+    pos = tl.arange(0, 32)
+    word = tl.load(signs_ptr + word_at, mask=mask_n, other=0)
+    return ((word[None, :] >> (8 * (pos % 4) + pos // 4)[:, None]) & 1).to(tl.int8)
 
 
 def quantize(x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 0.0) -> QuantizedRows:
@@ -472,7 +471,7 @@ def linear_quantized(
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel == "gemm":
-        _gemm_and_epilogue(acts, w, residual, gated, out)
+        _gemm(acts, w, residual, gated, out)
         return out
     asm = _asm_ok(acts.planes.device) if asm is None else asm
     if kernel == "gemv1":
@@ -579,30 +578,20 @@ def _default_split_k(n_tiles: int, groups: int, device: torch.device) -> int:
     return max(1, min(groups, PROGRAMS_PER_SM * multiprocessors(device) // max(n_tiles, 1)))
 
 
-def _gemm_and_epilogue(
+def _gemm(
     acts: QuantizedRows, w: Q1Weight, residual: torch.Tensor | None, gated: bool, out: torch.Tensor
 ) -> None:
     m, out_rows = out.shape
-    raw = (
-        out
-        if not gated and residual is None
-        else torch.empty(m, w.rows, dtype=torch.float32, device=out.device)
-    )
-    block_m, block_n = gemm_block_m(m), 64
-    _gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(w.rows, block_n))](
-        acts.planes, acts.scales, acts.sums, w.signs, w.scales, raw,
-        m, w.rows, w.cols,
+    block_m = gemm_block_m(m)
+    block_n = GEMM_BLOCK_N // (2 if gated else 1)  # gate|up: two accumulators of half the width
+    residual_or_out = residual if residual is not None else out
+    _gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(out_rows, block_n))](
+        acts.planes, acts.scales, acts.sums, w.signs, w.scales, residual_or_out, out,
+        m, out_rows, w.cols, out_rows,
         acts.planes.stride(0), acts.planes.stride(1), acts.scales.stride(0), w.signs.stride(0),
-        w.scales.stride(0), raw.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8 if block_m * block_n >= 64 * 64 else 4, **NO_FUSION,
-    )  # fmt: skip
-    if raw is out:
-        return
-    block = 256
-    _epilogue_kernel[(m, triton.cdiv(out_rows, block))](
-        raw, residual if residual is not None else out, out,
-        out_rows, out_rows, raw.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
-        BLOCK_N=block, GATED=gated, RESIDUAL=residual is not None, **NO_FUSION,
+        w.scales.stride(0), residual_or_out.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None,
+        num_warps=8 if block_m * GEMM_BLOCK_N >= 64 * 64 else 4, **NO_FUSION,
     )  # fmt: skip
 
 
