@@ -1,0 +1,327 @@
+"""The Triton kernels of the exact-integer Q1 linear (``q1_exact``, which owns their launches and
+documents the arithmetic): the activation quantization, the GEMV in its three forms (plain, K split
+over programs with ``_combine_kernel``, one activation row with K split inside the program) and the
+int8 GEMM. Each adds a matrix's 128-weight blocks in the CPU engine's order; every float operation is
+written out (the launches turn contraction off), so a row's bits never depend on the kernel."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+L1_FIXED = tl.constexpr(65536.0)  # act.rs: fixed-point resolution of the L1 estimate
+L1_BUDGET = tl.constexpr(32575.0)  # act.rs: the L1 budget a block's scale targets
+MIN_AMAX = tl.constexpr(2.0**-96)  # act.rs: blocks whose largest magnitude is below this quantize to 0
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+NAN = tl.constexpr(float("nan"))
+ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (v + ROUND) - ROUND rounds |v| < 2^22 half to even
+LANES = tl.constexpr(0x01010101)
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr, norm_ptr, planes_ptr, scales_ptr, sums_ptr,
+    K, eps,
+    stride_xm, stride_pp, stride_pm, stride_sm,
+    NORM: tl.constexpr,
+):  # fmt: skip
+    """Row ``program_id(0)`` of ``x`` (times its RMSNorm when ``NORM``) into ``QuantizedRows``."""
+    m = tl.program_id(0)
+    cols = tl.arange(0, 128)
+    row = x_ptr + m * stride_xm
+    rstd = 1.0
+    if NORM:
+        squares = tl.zeros([128], dtype=tl.float32)
+        for b in range(K // 128):
+            v = tl.load(row + b * 128 + cols).to(tl.float32)
+            squares += v * v
+        rstd = 1.0 / tl.sqrt(tl.sum(squares) / K + eps)
+    # column 32c + 8i + j goes to byte 32c + 4j + i: word 8c + j, lane i
+    dest = (cols // 32) * 32 + (cols % 8) * 4 + (cols % 32) // 8
+    for b in range(K // 128):
+        x = tl.load(row + b * 128 + cols).to(tl.float32)
+        if NORM:
+            x = x * rstd * tl.load(norm_ptr + b * 128 + cols).to(tl.float32)
+        q, scale = _quantize_block(x)
+        low = (q << 24) >> 24
+        high = (q - low) >> 8
+        plane = planes_ptr + m * stride_pm + b * 128 + dest
+        tl.store(plane, high.to(tl.int8))
+        tl.store(plane + stride_pp, low.to(tl.int8))
+        tl.store(scales_ptr + m * stride_sm + b, scale)
+        tl.store(sums_ptr + m * stride_sm + b, tl.sum(q))
+
+
+@triton.jit
+def _quantize_block(x):
+    """``act.rs``'s rule for one block: int32 ``q`` and the float32 scale (0 for a block below
+    ``MIN_AMAX``, NaN for one with a non-finite value, whose q are 0)."""
+    ax = tl.abs(x)
+    finite = tl.sum((ax <= FLT_MAX).to(tl.int32)) == 128  # NaN compares false
+    amax = tl.max(ax)
+    used = finite & (amax >= MIN_AMAX)
+    safe = tl.where(used, amax, 1.0)
+    t = tl.sum(tl.floor(ax * tl.math.div_rn(L1_FIXED, safe)).to(tl.int32))
+    scale = tl.math.div_rn((t + 128).to(tl.float32) * (safe * (1.0 / L1_FIXED)), L1_BUDGET)
+    rounded = (x * tl.math.div_rn(1.0, scale) + ROUND) - ROUND
+    q = tl.where(used, rounded, 0.0).to(tl.int32)
+    scale = tl.where(used, scale, tl.where(finite, 0.0, NAN))
+    return q, scale
+
+
+@triton.jit
+def _dot4(bits, acts, acc, ASM: tl.constexpr):
+    """``acc + sum_i bits_i * acts_i`` over the four byte lanes (bits 0/1, acts signed bytes)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            "dp4a.s32.s32 $0, $1, $2, $3;",
+            "=r,r,r,r",
+            [bits, acts, acc],
+            dtype=tl.int32,
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        picked = acts & (bits * 255)  # a lane's byte where its bit is set, else 0
+        lanes = ((picked << 24) >> 24) + ((picked << 16) >> 24) + ((picked << 8) >> 24) + (picked >> 24)
+        return acc + lanes
+
+
+@triton.jit
+def _combine(acc, ones, block_sums, d_wa):
+    """``fma(isum, d_w * d_a, acc)`` for one block: its exact signed sum ``2 * sum_{bit set} q - sum q``
+    (``ones``: the sum over set bits) added with the CPU kernels' one rounding."""
+    isum = 2 * ones - block_sums
+    return tl.fma(isum.to(tl.float32), d_wa, acc)
+
+
+@triton.jit
+def _finish(y, up, residual, GATED: tl.constexpr, RESIDUAL: tl.constexpr):
+    """The epilogue every path shares: ``silu(gate) * up`` when ``GATED``, then ``+ residual``."""
+    if GATED:
+        y = y * tl.sigmoid(y) * up
+    if RESIDUAL:
+        y = y + residual
+    return y
+
+
+@triton.jit
+def _ones(planes_ptr, signs_ptr, act_pairs, word_at, word_mask, stride_pp,
+          R: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """int32 ``[R, BLOCK_N]``: ``sum q`` over the set bits of one 128-group, for the weight rows whose
+    group starts at sign word ``word_at`` (``[1 or R, BLOCK_N]``, loaded where ``word_mask``) and the
+    activation rows whose group starts at int64 ``act_pairs`` (``[R, 1]``) of the high plane, the low
+    plane ``stride_pp`` words on (planes read two words a load)."""
+    high = tl.zeros([R, BLOCK_N], dtype=tl.int32)
+    low = tl.zeros([R, BLOCK_N], dtype=tl.int32)
+    pairs = planes_ptr.to(tl.pointer_type(tl.int64))
+    for w in tl.static_range(4):
+        word = tl.load(signs_ptr + word_at + w, mask=word_mask, other=0)
+        for p in tl.static_range(4):
+            high2 = tl.load(pairs + act_pairs + w * 4 + p)
+            low2 = tl.load(pairs + act_pairs + stride_pp // 2 + w * 4 + p)
+            for half in tl.static_range(2):
+                bits = (word >> (2 * p + half)) & LANES
+                high = _dot4(bits, (high2 >> (32 * half)).to(tl.int32), high, ASM)
+                low = _dot4(bits, (low2 >> (32 * half)).to(tl.int32), low, ASM)
+    return high * 256 + low
+
+
+@triton.jit
+def _gemv_kernel(
+    planes_ptr, ascales_ptr, asums_ptr, signs_ptr, wscales_ptr, residual_ptr, out_ptr, ones_ptr,
+    M, N, K, up_offset, groups_per_split,
+    stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_rm, stride_om, stride_og, stride_on,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    SPLIT: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    """Rows ``n`` of program ``program_id(0)`` for every activation row ``m``, ``planes`` read as int32
+    words; with ``GATED`` also rows ``n + up_offset``. ``SPLIT``: the program covers the groups of
+    split ``program_id(1)`` and stores each group's integer sums at ``ones[g, m, n]`` for
+    ``_combine_kernel``; otherwise it covers every group, combines them and stores ``out[m, n]``."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    first = tl.program_id(1) * groups_per_split
+    last = tl.minimum(first + groups_per_split, K // 128)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for g in range(first, last):
+        act_pairs = (offs_m * (stride_pm // 2) + g * 16)[:, None]  # the planes hold BLOCK_M rows
+        word_at = (offs_n * stride_sn + g * 4)[None, :]
+        words_mask = mask_n[None, :]
+        ones = _ones(planes_ptr, signs_ptr, act_pairs, word_at, words_mask, stride_pp, BLOCK_M, BLOCK_N, ASM)
+        ones_up = ones
+        if GATED:
+            up_at = word_at + up_offset * stride_sn
+            ones_up = _ones(
+                planes_ptr, signs_ptr, act_pairs, up_at, words_mask, stride_pp, BLOCK_M, BLOCK_N, ASM
+            )
+        if SPLIT:
+            at = ones_ptr + g * stride_og + offs_m[:, None] * stride_on + offs_n[None, :]
+            tl.store(at, ones, mask=mask_m[:, None] & mask_n[None, :])
+            if GATED:
+                tl.store(at + up_offset, ones_up, mask=mask_m[:, None] & mask_n[None, :])
+        else:
+            acc, acc_up = _combine_group(
+                acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n,
+                mask_n, g, up_offset, stride_am, stride_dn, GATED,
+            )  # fmt: skip
+    if not SPLIT:
+        _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
+                   GATED, RESIDUAL)  # fmt: skip
+
+
+@triton.jit
+def _gemv_one_row_kernel(
+    planes_ptr, ascales_ptr, asums_ptr, signs_ptr, wscales_ptr, residual_ptr, out_ptr, ones_ptr,
+    N, K, up_offset, groups_per_split,
+    stride_pp, stride_sn, stride_dn, stride_og,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    ASM: tl.constexpr,
+):  # fmt: skip
+    """One activation row, rows ``n`` of program ``program_id(0)``, with K split inside the program: the
+    ``[SPLITS, BLOCK_N]`` tile's row ``s`` takes groups ``s * groups_per_split`` onwards and stores each
+    group's integer sums at ``ones[g, n]``; after a barrier the program adds every group in order. For
+    matrices with too few rows to fill the GPU, one launch instead of the split GEMV's two."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    groups = K // 128
+    split = tl.arange(0, SPLITS)[:, None]
+    mask = (split < SPLITS) & mask_n[None, :]
+    for j in range(groups_per_split):
+        g = split * groups_per_split + j
+        valid = mask & (g < groups)
+        g = tl.minimum(g, groups - 1)  # past the end: a real group's loads, never stored
+        word_at = offs_n[None, :] * stride_sn + g * 4
+        at = ones_ptr + g * stride_og + offs_n[None, :]
+        ones = _ones(planes_ptr, signs_ptr, g * 16, word_at, mask, stride_pp, SPLITS, BLOCK_N, ASM)
+        tl.store(at, ones, mask=valid)
+        if GATED:
+            up_at = word_at + up_offset * stride_sn
+            ones_up = _ones(planes_ptr, signs_ptr, g * 16, up_at, mask, stride_pp, SPLITS, BLOCK_N, ASM)
+            tl.store(at + up_offset, ones_up, mask=valid)
+    tl.debug_barrier()  # the program's stores are visible to all its threads
+    offs_m = tl.arange(0, 1)
+    mask_m = offs_m < 1
+    acc = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+    for g in range(0, groups):
+        at = ones_ptr + g * stride_og + offs_n[None, :]
+        ones = tl.load(at, mask=mask_n[None, :], other=0)
+        ones_up = ones
+        if GATED:
+            ones_up = tl.load(at + up_offset, mask=mask_n[None, :], other=0)
+        acc, acc_up = _combine_group(
+            acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n,
+            g, up_offset, 0, stride_dn, GATED,
+        )  # fmt: skip
+    _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, 0, 0, GATED, RESIDUAL)
+
+
+@triton.jit
+def _combine_group(
+    acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n,
+    g, up_offset, stride_am, stride_dn, GATED: tl.constexpr,
+):  # fmt: skip
+    """``acc`` (and ``acc_up``) after group ``g``: ``[BLOCK_M, BLOCK_N]`` tiles."""
+    block_sums = tl.load(asums_ptr + offs_m * stride_am + g, mask=mask_m, other=0)[:, None]
+    d_a = tl.load(ascales_ptr + offs_m * stride_am + g, mask=mask_m, other=0.0)[:, None]
+    d_w = tl.load(wscales_ptr + offs_n * stride_dn + g, mask=mask_n, other=0.0).to(tl.float32)
+    acc = _combine(acc, ones, block_sums, d_w[None, :] * d_a)
+    if GATED:
+        d_up = tl.load(wscales_ptr + (offs_n + up_offset) * stride_dn + g, mask=mask_n, other=0.0)
+        acc_up = _combine(acc_up, ones_up, block_sums, d_up.to(tl.float32)[None, :] * d_a)
+    return acc, acc_up
+
+
+@triton.jit
+def _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
+               GATED: tl.constexpr, RESIDUAL: tl.constexpr):  # fmt: skip
+    """``out[m, n] = _finish(acc, acc_up, residual[m, n])`` over a ``[BLOCK_M, BLOCK_N]`` tile."""
+    mask = mask_m[:, None] & mask_n[None, :]
+    residual = 0.0
+    if RESIDUAL:
+        residual = tl.load(residual_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0)
+    y = _finish(acc, acc_up, residual, GATED, RESIDUAL)
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], y, mask=mask)
+
+
+@triton.jit
+def _combine_kernel(
+    ones_ptr, ascales_ptr, asums_ptr, wscales_ptr, residual_ptr, out_ptr,
+    M, N, K, up_offset,
+    stride_am, stride_dn, stride_rm, stride_om, stride_og, stride_on,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+):  # fmt: skip
+    """The split GEMV's second half: every group's integer sums ``ones[g, m, n]`` combined in order, then
+    the epilogue, for rows ``n`` of program ``program_id(0)``."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    mask = mask_m[:, None] & mask_n[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for g in range(0, K // 128):
+        at = ones_ptr + g * stride_og + offs_m[:, None] * stride_on + offs_n[None, :]
+        ones = tl.load(at, mask=mask, other=0)
+        ones_up = ones
+        if GATED:
+            ones_up = tl.load(at + up_offset, mask=mask, other=0)
+        acc, acc_up = _combine_group(
+            acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n,
+            g, up_offset, stride_am, stride_dn, GATED,
+        )  # fmt: skip
+    _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
+               GATED, RESIDUAL)  # fmt: skip
+
+
+@triton.jit
+def _gemm_kernel(
+    planes_ptr, ascales_ptr, asums_ptr, signs_ptr, wscales_ptr, residual_ptr, out_ptr,
+    M, N, K, up_offset,
+    stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_rm, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+):  # fmt: skip
+    """``out[m, n]`` for one ``BLOCK_M x BLOCK_N`` tile, the epilogue included: per sign word a 0/1 byte
+    tile ``[32, BLOCK_N]`` in the planes' dp4a order and two int8 ``tl.dot``s; with ``GATED`` the up
+    rows ``n + up_offset`` too, on the same activation tiles."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for g in range(K // 128):
+        high = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        low = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        high_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        low_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        for w in tl.static_range(4):
+            acts = planes_ptr + offs_m[:, None] * stride_pm + g * 128 + w * 32 + tl.arange(0, 32)[None, :]
+            a_high = tl.load(acts, mask=mask_m[:, None], other=0)
+            a_low = tl.load(acts + stride_pp, mask=mask_m[:, None], other=0)
+            bits = _bit_tile(signs_ptr, offs_n * stride_sn + g * 4 + w, mask_n)
+            high = tl.dot(a_high, bits, high)
+            low = tl.dot(a_low, bits, low)
+            if GATED:
+                bits_up = _bit_tile(signs_ptr, (offs_n + up_offset) * stride_sn + g * 4 + w, mask_n)
+                high_up = tl.dot(a_high, bits_up, high_up)
+                low_up = tl.dot(a_low, bits_up, low_up)
+        acc, acc_up = _combine_group(
+            acc, acc_up, high * 256 + low, high_up * 256 + low_up, asums_ptr, ascales_ptr, wscales_ptr,
+            offs_m, mask_m, offs_n, mask_n, g, up_offset, stride_am, stride_dn, GATED,
+        )  # fmt: skip
+    _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
+               GATED, RESIDUAL)  # fmt: skip
+
+
+@triton.jit
+def _bit_tile(signs_ptr, word_at, mask_n):
+    """int8 ``[32, BLOCK_N]``: the 0/1 bits of the sign words at ``word_at`` (one per column), row ``r``
+    holding bit ``8 (r % 4) + r // 4`` (the planes' dp4a order: byte ``4j + i`` is column ``8i + j``)."""
+    pos = tl.arange(0, 32)
+    word = tl.load(signs_ptr + word_at, mask=mask_n, other=0)
+    return ((word[None, :] >> (8 * (pos % 4) + pos // 4)[:, None]) & 1).to(tl.int8)
