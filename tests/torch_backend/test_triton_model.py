@@ -120,3 +120,15 @@ def test_cached_and_chunked_prompts_give_the_uncached_bits(small_model, monkeypa
     assert cached_llm.cache_stats()["hit_tokens"] == 16  # 2 blocks cached; reusing both would leave 1
     chunked = ob.LLM(small_model, **args, enable_prefix_caching=False, max_num_batched_tokens=17)
     assert first_logprobs(chunked, prompt) == whole  # 17 + 16, not 17 + 15 + 1
+
+
+def test_a_one_token_budget_lifts_the_minimum_piece(small_model, monkeypatch):
+    """The runner never asks the scheduler for a minimum piece larger than the step budget."""
+    import oxibonsai as ob
+
+    monkeypatch.setenv("OXIBONSAI_TORCH_OPS", "triton")
+    llm = ob.LLM(small_model, device=DEVICE, runner="torch", max_model_len=32, max_num_seqs=1,
+                 max_num_batched_tokens=1)  # fmt: skip
+    params = ob.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": [1, 2, 3]}], params, use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == 2

@@ -134,7 +134,8 @@ class TorchRunner:
         """The scheduler over this runner's blocks (one per runner: it owns their bookkeeping)."""
         if self._sched is not None:
             raise RuntimeError("a TorchRunner serves one scheduler")
-        options.setdefault("min_prompt_piece", min_prompt_piece(self.model.ops))
+        budget = int(options.get("max_num_batched_tokens", 256))
+        options.setdefault("min_prompt_piece", min(min_prompt_piece(self.model.ops), budget))
         self._sched = _core.Scheduler(
             self.sizes.device_blocks,
             host_blocks=self.sizes.host_blocks,
