@@ -132,3 +132,27 @@ def test_a_one_token_budget_lifts_the_minimum_piece(small_model, monkeypatch):
     params = ob.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     out = llm.generate([{"prompt_token_ids": [1, 2, 3]}], params, use_tqdm=False)[0].outputs[0]
     assert len(out.token_ids) == 2
+
+
+def test_requests_batched_by_the_engine_get_their_alone_bits(small_model, monkeypatch, rng):
+    """Three requests run together (a small token budget mixes their prompt chunks with the others'
+    decodes) get the tokens and logprobs each gets alone, bit for bit."""
+    import oxibonsai as ob
+
+    monkeypatch.setenv("OXIBONSAI_TORCH_OPS", "triton")
+    monkeypatch.setenv("OXIBONSAI_Q1_ARITHMETIC", "exact")
+    args = {"device": DEVICE, "runner": "torch", "max_model_len": 64, "kv_cache_dtype": "f32"}
+    vocab = TorchQwen3.from_gguf(small_model, "cpu", ops=ref_torch).config.vocab
+    prompts = [[int(t) for t in rng.integers(0, vocab, n)] for n in (5, 17, 30)]
+    params = ob.SamplingParams(max_tokens=4, temperature=0.0, logprobs=0, ignore_eos=True)
+
+    def bits(outs):
+        return [(o.token_ids, [e[t].logprob for e, t in zip(o.logprobs, o.token_ids, strict=True)])
+                for o in (out.outputs[0] for out in outs)]  # fmt: skip
+
+    together = ob.LLM(small_model, **args, max_num_seqs=3, max_num_batched_tokens=12)
+    batched = bits(together.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False))
+    alone = ob.LLM(small_model, **args, max_num_seqs=1)
+    assert batched == [
+        bits(alone.generate([{"prompt_token_ids": p}], params, use_tqdm=False))[0] for p in prompts
+    ]
