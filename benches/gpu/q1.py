@@ -111,6 +111,7 @@ def q1_case(
     ours_gbps = gbps(w0.rows * w0.cols * 18 / 128, mine["ms"])
     cpu = cpu_matrix(w0).matmul(x.cpu().numpy()).reshape(m, w0.rows)
     return {**exact_check(x, w0, device), **fast_check(x, ours, plan, device, floats["ms"]),
+        **exact_sweep(x, ours, plan, device),
         "equals_cpu_engine": bool(np.array_equal(got.cpu().numpy(), cpu)),
         "float_ms": floats["ms"], "float_over_ours": ratio(floats["ms"], mine["ms"]),
         "ours_ms": mine["ms"], "ours_eager_ms": mine["eager_ms"], "timing": mine["timing"],
@@ -132,6 +133,25 @@ def exact_check(x: torch.Tensor, w: Q1Weight, device: torch.device) -> dict[str,
     ptx, twin = (q1_exact.linear_quantized(acts, w, asm=asm) for asm in (True, False))
     same = torch.equal(ptx, twin)
     return {"dp4a_used": q1_exact._asm_ok(device), "dp4a_asm_equals_twin": same}
+
+
+def exact_sweep(x: torch.Tensor, ours: list[Q1Weight], plan: Plan, device: torch.device) -> dict[str, Any]:
+    """One activation row: the quantization's time, then the exact matmul's (already quantized) in each
+    GEMV form and split, for tuning ``q1_exact``'s defaults on the GPU; ``sweep_default`` names the form
+    the op picks."""
+    from oxibonsai.torch_backend.ops import q1_exact
+
+    if x.shape[0] != 1:
+        return {}
+    groups = ours[0].cols // 128
+    forms = [("gemv1", s) for s in (2, 4, 8, 16) if s <= groups] + [("gemv", s) for s in (1, 4, None)]
+    acts = q1_exact.quantize(x)
+    times = {"quantize": time_calls([partial(q1_exact.quantize, x)], device, plan.reps)["ms"]}
+    for kernel, split in forms:
+        calls = [partial(q1_exact.linear_quantized, acts, w, kernel=kernel, split_k=split) for w in ours]
+        times[f"{kernel}/{split or 'auto'}"] = time_calls(calls, device, plan.reps)["ms"]
+    default = q1_exact._default_kernel(1, ours[0].rows, groups, device)
+    return {"sweep_ms": times, "sweep_default": default}
 
 
 def fast_check(
