@@ -304,12 +304,12 @@ def _gemm_kernel(
             a_high = tl.load(acts, mask=mask_m[:, None], other=0)
             a_low = tl.load(acts + stride_pp, mask=mask_m[:, None], other=0)
             bits = _bit_tile(signs_ptr, offs_n * stride_sn + g * 4 + w, mask_n)
-            high = tl.dot(a_high, bits, high)
-            low = tl.dot(a_low, bits, low)
+            high = tl.dot(a_high, bits, high, out_dtype=tl.int32)
+            low = tl.dot(a_low, bits, low, out_dtype=tl.int32)
             if GATED:
                 bits_up = _bit_tile(signs_ptr, (offs_n + up_offset) * stride_sn + g * 4 + w, mask_n)
-                high_up = tl.dot(a_high, bits_up, high_up)
-                low_up = tl.dot(a_low, bits_up, low_up)
+                high_up = tl.dot(a_high, bits_up, high_up, out_dtype=tl.int32)
+                low_up = tl.dot(a_low, bits_up, low_up, out_dtype=tl.int32)
         acc, acc_up = _combine_group(
             acc, acc_up, high * 256 + low, high_up * 256 + low_up, asums_ptr, ascales_ptr, wscales_ptr,
             offs_m, mask_m, offs_n, mask_n, g, up_offset, stride_am, stride_dn, GATED,
