@@ -62,6 +62,10 @@ bench-serve:
 device-bundle:
 	bash scripts/device_bundle.sh
 
+# Every model kernel compiled for sm_90 with the lent GPU image's Triton (3.6), in its own venv (CI).
+sass-check-gpu-triton:
+	bash scripts/sass_check_gpu_triton.sh
+
 # benches/bench_gpu.py (the lent-GPU benchmark) on the CPU with tiny shapes: checks the script runs.
 bench-gpu-smoke:
 	$(PYTHON) benches/bench_gpu.py --smoke --out /tmp/oxibonsai-gpu-smoke.json
