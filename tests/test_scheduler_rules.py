@@ -243,3 +243,16 @@ def test_update_accepts_a_uint32_array(rng: np.random.Generator) -> None:
     token = int(rng.integers(0, 1000))
     sched.update(out, np.array([token], dtype=np.uint32))
     assert sched.request_state(1) == ([*prompt, token], 5)
+
+
+@pytest.mark.skipif(NATIVE is None, reason="no native Scheduler")
+def test_a_minimum_prompt_piece_cuts_no_one_token_piece_or_rest() -> None:
+    """``min_prompt_piece=2`` (what the torch runner asks for with the Triton attention): a 34-token
+    prompt under a 32-token budget runs as 32 + 2, not 32 + 1 + ... ; 33 under 32 as 31 + 2."""
+    for length, pieces in ((34, [(0, 32, False), (0, 2, True)]), (33, [(0, 31, False), (0, 2, True)])):
+        sched = NATIVE(32, max_num_batched_tokens=32, min_prompt_piece=2)
+        sched.add(0, list(range(length)))
+        assert [run_step(sched).items[0] for _ in pieces] == pieces
+        sched.check()
+    with pytest.raises(ValueError, match="min_prompt_piece"):
+        NATIVE(32, min_prompt_piece=0)
