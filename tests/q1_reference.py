@@ -89,3 +89,24 @@ def exact_quantized(buf: bytes, rows: int, cols: int, q: np.ndarray, scale: np.n
         isum = q[:, cols_b].astype(np.float64) @ signs[:, cols_b].astype(np.float64).T
         out += isum * scale[:, b : b + 1].astype(np.float64) * d[:, b].astype(np.float64)[None, :]
     return out
+
+
+def fused_linear(
+    x: np.ndarray,
+    w64: np.ndarray,
+    norm: np.ndarray | None,
+    residual: np.ndarray | None,
+    gated: bool,
+    eps: float,
+) -> np.ndarray:
+    """The torch path's fused Q1 linear in float64 (``ref_torch.q1_fused_linear``): ``rms_norm(x, norm)``
+    when ``norm`` is given, times ``w64.T``, ``silu(gate) * up`` of a gate|up matrix when ``gated``,
+    plus ``residual``."""
+    x64 = x.astype(np.float64)
+    if norm is not None:
+        x64 = x64 / np.sqrt(np.mean(x64**2, axis=1, keepdims=True) + eps) * norm
+    y = x64 @ w64.T
+    if gated:
+        gate, up = np.split(y, 2, axis=1)
+        y = gate / (1 + np.exp(-gate)) * up
+    return y if residual is None else y + residual

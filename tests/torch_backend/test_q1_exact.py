@@ -22,6 +22,8 @@ import oxibonsai as ob  # noqa: E402
 from oxibonsai import _core  # noqa: E402
 from oxibonsai.torch_backend.ops.q1_weight import Q1Weight  # noqa: E402
 
+from q1_reference import fused_linear as reference_fused_linear  # noqa: E402
+
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 EXACT_TOL = 5e-3
 EPS = 1e-6
@@ -98,17 +100,6 @@ def test_the_op_set_linear_is_the_cpu_engines_matmul(rng):
         )
 
 
-def oracle(x, w64, norm, residual, gated):
-    x64 = x.astype(np.float64)
-    if norm is not None:
-        x64 = x64 / np.sqrt(np.mean(x64**2, axis=1, keepdims=True) + EPS) * norm
-    y = x64 @ w64.T
-    if gated:
-        gate, up = np.split(y, 2, axis=1)
-        y = gate / (1 + np.exp(-gate)) * up
-    return y if residual is None else y + residual
-
-
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 def test_the_fused_linear_matches_float64_and_every_kernel_gives_its_bits(rng):
     for _ in range(3):
@@ -121,7 +112,7 @@ def test_the_fused_linear_matches_float64_and_every_kernel_gives_its_bits(rng):
         residual = rng.standard_normal((m, out_rows)).astype(np.float32) if rng.random() < 0.5 else None
         fused = {"norm": on_device(norm), "eps": EPS, "residual": on_device(residual), "gated": gated}
         got = q1_exact().fused_linear(on_device(x), w, **fused)
-        want = oracle(x, matrix.dequantize().astype(np.float64), norm, residual, gated)
+        want = reference_fused_linear(x, matrix.dequantize().astype(np.float64), norm, residual, gated, EPS)
         assert got.shape == want.shape and got.dtype == torch.float32
         assert np.abs(got.cpu().numpy() - want).max() <= EXACT_TOL * np.abs(want).max()
         acts = q1_exact().quantize(on_device(x), on_device(norm), EPS)

@@ -18,6 +18,8 @@ pytest.importorskip("triton", reason="triton is not installed")
 import oxibonsai as ob  # noqa: E402
 from oxibonsai.torch_backend.ops.q1_weight import Q1Weight  # noqa: E402
 
+from q1_reference import fused_linear as reference_fused_linear  # noqa: E402
+
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 FAST_TOL = 4e-3
 EPS = 1e-6
@@ -35,17 +37,6 @@ def random_case(rng: np.random.Generator, m: int, rows: int, k: int):
     scale = float(rng.choice([0.01, 1.0, 1000.0]))
     x = rng.standard_normal((m, k)).astype(np.float32) * scale
     return w, matrix.dequantize().astype(np.float64), x
-
-
-def oracle(x, w64, norm, residual, gated):
-    x64 = x.astype(np.float64)
-    if norm is not None:
-        x64 = x64 / np.sqrt(np.mean(x64**2, axis=1, keepdims=True) + EPS) * norm
-    y = x64 @ w64.T
-    if gated:
-        gate, up = np.split(y, 2, axis=1)
-        y = gate / (1 + np.exp(-gate)) * up
-    return y if residual is None else y + residual
 
 
 def on_device(a):
@@ -66,7 +57,7 @@ def test_the_twin_matches_float64_within_fp16_rounding(rng, m):
             on_device(x), w, norm=on_device(norm), eps=EPS, residual=on_device(residual), gated=gated,
             asm=False, split_k=int(rng.integers(1, 4)),
         )  # fmt: skip
-        want = oracle(x, w64, norm, residual, gated)
+        want = reference_fused_linear(x, w64, norm, residual, gated, EPS)
         assert got.shape == want.shape and got.dtype == torch.float32
         assert np.abs(got.cpu().numpy() - want).max() <= FAST_TOL * np.abs(want).max()
 
@@ -87,5 +78,5 @@ def test_the_ptx_equals_its_twin_bit_for_bit(rng):
     w, w64, x = random_case(rng, 1, 4096, 2048)
     got = q1_fast().q1_gemv_fast(on_device(x), w, asm=True)
     assert torch.equal(got, q1_fast().q1_gemv_fast(on_device(x), w, asm=False))
-    want = oracle(x, w64, None, None, False)
+    want = reference_fused_linear(x, w64, None, None, False, EPS)
     assert np.abs(got.cpu().numpy() - want).max() <= FAST_TOL * np.abs(want).max()
