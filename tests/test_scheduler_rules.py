@@ -246,13 +246,23 @@ def test_update_accepts_a_uint32_array(rng: np.random.Generator) -> None:
 
 
 @pytest.mark.skipif(NATIVE is None, reason="no native Scheduler")
-def test_a_minimum_prompt_piece_cuts_no_one_token_piece_or_rest() -> None:
-    """``min_prompt_piece=2`` (what the torch runner asks for with the Triton attention): a 34-token
-    prompt under a 32-token budget runs as 32 + 2, not 32 + 1 + ... ; 33 under 32 as 31 + 2."""
-    for length, pieces in ((34, [(0, 32, False), (0, 2, True)]), (33, [(0, 31, False), (0, 2, True)])):
-        sched = NATIVE(32, max_num_batched_tokens=32, min_prompt_piece=2)
-        sched.add(0, list(range(length)))
-        assert [run_step(sched).items[0] for _ in pieces] == pieces
-        sched.check()
-    with pytest.raises(ValueError, match="min_prompt_piece"):
-        NATIVE(32, min_prompt_piece=0)
+def test_a_prepared_plan_carries_each_requests_prompt_length_also_on_recompute() -> None:
+    """``prepare``'s ``decode_from``: the prompt length of each planned sequence's request, also for a
+    request recomputing its prompt and sampled tokens after a preemption (the torch runner's
+    attention computes the rows from there on as decode rows)."""
+    sched = NATIVE(2)
+    sched.add(1, list(range(10)))
+    sched.add(2, list(range(16)))  # its first decode needs a second block: it is preempted
+    steps = []
+    for _ in range(2):
+        out = sched.schedule()
+        plan = sched.prepare(out)
+        steps.append((out.items, out.preempted, plan.positions.tolist(), plan.decode_from.tolist()))
+        sched.update(out, [7] * sum(1 for item in out.items if item[2]))
+    assert steps[0] == ([(1, 10, True), (2, 16, True)], [], list(range(10)) + list(range(16)), [10, 16])
+    assert steps[1] == ([(1, 1, True)], [2], [10], [10])
+    assert sched.finish(1)
+    out = sched.schedule()
+    plan = sched.prepare(out)
+    assert out.items == [(2, 17, True)], "the prompt and the token sampled before the preemption"
+    assert plan.positions.tolist() == list(range(17)) and plan.decode_from.tolist() == [16]

@@ -222,6 +222,9 @@ class StepPlan:
     @property
     def logits_indices(self) -> npt.NDArray[np.int32]: ...
     @property
+    def decode_from(self) -> npt.NDArray[np.int32]:
+        """Per sequence, its request's prompt length: rows at or past it are sampled tokens."""
+    @property
     def demote(self) -> npt.NDArray[np.int32]: ...
     @property
     def promote(self) -> npt.NDArray[np.int32]: ...
@@ -247,7 +250,6 @@ class Scheduler:
         enable_prefix_caching: bool = False,
         host_blocks: int = 0,
         block_bytes: int = 0,
-        min_prompt_piece: int = 1,
     ) -> Scheduler: ...
     def add(
         self, request_id: int, prompt: _Tokens, *, priority: int = 0, cache_salt: str | None = None

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -134,8 +133,6 @@ class TorchRunner:
         """The scheduler over this runner's blocks (one per runner: it owns their bookkeeping)."""
         if self._sched is not None:
             raise RuntimeError("a TorchRunner serves one scheduler")
-        budget = int(options.get("max_num_batched_tokens", 256))
-        options.setdefault("min_prompt_piece", min(min_prompt_piece(self.model.ops), budget))
         self._sched = _core.Scheduler(
             self.sizes.device_blocks,
             host_blocks=self.sizes.host_blocks,
@@ -292,10 +289,3 @@ def _host_blocks(
 
     available = available_memory_bytes() or 0
     return min(device_blocks, int(available * HOST_TIER_FRACTION) // block_bytes)
-
-
-def min_prompt_piece(ops: Any) -> int:
-    """The scheduler's ``min_prompt_piece`` for an op set: its attention module's ``MIN_PROMPT_PIECE``
-    (2 for the Triton kernels, which send one-row sequences to the decode kernel), else 1."""
-    module = sys.modules.get(getattr(ops.paged_attention, "__module__", ""))
-    return int(getattr(module, "MIN_PROMPT_PIECE", 1))

@@ -23,6 +23,8 @@ pub struct StepPlan {
     #[pyo3(get)]
     logits_indices: Py<PyArray1<i32>>,
     #[pyo3(get)]
+    decode_from: Py<PyArray1<i32>>,
+    #[pyo3(get)]
     demote: Py<PyArray2<i32>>,
     #[pyo3(get)]
     promote: Py<PyArray2<i32>>,
@@ -40,6 +42,7 @@ impl StepPlan {
             seq_lens: plan.seq_lens.into_pyarray(py).unbind(),
             block_tables: block_tables.unbind(),
             logits_indices: plan.logits_indices.into_pyarray(py).unbind(),
+            decode_from: plan.decode_from.into_pyarray(py).unbind(),
             demote: pairs(py, plan.copies.demote)?,
             promote: pairs(py, plan.copies.promote)?,
         })

@@ -110,13 +110,12 @@ impl Scheduler {
     /// `kv`: a `Model` (scheduling over its KV cache) or a number of 16-token device blocks (a
     /// model-free table; `enable_prefix_caching`, `host_blocks` and `block_bytes` apply to it alone:
     /// `host_blocks` > 0 adds a host tier that idle cached blocks are demoted to). `policy`:
-    /// 'priority' or 'longest_prefix'. `min_prompt_piece`: no prompt piece or rest shorter than this
-    /// unless the prompt is (2 for a runner whose attention treats one-row sequences apart).
+    /// 'priority' or 'longest_prefix'.
     #[new]
     #[pyo3(signature = (
         kv, *, max_num_seqs=8, max_num_batched_tokens=256, max_waiting=None, priority_aging_steps=256,
         enable_chunked_prefill=true, policy="priority", enable_prefix_caching=false, host_blocks=0,
-        block_bytes=0, min_prompt_piece=1
+        block_bytes=0
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -130,7 +129,6 @@ impl Scheduler {
         enable_prefix_caching: bool,
         host_blocks: usize,
         block_bytes: usize,
-        min_prompt_piece: usize,
     ) -> PyResult<Scheduler> {
         let config = SchedulerConfig {
             max_num_seqs,
@@ -139,7 +137,6 @@ impl Scheduler {
             priority_aging_steps,
             chunked_prefill: enable_chunked_prefill,
             policy: Policy::parse(policy).map_err(to_py)?,
-            min_prompt_piece,
         };
         let sched = CoreScheduler::new(config).map_err(to_py)?;
         let backend = match kv.cast::<Model>() {

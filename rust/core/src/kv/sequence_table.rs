@@ -114,15 +114,10 @@ impl SequenceTable {
     /// The cached prefix [`add_sequence_cached`](Self::add_sequence_cached) would start `prompt` on
     /// (empty with caching off). Changes nothing.
     pub fn cached_prefix(&self, prompt: &[u32], salt: Option<&str>) -> PrefixMatch {
-        self.cached_prefix_leaving(prompt, salt, 1)
-    }
-
-    /// [`cached_prefix`](Self::cached_prefix) leaving at least `tail` (>= 1) prompt tokens to compute.
-    pub fn cached_prefix_leaving(&self, prompt: &[u32], salt: Option<&str>, tail: usize) -> PrefixMatch {
         if !self.prefix_caching {
             return PrefixMatch::default();
         }
-        self.blocks.lookup(prompt, salt, max_cached_blocks(prompt.len(), tail))
+        self.blocks.lookup(prompt, salt, max_cached_blocks(prompt.len()))
     }
 
     /// Starts a sequence for `prompt` on the longest cached prefix of its full blocks (with cache salt
@@ -261,8 +256,8 @@ impl SequenceTable {
     }
 }
 
-fn max_cached_blocks(prompt_len: usize, tail: usize) -> usize {
-    prompt_len.saturating_sub(tail.max(1)) / BLOCK_TOKENS
+fn max_cached_blocks(prompt_len: usize) -> usize {
+    prompt_len.saturating_sub(1) / BLOCK_TOKENS
 }
 
 fn unknown(seq: u64) -> Error {

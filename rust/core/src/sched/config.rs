@@ -1,7 +1,6 @@
 //! The scheduler's settings and their validation.
 
 use crate::error::{Error, Result};
-use crate::kv::BLOCK_TOKENS;
 
 /// How the next waiting request is chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,12 +38,6 @@ pub struct SchedulerConfig {
     /// Split prompts longer than the remaining budget across steps.
     pub chunked_prefill: bool,
     pub policy: Policy,
-    /// Every piece of a prompt a step runs, and every rest it leaves (after a chunk or a cached
-    /// prefix), spans at least this many tokens unless the prompt itself is shorter. 1 (the default)
-    /// constrains nothing. A GPU runner whose attention sends one-row sequences to another kernel than
-    /// longer ones sets 2, so every prompt row takes the same kernel whether the prompt was cached,
-    /// chunked or run whole, and gives the same bits.
-    pub min_prompt_piece: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -56,7 +49,6 @@ impl Default for SchedulerConfig {
             priority_aging_steps: 256,
             chunked_prefill: true,
             policy: Policy::Priority,
-            min_prompt_piece: 1,
         }
     }
 }
@@ -71,13 +63,6 @@ impl SchedulerConfig {
                 "max_num_batched_tokens ({}) must be >= max_num_seqs ({}) so every running request can \
                  decode in each step",
                 self.max_num_batched_tokens, self.max_num_seqs
-            )));
-        }
-        if self.min_prompt_piece == 0 || self.min_prompt_piece > BLOCK_TOKENS.min(self.max_num_batched_tokens) {
-            return Err(Error::Value(format!(
-                "min_prompt_piece must be in 1..={}, got {}",
-                BLOCK_TOKENS.min(self.max_num_batched_tokens),
-                self.min_prompt_piece
             )));
         }
         if self.priority_aging_steps == 0 || self.priority_aging_steps > u32::MAX as u64 {

@@ -27,6 +27,9 @@ pub struct Request {
     pub salt: Option<String>,
     /// Lower is served first.
     pub priority: i32,
+    /// The prompt's length: `tokens[prompt_len..]` were sampled, each first computed alone in a
+    /// decode step (a runner's attention may treat those rows as decode rows again on recompute).
+    pub prompt_len: u32,
 }
 
 const _: () = assert!(std::mem::offset_of!(Request, scheduled_step) + 8 <= 64);

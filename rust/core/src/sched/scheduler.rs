@@ -118,6 +118,8 @@ impl Scheduler {
             }
         }
         let key = priority as i128 * self.config.priority_aging_steps as i128 + self.step as i128;
+        let prompt_len = u32::try_from(prompt.len())
+            .map_err(|_| Error::Value(format!("the prompt has {} tokens, more than 2^32 - 1", prompt.len())))?;
         prompt.reserve(GENERATION_ROOM);
         let request = Request {
             id,
@@ -130,6 +132,7 @@ impl Scheduler {
             arrival: self.arrivals,
             salt,
             priority,
+            prompt_len,
         };
         self.arrivals += 1;
         self.waiting.push(key, request.arrival, id);
@@ -194,7 +197,7 @@ impl Scheduler {
         if !self.config.chunked_prefill && remaining > budget.tokens {
             return;
         }
-        let Some(n) = piece(remaining, budget.tokens, self.config.min_prompt_piece) else { return };
+        let n = remaining.min(budget.tokens);
         // Between steps a running request's sequence holds exactly its computed tokens' blocks.
         let need = blocks_for(r.num_computed + n) - blocks_for(r.num_computed);
         debug_assert_eq!(Ok(need), kv.new_blocks_for(seq, n), "request {} and its sequence disagree", r.id);
@@ -255,12 +258,12 @@ impl Scheduler {
             let Some(id) = self.pick_waiting(kv) else { return };
             let slot = self.requests.slot_of(id).expect("waiting requests exist");
             let r = self.requests.at(slot);
-            let m = kv.cached_prefix_leaving(&r.tokens, r.salt.as_deref(), self.config.min_prompt_piece);
+            let m = kv.cached_prefix(&r.tokens, r.salt.as_deref());
             let remaining = r.tokens.len() - m.cached_tokens;
             if !self.config.chunked_prefill && remaining > budget.tokens {
                 return;
             }
-            let Some(n) = piece(remaining, budget.tokens, self.config.min_prompt_piece) else { return };
+            let n = remaining.min(budget.tokens);
             let cached_blocks = m.cached_tokens / BLOCK_TOKENS;
             let new_blocks = blocks_for(m.cached_tokens + n) - cached_blocks;
             // Acquiring takes idle cached blocks out of the available ones, and promotes host blocks
@@ -281,8 +284,7 @@ impl Scheduler {
                 let mut best: Option<(usize, u64)> = None;
                 for id in self.waiting.ids().take(LONGEST_PREFIX_WINDOW) {
                     let r = self.requests.get(id).expect("waiting requests exist");
-                    let tail = self.config.min_prompt_piece;
-                    let cached = kv.cached_prefix_leaving(&r.tokens, r.salt.as_deref(), tail).cached_tokens;
+                    let cached = kv.cached_prefix(&r.tokens, r.salt.as_deref()).cached_tokens;
                     if best.is_none_or(|(c, _)| cached > c) {
                         best = Some((cached, id));
                     }
@@ -362,18 +364,6 @@ impl Scheduler {
         }
         kv.check()
     }
-}
-
-/// How many of a request's `remaining` tokens a step with `budget` tokens left runs: all of them if
-/// they fit, else a piece that is at least `min_piece` long and leaves at least `min_piece`; `None` when
-/// no such piece fits (the request waits for a step with more room).
-#[inline(always)]
-pub(super) fn piece(remaining: usize, budget: usize, min_piece: usize) -> Option<usize> {
-    if remaining <= budget {
-        return Some(remaining);
-    }
-    let n = budget.min(remaining.saturating_sub(min_piece));
-    (n >= min_piece.max(1)).then_some(n)
 }
 
 /// Puts `n` tokens of request `r` (at `slot`), growing its sequence by `new_blocks`, into step

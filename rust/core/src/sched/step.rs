@@ -8,12 +8,18 @@ use crate::kv::SequenceTable;
 use crate::step::{Logits, StepItem, StepPlan};
 
 use super::output::{ScheduledItem, SchedulerOutput};
+use super::request::Request;
 use super::scheduler::Scheduler;
 
 impl Scheduler {
+    /// An item's request, if it still runs on the item's sequence.
+    fn item_request(&self, it: &ScheduledItem) -> Option<&Request> {
+        self.requests.running_at(it.slot, it.request, it.seq)
+    }
+
     /// An item's tokens, if its request still runs on the item's sequence.
     fn item_tokens(&self, it: &ScheduledItem) -> Option<&[u32]> {
-        let r = self.requests.running_at(it.slot, it.request, it.seq)?;
+        let r = self.item_request(it)?;
         Some(&r.tokens[it.start..it.start + it.num_tokens])
     }
 
@@ -48,9 +54,12 @@ impl Scheduler {
     /// plan. [`commit_plan`](Self::commit_plan) records the tokens once the runner computed them.
     pub fn plan(&self, out: &SchedulerOutput, kv: &mut SequenceTable) -> Result<StepPlan> {
         let items = self.step_items(out)?;
+        // The same items `step_items` kept, in its order: those whose request still runs.
+        let prompt_lens: Vec<usize> =
+            out.items.iter().filter_map(|it| Some(self.item_request(it)?.prompt_len as usize)).collect();
         let growth: Vec<(u64, usize)> = items.iter().map(|it| (it.seq, it.tokens.len())).collect();
         kv.reserve(&growth)?;
-        let mut plan = StepPlan::build(&items, kv)?;
+        let mut plan = StepPlan::build(&items, &prompt_lens, kv)?;
         plan.copies = kv.take_copies();
         Ok(plan)
     }

@@ -1,7 +1,6 @@
 //! Scheduler tests over a model-free [`SequenceTable`]: the step rules, preemption, priorities,
 //! and random workloads that must leave every block free.
 
-use super::scheduler::piece;
 use super::*;
 use crate::error::Error;
 use crate::kv::SequenceTable;
@@ -99,6 +98,29 @@ fn a_full_pool_preempts_the_worst_most_recent_request() {
 }
 
 #[test]
+fn a_plan_marks_where_each_requests_sampled_tokens_start_also_on_recompute() {
+    // As above: request 2 is preempted at 33 tokens (17 of prompt), then recomputed whole.
+    let mut kv = SequenceTable::new(4, 0, false);
+    let mut s = Scheduler::new(config(4, 64)).unwrap();
+    s.add(1, prompt(17), 0, None).unwrap();
+    s.add(2, prompt(17), 0, None).unwrap();
+    for _ in 0..16 {
+        step(&mut s, &mut kv);
+    }
+    let out = s.schedule(&mut kv);
+    assert_eq!(out.preempted, vec![2]);
+    let plan = s.plan(&out, &mut kv).unwrap();
+    assert_eq!((plan.positions.clone(), plan.decode_from.clone()), (vec![32], vec![17]), "1's decode");
+    s.commit_plan(&out, &mut kv).unwrap();
+    s.update(&out, &[7]).unwrap();
+    assert!(s.finish(1, &mut kv));
+    let out = s.schedule(&mut kv);
+    let plan = s.plan(&out, &mut kv).unwrap();
+    assert_eq!(plan.query_start_loc, vec![0, 33]);
+    assert_eq!(plan.decode_from, vec![17], "rows 17.. of the recompute are 2's sampled tokens");
+}
+
+#[test]
 fn the_waiting_queue_refuses_beyond_max_waiting() {
     let mut s = Scheduler::new(SchedulerConfig { max_waiting: Some(2), ..config(1, 8) }).unwrap();
     s.add(1, prompt(3), 0, None).unwrap();
@@ -153,11 +175,8 @@ fn random_workload(seed: u64, caching: bool) {
         chunked_prefill: rng.below(4) != 0,
         priority_aging_steps: 1 + rng.below(8),
         policy: if rng.below(2) == 0 { Policy::Priority } else { Policy::LongestPrefix },
-        min_prompt_piece: 1 + rng.below(2) as usize,
-        ..config(seqs, seqs + 1 + rng.below(40) as usize)
+        ..config(seqs, seqs + rng.below(40) as usize)
     };
-    let min_piece = cfg.min_prompt_piece;
-    let mut prompt_lens = std::collections::HashMap::new();
     let budget = cfg.max_num_batched_tokens;
     let chunked = cfg.chunked_prefill;
     let mut s = Scheduler::new(cfg).unwrap();
@@ -169,7 +188,6 @@ fn random_workload(seed: u64, caching: bool) {
                 let len = 1 + rng.below(max_len as u64) as usize;
                 let shared = rng.below(3) as u32; // few distinct prefixes, so caching hits
                 let p: Vec<u32> = (0..len as u32).map(|i| if i < 20 { shared } else { i }).collect();
-                prompt_lens.insert(next_id, p.len());
                 s.add(next_id, p, rng.below(3) as i32 - 1, None).unwrap();
                 next_id += 1;
             }
@@ -182,17 +200,7 @@ fn random_workload(seed: u64, caching: bool) {
                 }
             }
             _ => {
-                let out = step(&mut s, &mut kv);
-                for it in &out.items {
-                    let prompt_len = prompt_lens[&it.request];
-                    let decode = it.num_tokens == 1 && it.start >= prompt_len;
-                    assert!(
-                        decode || it.num_tokens >= min_piece.min(prompt_len),
-                        "seed {seed}: a {}-token piece at {} of a {prompt_len}-token prompt",
-                        it.num_tokens,
-                        it.start
-                    );
-                }
+                step(&mut s, &mut kv);
                 // Requests that grew too long for the pool finish, as the engine's length limit does.
                 for id in s.running_ids() {
                     if s.request(id).unwrap().tokens.len() >= blocks * 16 / 2 {
@@ -209,40 +217,6 @@ fn random_workload(seed: u64, caching: bool) {
     assert_eq!((s.num_running(), s.num_waiting(), kv.num_sequences()), (0, 0, 0));
     kv.reset_prefix_cache();
     assert_eq!(kv.num_free_blocks(), blocks, "seed {seed}: blocks leaked");
-}
-
-#[test]
-fn a_piece_is_whole_or_leaves_and_takes_at_least_the_minimum() {
-    for min_piece in 1..=3usize {
-        for remaining in 1..40usize {
-            for budget in 1..40 {
-                let cuts = min_piece..=budget.min(remaining.saturating_sub(min_piece));
-                match piece(remaining, budget, min_piece) {
-                    Some(n) if n == remaining => assert!(remaining <= budget),
-                    Some(n) => assert!(cuts.contains(&n) && n == *cuts.end(), "{remaining} {budget} {min_piece}"),
-                    None => assert!(remaining > budget && cuts.is_empty(), "{remaining} {budget} {min_piece}"),
-                }
-                if min_piece == 1 {
-                    assert_eq!(piece(remaining, budget, 1), Some(remaining.min(budget)));
-                }
-            }
-        }
-    }
-}
-
-#[test]
-fn a_cached_prompt_leaves_at_least_the_minimum_piece() {
-    let mut kv = SequenceTable::new(64, 0, true);
-    let cfg = SchedulerConfig { min_prompt_piece: 2, ..config(4, 64) };
-    let mut s = Scheduler::new(cfg).unwrap();
-    s.add(1, prompt(33), 0, None).unwrap();
-    step(&mut s, &mut kv);
-    s.finish(1, &mut kv);
-    s.add(2, prompt(33), 0, None).unwrap(); // 33 = 2 blocks + 1: a one-token rest with the minimum at 1
-    let out = step(&mut s, &mut kv);
-    assert_eq!((out.items[0].start, out.items[0].num_tokens), (16, 17));
-    assert!(Scheduler::new(SchedulerConfig { min_prompt_piece: 0, ..config(4, 64) }).is_err());
-    assert!(Scheduler::new(SchedulerConfig { min_prompt_piece: 17, ..config(4, 64) }).is_err());
 }
 
 #[test]

@@ -14,7 +14,10 @@ pub use crate::kv::TierCopies;
 /// owns tokens `query_start_loc[s]..query_start_loc[s + 1]`, holds `seq_lens[s]` tokens of KV once
 /// they are written, and reads them through row `s` of `block_tables` (`num_seqs x max_blocks`,
 /// row-major, padded with 0). `logits_indices` lists the tokens whose logits the step returns, in
-/// order. `copies` must run before the forward pass.
+/// order. Positions at or past `decode_from[s]` hold tokens the request sampled (its prompt's
+/// length): each was first computed alone in a decode step, and recomputing it after a preemption
+/// takes the same attention path again when a runner routes rows by it. `copies` must run before
+/// the forward pass.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StepPlan {
     pub input_ids: Vec<i32>,
@@ -25,12 +28,17 @@ pub struct StepPlan {
     pub block_tables: Vec<i32>,
     pub max_blocks: usize,
     pub logits_indices: Vec<i32>,
+    pub decode_from: Vec<i32>,
     pub copies: TierCopies,
 }
 
 impl StepPlan {
-    /// The plan of `items` over `table`, whose block tables already cover every item's tokens.
-    pub fn build(items: &[StepItem], table: &SequenceTable) -> Result<StepPlan> {
+    /// The plan of `items` over `table`, whose block tables already cover every item's tokens;
+    /// `decode_from[i]` is item `i`'s request's prompt length.
+    pub fn build(items: &[StepItem], decode_from: &[usize], table: &SequenceTable) -> Result<StepPlan> {
+        if decode_from.len() != items.len() {
+            return Err(Error::Value(format!("{} items but {} decode_from entries", items.len(), decode_from.len())));
+        }
         let tokens: usize = items.iter().map(|it| it.tokens.len()).sum();
         let mut plan = StepPlan {
             input_ids: Vec::with_capacity(tokens),
@@ -38,6 +46,7 @@ impl StepPlan {
             slot_mapping: Vec::with_capacity(tokens),
             query_start_loc: Vec::with_capacity(items.len() + 1),
             seq_lens: Vec::with_capacity(items.len()),
+            decode_from: decode_from.iter().map(|&p| p.min(i32::MAX as usize) as i32).collect(),
             ..StepPlan::default()
         };
         plan.query_start_loc.push(0);
@@ -100,7 +109,7 @@ mod tests {
             StepItem { seq: b, tokens: &prompt, logits: Logits::All },
         ];
         table.reserve(&[(a, 1), (b, 3)]).unwrap();
-        let plan = StepPlan::build(&items, &table).unwrap();
+        let plan = StepPlan::build(&items, &[12, 3], &table).unwrap();
         let ta = &table.get(a).unwrap().block_table;
         let tb = &table.get(b).unwrap().block_table;
         assert_eq!(plan.input_ids, vec![5, 1, 2, 3]);
@@ -112,6 +121,7 @@ mod tests {
         assert_eq!(plan.max_blocks, 2);
         assert_eq!(plan.block_tables, vec![ta[0] as i32, ta[1] as i32, tb[0] as i32, 0]);
         assert_eq!(plan.logits_indices, vec![0, 1, 2, 3]);
+        assert_eq!(plan.decode_from, vec![12, 3]);
     }
 
     #[test]
@@ -120,6 +130,9 @@ mod tests {
         let a = table.add_sequence();
         let tokens = [1; 17];
         let items = [StepItem { seq: a, tokens: &tokens, logits: Logits::Last }];
-        assert!(StepPlan::build(&items, &table).is_err());
+        assert!(StepPlan::build(&items, &[17], &table).is_err());
+        table.reserve(&[(a, 17)]).unwrap();
+        assert!(StepPlan::build(&items, &[], &table).is_err(), "one decode_from per item");
+        assert!(StepPlan::build(&items, &[17], &table).is_ok());
     }
 }
