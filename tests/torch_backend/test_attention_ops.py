@@ -22,6 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'oxibonsai[torch]')")
 
+from oxibonsai.torch_backend.batch import decode_rows  # noqa: E402
 from oxibonsai.torch_backend.ops import ref_torch  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where the Triton kernels run
@@ -194,3 +195,56 @@ def test_no_queries(attn_triton: ModuleType, rng: np.random.Generator) -> None:
     for impl, device in ((ref_torch, "cpu"), (attn_triton, DEVICE)):
         out = impl.paged_attention(*case.args(device), 0.5)
         assert out.shape == case.q.shape and (out == 0).all()
+
+
+# (KV lengths, query lengths, decode_from): a recompute piece (2 prompt rows, then 10 sampled tokens),
+# a whole recompute (20 prompt rows, 13 sampled), a prompt piece, a decode, a one-row prompt piece.
+RECOMPUTE = ([40, 33, 20, 36, 18], [12, 33, 5, 1, 1], [30, 20, 25, 7, 18])
+
+
+def lone(attn_triton: ModuleType, case: PagedCase, seq: int, rows: slice, decode_from: int) -> torch.Tensor:
+    """Rows ``rows`` of sequence ``seq``'s piece run as the only sequence of a step, ending at the last
+    of them."""
+    starts = case.query_start_loc.tolist()
+    first, end = starts[seq] + rows.start, starts[seq] + rows.stop
+    kv_len = int(case.seq_lens[seq]) - (starts[seq + 1] - end)
+    lens = torch.tensor([kv_len], dtype=torch.int32)
+    args = (case.q[first:end], case.k_cache, case.v_cache, case.block_tables[seq : seq + 1], lens,
+            torch.tensor([0, end - first], dtype=torch.int32))  # fmt: skip
+    out = attn_triton.paged_attention(
+        *(t.to(DEVICE) for t in args),
+        0.2,
+        decode_from=torch.tensor([decode_from], dtype=torch.int32, device=DEVICE),
+    )
+    return out.cpu()
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["host-counts", "no-host-counts"])
+def test_decode_from_sends_sampled_rows_to_the_decode_kernel_bit_for_bit(
+    attn_triton: ModuleType, rng: np.random.Generator, known: bool
+) -> None:
+    """Rows at or past ``decode_from`` get the bits they get alone in a decode step, also when a
+    piece holds many of them (a preempted request's recompute); the rows before it the bits of the
+    prompt rows alone. (Two splits make the decode kernel's sums differ from the prefill kernel's
+    from 33 positions on, so routing a sampled row to the prefill kernel fails this.)"""
+    kv_lens, q_lens, decode_from = RECOMPUTE
+    case = make_case(rng, (kv_lens, q_lens), (4, 2))
+    if known:
+        starts = case.query_start_loc.numpy()
+        rows = torch.from_numpy(decode_rows(starts, np.array(kv_lens), np.array(decode_from))).to(DEVICE)
+        assert rows.shape[0] == sum(q_lens) - 28, "28 prompt rows"
+    hints = {"max_q_len": max(q_lens), "decode_rows": rows} if known else {}
+    out = attn_triton.paged_attention(
+        *case.args(DEVICE), 0.2, decode_from=torch.tensor(decode_from, dtype=torch.int32, device=DEVICE),
+        max_splits=2, precision="ieee", **hints,
+    ).cpu()  # fmt: skip
+    check(out, ref_torch.paged_attention(*case.args(), 0.2))
+    starts = case.query_start_loc.tolist()
+    for seq, (kv_len, q_len, boundary) in enumerate(zip(*RECOMPUTE, strict=True)):
+        prompt_rows = min(max(boundary - (kv_len - q_len), 0), q_len)
+        if prompt_rows:
+            want = lone(attn_triton, case, seq, slice(0, prompt_rows), kv_len)
+            assert torch.equal(out[starts[seq] : starts[seq] + prompt_rows], want)
+        for row in range(prompt_rows, q_len):
+            want = lone(attn_triton, case, seq, slice(row, row + 1), 0)
+            assert torch.equal(out[starts[seq] + row], want[0]), f"sequence {seq}, row {row}"

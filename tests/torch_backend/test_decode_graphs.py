@@ -67,7 +67,7 @@ def random_decode_step(
     blocks = rng.permutation(num_blocks)
     seqs, used = [], 0
     for _ in range(n):
-        context = int(rng.integers(0, 16 * max_blocks))
+        context = int(rng.integers(1, 16 * max_blocks))  # a sampled token follows at least its prompt
         count = context // 16 + 1
         seqs.append((blocks[used : used + count].tolist(), context, [int(rng.integers(0, vocab))], "last"))
         used += count
@@ -110,6 +110,9 @@ def test_only_plain_decode_steps_fit(tiny_model, rng):
     assert not is_plain_decode(prefill) and not graphs.fits(prefill)
     no_logits = StepBatch.for_sequences([([0], 3, [1], "none")])
     assert not graphs.fits(no_logits)
+    one_token_prompt = StepBatch.for_sequences([([0], 0, [1], "last")])
+    assert not graphs.fits(one_token_prompt), "a prompt row runs eagerly, through the prefill kernel"
+    assert not graphs.fits(StepBatch.for_sequences([([0], 3, [1], "last", 4)])), "a last prompt row"
     with pytest.raises(ValueError, match="CUDA"):
         DecodeGraphs(model, pool, max_num_seqs=4, max_model_len=64, capture=True)
 

@@ -327,9 +327,30 @@ def test_step_batch_layout():
     assert b.seq_lens.tolist() == [17, 1, 32]
     assert b.block_tables.tolist() == [[4, 9, 0], [2, 0, 0], [7, 3, 8]]
     assert b.logits_indices.tolist() == [0, 1, 2, 3]
+    assert b.decode_from.tolist() == [17, 1, 32], "by default every run of tokens is prompt"
     dtypes = [b.input_ids, b.positions, b.query_start_loc, b.seq_lens, b.block_tables, b.logits_indices]
     assert all(a.dtype == np.int32 for a in dtypes) and b.slot_mapping.dtype == np.int64
     assert (b.num_tokens, b.num_seqs) == (6, 3)
+    assert b.decode_rows().shape == (0, 2)
+
+
+def test_decode_rows_are_the_rows_at_or_past_decode_from(rng):
+    """Against a plain loop, on random plans: sequences of 1-20 new tokens after 0-40 of context, with
+    ``decode_from`` anywhere from 0 to past the end, and the default (a lone token after a context)."""
+    seqs = []
+    for _ in range(int(rng.integers(1, 12))):
+        context, n = int(rng.integers(0, 41)), int(rng.integers(1, 21))
+        decode_from = int(rng.integers(0, context + n + 2)) if rng.random() < 0.7 else None
+        plan = ([0, 1, 2, 3], context, [1] * n, "last")
+        seqs.append(plan if decode_from is None else (*plan, decode_from))
+    b = StepBatch.for_sequences(seqs)
+    want = []
+    for s, (row0, end) in enumerate(zip(b.query_start_loc[:-1], b.query_start_loc[1:], strict=True)):
+        want += [[r, s] for r in range(row0, end) if b.positions[r] >= b.decode_from[s]]
+    rows = b.decode_rows()
+    assert rows.dtype == np.int32 and rows.tolist() == want
+    lone = [i for i, seq in enumerate(seqs) if len(seq) == 4 and seq[1] > 0 and len(seq[2]) == 1]
+    assert all([b.query_start_loc[i], i] in want for i in lone), "a lone token after a context decodes"
 
 
 @pytest.mark.parametrize(
@@ -340,6 +361,7 @@ def test_step_batch_layout():
         ([([0], 10, [1] * 7, True)], "cannot hold 17 tokens"),
         ([([0, -1], 10, [1] * 7, True)], "cannot hold 17 tokens"),
         ([([0], 0, [1], "first")], "want_logits"),
+        ([([0], 0, [1], "last", -1)], "decode_from"),
     ],
 )
 def test_step_batch_rejects_impossible_plans(seqs, message):
@@ -355,6 +377,8 @@ def test_step_batch_checks_dtypes_and_lengths():
         replace(b, slot_mapping=b.slot_mapping[:1])
     with pytest.raises(ValueError, match="S\\+1"):
         replace(b, query_start_loc=b.query_start_loc[:1])
+    with pytest.raises(ValueError, match="decode_from needs one entry per sequence"):
+        replace(b, decode_from=np.zeros(2, dtype=np.int32))
 
 
 def test_to_device_on_the_cpu_shares_the_arrays_even_read_only_ones():

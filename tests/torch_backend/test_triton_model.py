@@ -95,11 +95,9 @@ def first_logprobs(llm, prompt: list[int]) -> tuple[list[int], list[float]]:
 
 
 def test_cached_and_chunked_prompts_give_the_uncached_bits(small_model, monkeypatch, rng):
-    """With the Triton op set the scheduler never leaves a one-token prompt piece (the decode kernel's
-    case; the Rust tests check the rule itself): a 33-token prompt (2 blocks + 1) run again on its
-    cached prefix reuses 1 block, not 2, and it and a run cut into chunks by a small token budget give
-    the logprobs of a whole uncached run bit for bit. (In the interpreter the two attention kernels
-    happen to agree on this case, so the bits alone would not catch a one-token piece.)"""
+    """Every prompt row takes the prefill kernel however the prompt was cut: a 33-token prompt (2
+    blocks + 1) run again on its cached prefix (2 blocks reused: a one-row rest), and run in chunks of
+    16 + 16 + 1 by a small token budget, gives the logprobs of a whole uncached run bit for bit."""
     import oxibonsai as ob
 
     monkeypatch.setenv("OXIBONSAI_TORCH_OPS", "triton")
@@ -117,21 +115,74 @@ def test_cached_and_chunked_prompts_give_the_uncached_bits(small_model, monkeypa
     cached_llm = ob.LLM(small_model, **args, enable_prefix_caching=True)
     assert first_logprobs(cached_llm, prompt) == whole
     assert first_logprobs(cached_llm, prompt) == whole  # on the cached prefix now
-    assert cached_llm.cache_stats()["hit_tokens"] == 16  # 2 blocks cached; reusing both would leave 1
-    chunked = ob.LLM(small_model, **args, enable_prefix_caching=False, max_num_batched_tokens=17)
-    assert first_logprobs(chunked, prompt) == whole  # 17 + 16, not 17 + 15 + 1
+    assert cached_llm.cache_stats()["hit_tokens"] == 32
+    chunked = ob.LLM(small_model, **args, enable_prefix_caching=False, max_num_batched_tokens=16)
+    assert first_logprobs(chunked, prompt) == whole
 
 
-def test_a_one_token_budget_lifts_the_minimum_piece(small_model, monkeypatch):
-    """The runner never asks the scheduler for a minimum piece larger than the step budget."""
+def test_a_one_token_budget_runs_a_prompt_row_by_row_with_the_same_bits(small_model, monkeypatch, rng):
+    """Five one-row prompt pieces, each through the prefill kernel: the bits of the whole prompt."""
     import oxibonsai as ob
 
     monkeypatch.setenv("OXIBONSAI_TORCH_OPS", "triton")
-    llm = ob.LLM(small_model, device=DEVICE, runner="torch", max_model_len=32, max_num_seqs=1,
-                 max_num_batched_tokens=1)  # fmt: skip
-    params = ob.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-    out = llm.generate([{"prompt_token_ids": [1, 2, 3]}], params, use_tqdm=False)[0].outputs[0]
-    assert len(out.token_ids) == 2
+    args = {"device": DEVICE, "runner": "torch", "max_model_len": 32, "max_num_seqs": 1}
+    prompt = [int(t) for t in rng.integers(0, 500, 5)]
+    whole = first_logprobs(ob.LLM(small_model, **args), prompt)
+    assert first_logprobs(ob.LLM(small_model, **args, max_num_batched_tokens=1), prompt) == whole
+
+
+def test_sampled_rows_recomputed_in_one_piece_get_their_decode_step_logits(small_model, monkeypatch, rng):
+    """A 40-token prompt then 8 one-token decode steps, against the same 48 tokens recomputed in one
+    piece with ``decode_from`` 40 (as after a preemption): every row's logits, bit for bit. (From 33
+    positions on the interpreter's two decode splits round differently from the prefill kernel: with
+    ``decode_from`` 48 most of rows 40-47 differ.)"""
+    monkeypatch.setenv("OXIBONSAI_TORCH_OPS", "triton")
+    monkeypatch.setenv("OXIBONSAI_Q1_ARITHMETIC", "exact")
+    model = TorchQwen3.from_gguf(small_model, DEVICE, ops=ops_for(DEVICE))
+    tokens = [int(t) for t in rng.integers(0, model.config.vocab, 48)]
+
+    def run(pool, start, new, decode_from):
+        batch = StepBatch.for_sequences([([0, 1, 2], start, new, "all", decode_from)])
+        return model.forward(batch.to_device(DEVICE), pool).cpu()
+
+    pool = model.new_kv_pool(3)
+    stepwise = [run(pool, 0, tokens[:40], 40)]
+    stepwise += [run(pool, pos, [tokens[pos]], 40) for pos in range(40, 48)]
+    assert torch.equal(run(model.new_kv_pool(3), 0, tokens, 40), torch.cat(stepwise))
+
+
+@pytest.fixture(scope="module")
+def two_layer_model(tmp_path_factory: pytest.TempPathFactory, model_seed: int) -> Path:
+    cfg = tiny_config(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=64, ffn_size=128)
+    return write_tiny(tmp_path_factory.mktemp("models") / "two_layers.gguf", model_seed + 8, cfg=cfg)
+
+
+def test_a_preempted_request_recomputes_to_its_unpreempted_bits(two_layer_model, monkeypatch, rng):
+    """A 20-token and a 40-token request fill a 5-block pool (2 + 3 blocks); at position 48 the second
+    preempts itself, and once the first finished it recomputes its prompt and 9 sampled tokens in one
+    piece: its tokens and logprobs are those of a run alone, bit for bit. (Two layers: the last row's
+    logits then depend on the attention of every recomputed row, which the test above shows differs
+    in the prefill kernel.)"""
+    import oxibonsai as ob
+
+    monkeypatch.setenv("OXIBONSAI_TORCH_OPS", "triton")
+    monkeypatch.setenv("OXIBONSAI_Q1_ARITHMETIC", "exact")
+    args = {"device": DEVICE, "runner": "torch", "max_model_len": 64, "kv_cache_dtype": "f32",
+            "enable_prefix_caching": False}  # fmt: skip
+    vocab = TorchQwen3.from_gguf(two_layer_model, "cpu", ops=ref_torch).config.vocab
+    prompts = [{"prompt_token_ids": [int(t) for t in rng.integers(0, vocab, n)]} for n in (20, 40)]
+    params = [ob.SamplingParams(max_tokens=n, temperature=0.0, logprobs=0, ignore_eos=True) for n in (12, 10)]
+    tight = ob.LLM(two_layer_model, **args, max_num_seqs=2, kv_cache_blocks=5)
+    batched = bits(tight.generate(prompts, params, use_tqdm=False))
+    assert tight.metrics()["scheduler"]["preemptions"] == 1
+    alone = ob.LLM(two_layer_model, **args, max_num_seqs=1)
+    assert batched[1] == bits(alone.generate(prompts[1], params[1], use_tqdm=False))[0]
+
+
+def bits(outs) -> list[tuple[list[int], list[float]]]:
+    """Each request's tokens and their logprobs."""
+    return [(o.token_ids, [e[t].logprob for e, t in zip(o.logprobs, o.token_ids, strict=True)])
+            for o in (out.outputs[0] for out in outs)]  # fmt: skip
 
 
 def test_requests_batched_by_the_engine_get_their_alone_bits(small_model, monkeypatch, rng):
@@ -145,10 +196,6 @@ def test_requests_batched_by_the_engine_get_their_alone_bits(small_model, monkey
     vocab = TorchQwen3.from_gguf(small_model, "cpu", ops=ref_torch).config.vocab
     prompts = [[int(t) for t in rng.integers(0, vocab, n)] for n in (5, 17, 30)]
     params = ob.SamplingParams(max_tokens=4, temperature=0.0, logprobs=0, ignore_eos=True)
-
-    def bits(outs):
-        return [(o.token_ids, [e[t].logprob for e, t in zip(o.logprobs, o.token_ids, strict=True)])
-                for o in (out.outputs[0] for out in outs)]  # fmt: skip
 
     together = ob.LLM(small_model, **args, max_num_seqs=3, max_num_batched_tokens=12)
     batched = bits(together.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False))

@@ -5,7 +5,9 @@ A step is a flat run of ``T`` new tokens from ``S`` sequences (prefill, chunked 
 all "n tokens of sequence s"). Sequence ``s`` owns rows ``query_start_loc[s]:query_start_loc[s+1]``; its
 KV length after the step is ``seq_lens[s]``; its tokens' K/V go to ``slot_mapping`` (``block * 16 +
 offset``) and attention reads them back through ``block_tables[s]``. Only the rows in
-``logits_indices`` reach the LM head.
+``logits_indices`` reach the LM head. Rows at positions ``>= decode_from[s]`` are tokens the request
+sampled (``decode_from`` is its prompt's length): attention computes them as decode rows, as when each
+was first computed alone, also when a preempted request recomputes them in one piece.
 
 This module owns the layout of that plan and nothing else: it never runs a model, never allocates KV
 blocks (the Rust core does) and imports torch only inside ``to_device``, so it can be imported without
@@ -28,6 +30,11 @@ if TYPE_CHECKING:
 """Tokens per KV block: the Rust core's block size and the pool's second dimension."""
 
 LogitRows = Literal["none", "last", "all"]
+# (block_table, context_len, new_tokens, want_logits), optionally with decode_from last
+SequenceStep = (
+    tuple[Sequence[int], int, Sequence[int], bool | LogitRows]
+    | tuple[Sequence[int], int, Sequence[int], bool | LogitRows, int]
+)
 
 # name -> (dtype, ndim) of every field, in declaration order (shared by StepBatch and DeviceBatch).
 FIELD_LAYOUT: dict[str, tuple[type[np.integer[Any]], int]] = {
@@ -38,6 +45,7 @@ FIELD_LAYOUT: dict[str, tuple[type[np.integer[Any]], int]] = {
     "seq_lens": (np.int32, 1),
     "block_tables": (np.int32, 2),
     "logits_indices": (np.int32, 1),
+    "decode_from": (np.int32, 1),
 }
 
 
@@ -52,6 +60,7 @@ class StepBatch:
     seq_lens: np.ndarray  # int32 [S]: KV length after the step
     block_tables: np.ndarray  # int32 [S, max_blocks], padded with 0
     logits_indices: np.ndarray  # int32 [R]: rows of T whose logits are returned, in order
+    decode_from: np.ndarray  # int32 [S]: the first position of the sequence's sampled tokens
 
     def __post_init__(self) -> None:
         """Checks dtypes and how the lengths fit together (cheap; the values are the core's)."""
@@ -67,6 +76,8 @@ class StepBatch:
             raise ValueError("StepBatch: input_ids, positions and slot_mapping differ in length")
         if self.query_start_loc.shape[0] != s + 1 or self.block_tables.shape[0] != s:
             raise ValueError("StepBatch: query_start_loc needs S+1 entries and block_tables S rows")
+        if self.decode_from.shape[0] != s:
+            raise ValueError("StepBatch: decode_from needs one entry per sequence")
 
     @property
     def num_tokens(self) -> int:
@@ -77,14 +88,13 @@ class StepBatch:
         return int(self.seq_lens.shape[0])
 
     @classmethod
-    def for_sequences(
-        cls, seqs: Sequence[tuple[Sequence[int], int, Sequence[int], bool | LogitRows]]
-    ) -> StepBatch:
-        """A plan from ``(block_table, context_len, new_tokens, want_logits)`` per sequence:
-        ``context_len`` tokens are already in the KV blocks, ``new_tokens`` run now at the following
-        positions. ``want_logits``: ``True`` (or ``"all"``) returns every new row's logits, as
-        ``LLM.logits`` needs; ``"last"`` the last row only, as sampling needs; ``False``/``"none"``
-        none."""
+    def for_sequences(cls, seqs: Sequence[SequenceStep]) -> StepBatch:
+        """A plan from ``(block_table, context_len, new_tokens, want_logits[, decode_from])`` per
+        sequence: ``context_len`` tokens are already in the KV blocks, ``new_tokens`` run now at the
+        following positions. ``want_logits``: ``True`` (or ``"all"``) returns every new row's logits,
+        as ``LLM.logits`` needs; ``"last"`` the last row only, as sampling needs; ``False``/``"none"``
+        none. ``decode_from`` (the prompt's length) defaults to: a lone new token after a context is
+        a sampled one (a decode step), any other run of tokens is prompt."""
         if not seqs:
             raise ValueError("a step needs at least one sequence")
         plans = [_plan_sequence(i, *seq) for i, seq in enumerate(seqs)]
@@ -102,6 +112,7 @@ class StepBatch:
             seq_lens=np.array([p.seq_len for p in plans], dtype=np.int32),
             block_tables=tables,
             logits_indices=np.concatenate(logit_rows).astype(np.int32),
+            decode_from=np.array([p.decode_from for p in plans], dtype=np.int32),
         )
 
     @classmethod
@@ -114,15 +125,20 @@ class StepBatch:
         """The most new tokens any sequence has in this step (1 for a pure decode step)."""
         return int(np.diff(self.query_start_loc).max()) if self.seq_lens.shape[0] else 0
 
+    def decode_rows(self) -> np.ndarray:
+        """int32 ``[D, 2]``: the (row, sequence) of every row at or past its ``decode_from``."""
+        return decode_rows(self.query_start_loc, self.seq_lens, self.decode_from)
+
     def to_device(self, device: torch.device | str) -> DeviceBatch:
         """The same arrays as torch tensors on ``device``: shared memory on the CPU (no copies),
-        ``non_blocking`` copies elsewhere; ``max_query_len`` read here, on the host, so kernels never
-        synchronize to learn it."""
+        ``non_blocking`` copies elsewhere; ``max_query_len`` and ``decode_rows`` worked out here, on
+        the host, so kernels never synchronize to learn them."""
         import torch
 
         target = torch.device(device)
         tensors = {f.name: _to_tensor(getattr(self, f.name), target) for f in fields(self)}
-        return DeviceBatch(**tensors, max_query_len=self.max_query_len)
+        rows = _to_tensor(self.decode_rows(), target)
+        return DeviceBatch(**tensors, decode_rows=rows, max_query_len=self.max_query_len)
 
 
 @dataclass(frozen=True)
@@ -136,6 +152,8 @@ class DeviceBatch:
     seq_lens: torch.Tensor
     block_tables: torch.Tensor
     logits_indices: torch.Tensor
+    decode_from: torch.Tensor
+    decode_rows: torch.Tensor | None = None  # int32 [D, 2] (StepBatch.decode_rows); None: unknown
     max_query_len: int | None = None  # None: unknown (the kernels read it on the device)
 
     @property
@@ -147,6 +165,17 @@ class DeviceBatch:
         return self.input_ids.device
 
 
+def decode_rows(query_start_loc: np.ndarray, seq_lens: np.ndarray, decode_from: np.ndarray) -> np.ndarray:
+    """int32 ``[D, 2]``, in row order: (row, sequence) of every row whose position is at or past its
+    sequence's ``decode_from`` (the rows attention computes as decode rows)."""
+    q_lens = np.diff(query_start_loc)
+    seq_of_row = np.repeat(np.arange(q_lens.shape[0], dtype=np.int32), q_lens)
+    rows = np.arange(query_start_loc[0], query_start_loc[-1], dtype=np.int32)
+    positions = (seq_lens - q_lens)[seq_of_row] + rows - query_start_loc[:-1][seq_of_row]
+    keep = positions >= decode_from[seq_of_row]
+    return np.stack([rows[keep], seq_of_row[keep]], axis=1).astype(np.int32)
+
+
 @dataclass(frozen=True)
 class _SequencePlan:
     block_table: np.ndarray
@@ -155,6 +184,7 @@ class _SequencePlan:
     slots: np.ndarray
     seq_len: int
     logit_rows: np.ndarray
+    decode_from: int
 
 
 def _plan_sequence(
@@ -163,6 +193,7 @@ def _plan_sequence(
     context_len: int,
     new_tokens: Sequence[int],
     want_logits: bool | LogitRows,
+    decode_from: int | None = None,
 ) -> _SequencePlan:
     table = np.asarray(block_table, dtype=np.int64).reshape(-1)
     tokens = np.asarray(new_tokens, dtype=np.int64).reshape(-1)
@@ -177,7 +208,11 @@ def _plan_sequence(
     positions = np.arange(context_len, seq_len, dtype=np.int64)
     slots = table[positions // BLOCK_TOKENS] * BLOCK_TOKENS + positions % BLOCK_TOKENS
     rows = _logit_rows(index, tokens.size, want_logits)
-    return _SequencePlan(table, tokens, positions, slots, seq_len, rows)
+    if decode_from is None:
+        decode_from = context_len if tokens.size == 1 and context_len > 0 else seq_len
+    if decode_from < 0:
+        raise ValueError(f"sequence {index}: decode_from must be >= 0, got {decode_from}")
+    return _SequencePlan(table, tokens, positions, slots, seq_len, rows, decode_from)
 
 
 def _logit_rows(index: int, n: int, want: bool | LogitRows) -> np.ndarray:

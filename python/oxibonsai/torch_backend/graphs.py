@@ -12,7 +12,9 @@ its ``n`` sequences. The padding rules:
 - block tables are padded with zeros to ``blocks_for(max_model_len)`` columns; kernels read only the
   positions below each sequence's KV length;
 - every row is its own sequence, so ``query_start_loc`` is ``0..bucket`` and ``logits_indices``
-  ``0..bucket - 1``; the step's logits are the first ``n`` rows of the bucket's output.
+  ``0..bucket - 1``; the step's logits are the first ``n`` rows of the bucket's output;
+- every row is a sampled token (``decode_from`` 0 for all, padding included): a step with a prompt row,
+  such as a one-token prompt, is not a plain decode and runs eagerly.
 
 Every op of the forward pass is row-wise or per sequence, so padding rows never change a real row,
 and a bucket launches the Q1 kernel and tile height an eager step of ``n`` rows picks (the f16x2 GEMV
@@ -53,9 +55,11 @@ def decode_buckets(max_num_seqs: int) -> tuple[int, ...]:
 
 
 def is_plain_decode(batch: StepBatch) -> bool:
-    """Whether ``batch`` is a step graphs can run: one token and one logits row per sequence."""
+    """Whether ``batch`` is a step graphs can run: one token and one logits row per sequence, every
+    token a sampled one (no prompt row)."""
     n = batch.num_seqs
-    return n > 0 and batch.num_tokens == n and batch.logits_indices.shape[0] == n
+    plain = n > 0 and batch.num_tokens == n and batch.logits_indices.shape[0] == n
+    return plain and batch.decode_rows().shape[0] == n
 
 
 class _Layout:
@@ -71,13 +75,17 @@ class _Layout:
         self.seq_lens = slice(4 * b, 5 * b)
         self.query_start_loc = slice(5 * b, 6 * b + 1)
         self.logits_indices = slice(6 * b + 1, 7 * b + 1)
-        self.tables = slice(7 * b + 1, 7 * b + 1 + b * max_blocks)
+        self.decode_from = slice(7 * b + 1, 8 * b + 1)
+        self.decode_rows = slice(8 * b + 1, 10 * b + 1)  # (i, i) for row i
+        self.tables = slice(10 * b + 1, 10 * b + 1 + b * max_blocks)
         self.words = self.tables.stop
 
     def constants(self, buffer: np.ndarray) -> None:
-        """Fields no step changes: one sequence per row."""
+        """Fields no step changes: one sequence per row, every row a sampled token."""
         buffer[self.query_start_loc] = np.arange(self.max_batch + 1, dtype=np.int32)
         buffer[self.logits_indices] = np.arange(self.max_batch, dtype=np.int32)
+        buffer[self.decode_from] = 0
+        buffer[self.decode_rows] = np.repeat(np.arange(self.max_batch, dtype=np.int32), 2)
 
     def fill(self, buffer: np.ndarray, batch: StepBatch, bucket: int) -> None:
         """The step's rows, then padding rows up to ``bucket`` (see the module doc)."""
@@ -107,6 +115,8 @@ class _Layout:
             seq_lens=words[self.seq_lens][:bucket],
             block_tables=tables[:bucket],
             logits_indices=words[self.logits_indices][:bucket],
+            decode_from=words[self.decode_from][:bucket],
+            decode_rows=words[self.decode_rows].view(self.max_batch, 2)[:bucket],
             max_query_len=1,
         )
 

@@ -101,8 +101,9 @@ class TorchQwen3:
         )  # fmt: skip
         tables, lens, starts = batch.block_tables, batch.seq_lens, batch.query_start_loc
         out = ops.paged_attention(
-            q, k_cache, v_cache, tables, lens, starts, self.scale, max_q_len=batch.max_query_len
-        )
+            q, k_cache, v_cache, tables, lens, starts, self.scale, decode_from=batch.decode_from,
+            decode_rows=batch.decode_rows, max_q_len=batch.max_query_len,
+        )  # fmt: skip
         return self._linear(out.reshape(x.shape[0], c.q_dim), layer.wo, residual=x)
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:

@@ -1,24 +1,27 @@
 """Triton paged attention over a block table: the twin of ``ref_torch.paged_attention``.
 
-Two kernels, each for its own sequences: a sequence with one query row (a decode step, or a one-token
-prompt or chunk) always goes through the decode kernel, one with more through the prefill kernel,
-whatever else the step holds, so a row's bits never depend on the batch (with the exact Q1 matmuls,
-a request's greedy tokens are the same alone and batched). The scheduler never cuts a prompt into a
-one-row piece or rest (``MIN_PROMPT_PIECE``), so every prompt row takes the prefill kernel whether the
-prompt was cached, chunked or run whole. A step whose host-side maximum query length is 1 launches
-the decode kernel only; any other step launches both.
+Two kernels, each for its own rows: a row at or past its sequence's ``decode_from`` (a token the
+request sampled) goes through the decode kernel, any other (a prompt row) through the prefill kernel,
+whatever else the step holds. A sampled token is first computed alone in a decode step, so it takes the
+decode kernel then and again if a preempted request recomputes it within a longer piece; a prompt row
+takes the prefill kernel whether the prompt was cached, chunked or run whole. So a row's bits never
+depend on the batch or on how its sequence was cut (with the exact Q1 matmuls, a request's greedy tokens
+are the same alone, batched, cached or preempted). A step with no prompt rows launches the decode
+kernels only, one with no decode rows the prefill kernel only.
 
-- decode (sequences with exactly one query row): split-KV. One program per (sequence, KV head,
-  split) computes all ``GROUP`` query heads that share the KV head, over a slice of the sequence's
-  positions; a second kernel merges the ``MAX_SPLITS`` partial results by their log-sum-exp. The grid
-  depends only on the batch shape, never on the sequence lengths;
-- prefill/extend (sequences with two query rows or more): causal flash attention of a sequence's new
-  rows against its whole cached KV. Query heads of one KV head are packed along the tile's rows (row
-  ``r`` is query ``r // GROUP``, head ``r % GROUP``), and a tile stops at its last row's position.
+- decode (the rows at or past ``decode_from``, one per sequence in a decode step; the host lists them
+  as ``decode_rows``, (row, sequence) pairs): split-KV. One program per (decode row, KV head, split)
+  computes all ``GROUP`` query heads that share the KV head over a slice of the row's positions; a
+  second kernel merges the ``MAX_SPLITS`` partial results by their log-sum-exp. The split of a row's
+  positions depends only on its own KV length, the grid only on the batch shape;
+- prefill/extend (the rows before ``decode_from``): causal flash attention of a sequence's prompt rows
+  against its whole cached KV. Query heads of one KV head are packed along the tile's rows (row ``r``
+  is query ``r // GROUP``, head ``r % GROUP``), KV tiles start at position 0, and a tile stops at its
+  last row's position (fully masked KV tiles leave a row's sums unchanged, bit for bit).
 
 Both read KV position ``p`` of sequence ``s`` at block ``block_tables[s, p // block_size]``, slot
-``p % block_size``, and mask every position at or past ``seq_lens[s]``: entries beyond a sequence's
-blocks are never loaded. Scores, softmax and sums are float32 whatever the cache dtype."""
+``p % block_size``, and mask every position past the row's own: entries beyond a sequence's blocks
+are never loaded. Scores, softmax and sums are float32 whatever the cache dtype."""
 
 from __future__ import annotations
 
@@ -26,9 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-# The scheduler's min_prompt_piece for this attention (a runner passes it on): no prompt piece or rest
-# of one row, so a prompt row never takes the decode kernel because of how the prompt was cut or cached.
-MIN_PROMPT_PIECE = 2
+from oxibonsai.torch_backend import batch
+
 PRECISIONS = ("ieee", "tf32")  # tl.dot's: exact float32 (FMAs), or tensor cores on inputs rounded to tf32
 GPU_PRECISION = "tf32"  # the default on CUDA: "ieee" needs 255 registers and spills in prefill (sm_90)
 DECODE_BLOCK_N = 32  # KV positions per decode tile
@@ -61,92 +63,109 @@ def _online_softmax_step(scores, v, m_i, l_i, acc, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _sequence_rows(qsl_ptr, seq_lens_ptr, decode_from_ptr, seq):
+    """Sequence ``seq``'s rows: (first, first decode row, end, KV length after its last row)."""
+    row0 = tl.load(qsl_ptr + seq)
+    end = tl.load(qsl_ptr + seq + 1)
+    kv_len = tl.load(seq_lens_ptr + seq)
+    prompt = tl.load(decode_from_ptr + seq) - (kv_len - (end - row0))  # prompt rows among the new
+    return row0, row0 + tl.minimum(tl.maximum(prompt, 0), end - row0), end, kv_len
+
+
+@triton.jit
+def _decode_row(decode_rows_ptr, qsl_ptr, seq_lens_ptr, item):
+    """Decode item ``item``: (its row, its sequence, the row's KV length: its position + 1)."""
+    row = tl.load(decode_rows_ptr + 2 * item)
+    seq = tl.load(decode_rows_ptr + 2 * item + 1)
+    kv_len = tl.load(seq_lens_ptr + seq) - (tl.load(qsl_ptr + seq + 1) - 1 - row)
+    return row, seq, kv_len
+
+
+@triton.jit
 def _decode_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, seq_lens_ptr, qsl_ptr, mid_o_ptr, mid_lse_ptr,
-    scale, head_dim,
+    q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, seq_lens_ptr, qsl_ptr, decode_rows_ptr, mid_o_ptr,
+    mid_lse_ptr, scale, head_dim,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_table,
     stride_mt, stride_mh, stride_ms,
     GROUP: tl.constexpr, PAGE: tl.constexpr, MAX_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Partial output and log-sum-exp of split ``program_id(2)`` for the heads of one KV head."""
-    seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    row = tl.load(qsl_ptr + seq)
-    kv_len = tl.load(seq_lens_ptr + seq)
-    if tl.load(qsl_ptr + seq + 1) == row + 1:  # one query row; the prefill kernel takes the others
-        per_split = tl.cdiv(tl.cdiv(kv_len, MAX_SPLITS), BLOCK_N) * BLOCK_N
-        start = split * per_split
-        end = tl.minimum(start + per_split, kv_len)
-        heads = kv_head * GROUP + tl.arange(0, BLOCK_H)
-        mask_h = tl.arange(0, BLOCK_H) < GROUP
-        offs_d = tl.arange(0, BLOCK_D)
-        mask_d = offs_d < head_dim
-        q_ptrs = q_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
-        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-        table_ptr = tables_ptr + seq * stride_table
-        for first in range(start, end, BLOCK_N):
-            pos = first + tl.arange(0, BLOCK_N)
-            valid = pos < end
-            k = _load_kv(k_cache_ptr, table_ptr, pos, valid, kv_head, offs_d, mask_d,
-                         stride_kb, stride_ks, stride_kh, PAGE)  # fmt: skip
-            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-            scores = tl.where(valid[None, :], scores, float("-inf"))
-            v = _load_kv(v_cache_ptr, table_ptr, pos, valid, kv_head, offs_d, mask_d,
-                         stride_vb, stride_vs, stride_vh, PAGE)  # fmt: skip
-            m_i, l_i, acc = _online_softmax_step(scores, v, m_i, l_i, acc, PRECISION)
-        nonempty = l_i > 0
-        sums = tl.where(nonempty, l_i, 1.0)  # an empty split has l_i = 0 and acc = 0
-        out = acc / sums[:, None]
-        lse = tl.where(nonempty, m_i + tl.log(sums), float("-inf"))  # weight 0 in the merge
-        mid = row * stride_mt + heads * stride_mh + split * stride_ms
-        tl.store(mid_o_ptr + mid[:, None] + offs_d[None, :], out, mask=mask_h[:, None] & mask_d[None, :])
-        tl.store(mid_lse_ptr + mid // head_dim, lse, mask=mask_h)  # mid_lse is mid_o without its last axis
+    """Partial output and log-sum-exp of split ``program_id(2)`` for the heads of one KV head, for
+    decode item ``program_id(0)``."""
+    item, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    row, seq, kv_len = _decode_row(decode_rows_ptr, qsl_ptr, seq_lens_ptr, item)
+    per_split = tl.cdiv(tl.cdiv(kv_len, MAX_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, kv_len)
+    heads = kv_head * GROUP + tl.arange(0, BLOCK_H)
+    mask_h = tl.arange(0, BLOCK_H) < GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < head_dim
+    q_ptrs = q_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    table_ptr = tables_ptr + seq * stride_table
+    for first in range(start, end, BLOCK_N):
+        pos = first + tl.arange(0, BLOCK_N)
+        valid = pos < end
+        k = _load_kv(k_cache_ptr, table_ptr, pos, valid, kv_head, offs_d, mask_d,
+                     stride_kb, stride_ks, stride_kh, PAGE)  # fmt: skip
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        v = _load_kv(v_cache_ptr, table_ptr, pos, valid, kv_head, offs_d, mask_d,
+                     stride_vb, stride_vs, stride_vh, PAGE)  # fmt: skip
+        m_i, l_i, acc = _online_softmax_step(scores, v, m_i, l_i, acc, PRECISION)
+    nonempty = l_i > 0
+    sums = tl.where(nonempty, l_i, 1.0)  # an empty split has l_i = 0 and acc = 0
+    out = acc / sums[:, None]
+    lse = tl.where(nonempty, m_i + tl.log(sums), float("-inf"))  # weight 0 in the merge
+    mid = row * stride_mt + heads * stride_mh + split * stride_ms
+    tl.store(mid_o_ptr + mid[:, None] + offs_d[None, :], out, mask=mask_h[:, None] & mask_d[None, :])
+    tl.store(mid_lse_ptr + mid // head_dim, lse, mask=mask_h)  # mid_lse is mid_o without its last axis
 
 
 @triton.jit
 def _merge_kernel(
-    mid_o_ptr, mid_lse_ptr, qsl_ptr, out_ptr,
+    mid_o_ptr, mid_lse_ptr, decode_rows_ptr, out_ptr,
     head_dim, stride_mt, stride_mh, stride_ms, stride_ot, stride_oh,
     MAX_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """``out[row, head]`` from the splits of sequence ``program_id(0)``, head ``program_id(1)``."""
-    seq, head = tl.program_id(0), tl.program_id(1)
-    row = tl.load(qsl_ptr + seq)
-    if tl.load(qsl_ptr + seq + 1) == row + 1:
-        splits = tl.arange(0, MAX_SPLITS)
-        offs_d = tl.arange(0, BLOCK_D)
-        mask_d = offs_d < head_dim
-        mid = row * stride_mt + head * stride_mh + splits * stride_ms
-        lse = tl.load(mid_lse_ptr + mid // head_dim)
-        weights = tl.exp(lse - tl.max(lse, axis=0))  # split 0 is never empty: the max is finite
-        parts = tl.load(mid_o_ptr + mid[:, None] + offs_d[None, :], mask=mask_d[None, :], other=0.0)
-        out = tl.sum(weights[:, None] * parts, axis=0) / tl.sum(weights, axis=0)
-        tl.store(out_ptr + row * stride_ot + head * stride_oh + offs_d, out, mask=mask_d)
+    """``out[row, head]`` from the splits of decode item ``program_id(0)``, head ``program_id(1)``."""
+    item, head = tl.program_id(0), tl.program_id(1)
+    row = tl.load(decode_rows_ptr + 2 * item)
+    splits = tl.arange(0, MAX_SPLITS)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < head_dim
+    mid = row * stride_mt + head * stride_mh + splits * stride_ms
+    lse = tl.load(mid_lse_ptr + mid // head_dim)
+    weights = tl.exp(lse - tl.max(lse, axis=0))  # split 0 is never empty: the max is finite
+    parts = tl.load(mid_o_ptr + mid[:, None] + offs_d[None, :], mask=mask_d[None, :], other=0.0)
+    out = tl.sum(weights[:, None] * parts, axis=0) / tl.sum(weights, axis=0)
+    tl.store(out_ptr + row * stride_ot + head * stride_oh + offs_d, out, mask=mask_d)
 
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, seq_lens_ptr, qsl_ptr, decode_from_ptr, out_ptr,
     scale, head_dim,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_table,
     stride_ot, stride_oh,
     GROUP: tl.constexpr, PAGE: tl.constexpr, Q_PER_TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Causal attention of ``Q_PER_TILE`` query rows (times ``GROUP`` heads) of one sequence."""
+    """Causal attention of ``Q_PER_TILE`` prompt rows (times ``GROUP`` heads) of one sequence."""
     seq, tile, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    row0 = tl.load(qsl_ptr + seq)
-    q_len = tl.load(qsl_ptr + seq + 1) - row0
-    kv_len = tl.load(seq_lens_ptr + seq)
+    row0, first_decode, end, kv_len = _sequence_rows(qsl_ptr, seq_lens_ptr, decode_from_ptr, seq)
+    prompt_rows = first_decode - row0
     q_first = tile * Q_PER_TILE
-    if (q_first < q_len) & (q_len > 1):  # the decode kernel takes one-row sequences
+    if q_first < prompt_rows:  # the decode kernel takes the rest
+        first_pos = kv_len - (end - row0)
         r = tl.arange(0, BLOCK_M)
         q_idx = q_first + r // GROUP
-        valid_r = (r < Q_PER_TILE * GROUP) & (q_idx < q_len)
-        pos_r = kv_len - q_len + tl.where(valid_r, q_idx, q_first)  # padding rows copy the first row
+        valid_r = (r < Q_PER_TILE * GROUP) & (q_idx < prompt_rows)
+        pos_r = first_pos + tl.where(valid_r, q_idx, q_first)  # padding rows copy the first row
         heads = kv_head * GROUP + r % GROUP
         offs_d = tl.arange(0, BLOCK_D)
         mask_d = offs_d < head_dim
@@ -159,9 +178,9 @@ def _prefill_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         table_ptr = tables_ptr + seq * stride_table
-        kv_end = tl.minimum(kv_len - q_len + q_first + Q_PER_TILE, kv_len)  # past the tile's last row
-        for first in range(0, kv_end, BLOCK_N):
-            pos = first + tl.arange(0, BLOCK_N)
+        kv_end = first_pos + tl.minimum(q_first + Q_PER_TILE, prompt_rows)  # past the tile's last row
+        for tile_kv in range(0, kv_end, BLOCK_N):
+            pos = tile_kv + tl.arange(0, BLOCK_N)
             valid = pos < kv_end
             k = _load_kv(k_cache_ptr, table_ptr, pos, valid, kv_head, offs_d, mask_d,
                          stride_kb, stride_ks, stride_kh, PAGE)  # fmt: skip
@@ -184,40 +203,73 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     *,
-    max_splits: int | None = None,
+    decode_from: torch.Tensor | None = None,
+    decode_rows: torch.Tensor | None = None,
     max_q_len: int | None = None,
+    max_splits: int | None = None,
     precision: str | None = None,
 ) -> torch.Tensor:
-    """Causal paged attention, float32 ``[T, Hq, D]`` (see ``ref_torch.paged_attention``). ``max_splits``
-    (a power of 2) fixes the decode kernel's KV splits: 16 on a GPU, 2 in the interpreter.
-    ``precision`` (one of ``PRECISIONS``) picks the dots: ``GPU_PRECISION`` on CUDA, "ieee" elsewhere."""
+    """Causal paged attention, float32 ``[T, Hq, D]`` (see ``ref_torch.paged_attention``).
+    ``decode_from`` (int32 ``[S]``) picks each row's kernel (module doc); by default a sequence's lone
+    row after a context is a decode row and any other row a prompt row. ``decode_rows`` (int32
+    ``[D, 2]``, ``batch.decode_rows`` of the same plan) and ``max_q_len``, which runners take from the
+    host's plan, spare device syncs; with no decode rows the decode kernels do not launch, with only
+    decode rows the prefill kernel does not. ``max_splits`` (a power of 2) fixes the decode kernel's KV
+    splits: 16 on a GPU, 2 in the interpreter. ``precision`` (one of ``PRECISIONS``) picks the dots:
+    ``GPU_PRECISION`` on CUDA, "ieee" elsewhere."""
     q = _check(q, k_cache, v_cache)
     precision = precision or (GPU_PRECISION if _on_gpu(q.device) else "ieee")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    if max_q_len is None:  # a device sync: runners pass it from the plan, which the host already has
-        q_lens = query_start_loc[1:] - query_start_loc[:-1]
-        max_q_len = int(q_lens.max()) if q_lens.numel() else 0
     splits = max_splits or (16 if _on_gpu(q.device) else 2)
     if splits & (splits - 1):
         raise ValueError(f"max_splits must be a power of 2, got {splits}")
-    if max_q_len >= 1:
-        _decode(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, splits, precision)
-    if max_q_len > 1:
-        _prefill(
-            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, max_q_len, precision
-        )
+    rows = _Rows(block_tables, seq_lens, query_start_loc, decode_from, decode_rows)
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    if rows.decode_rows.shape[0]:
+        _decode(q, k_cache, v_cache, rows, scale, out, splits, precision)
+    if rows.decode_rows.shape[0] < q.shape[0]:
+        if max_q_len is None:  # a device sync: runners pass it from the plan, which the host already has
+            q_lens = query_start_loc[1:] - query_start_loc[:-1]
+            max_q_len = int(q_lens.max()) if q_lens.numel() else 0
+        _prefill(q, k_cache, v_cache, rows, scale, out, max_q_len, precision)
     return out
+
+
+class _Rows:
+    """The plan tensors the kernels read, with the defaults of ``decode_from`` and ``decode_rows``
+    filled in (the latter through the host: a device sync)."""
+
+    def __init__(
+        self,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        decode_from: torch.Tensor | None,
+        decode_rows: torch.Tensor | None,
+    ) -> None:
+        self.tables, self.seq_lens, self.starts = block_tables, seq_lens, query_start_loc
+        if decode_from is None:
+            q_lens = query_start_loc[1:] - query_start_loc[:-1]
+            first = seq_lens - q_lens
+            decode_from = torch.where((q_lens == 1) & (first > 0), first, seq_lens).to(torch.int32)
+        if decode_from.shape != seq_lens.shape:
+            raise ValueError(f"decode_from needs one entry per sequence: {decode_from.shape}")
+        if decode_rows is None:
+            host = (t.cpu().numpy() for t in (query_start_loc, seq_lens, decode_from))
+            decode_rows = torch.from_numpy(batch.decode_rows(*host)).to(seq_lens.device)
+        self.decode_from, self.decode_rows = decode_from, decode_rows
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
 
 
 def _decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    rows: _Rows,
     scale: float,
     out: torch.Tensor,
     splits: int,
@@ -227,18 +279,18 @@ def _decode(
     kv_heads, group = k_cache.shape[2], q_heads // k_cache.shape[2]
     mid_o = torch.empty(tokens, q_heads, splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(tokens, q_heads, splits, dtype=torch.float32, device=q.device)
-    seqs = seq_lens.shape[0]
-    _decode_kernel[(seqs, kv_heads, splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, mid_o, mid_lse,
+    items = rows.decode_rows.shape[0]
+    _decode_kernel[(items, kv_heads, splits)](
+        q, k_cache, v_cache, rows.tables, rows.seq_lens, rows.starts, rows.decode_rows, mid_o, mid_lse,
         scale, head_dim,
-        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], rows.tables.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         GROUP=group, PAGE=k_cache.shape[1], MAX_SPLITS=splits,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=_block_d(head_dim),
         BLOCK_N=DECODE_BLOCK_N, PRECISION=precision,
     )  # fmt: skip
-    _merge_kernel[(seqs, q_heads)](
-        mid_o, mid_lse, query_start_loc, out,
+    _merge_kernel[(items, q_heads)](
+        mid_o, mid_lse, rows.decode_rows, out,
         head_dim, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), out.stride(0), out.stride(1),
         MAX_SPLITS=splits, BLOCK_D=_block_d(head_dim),
     )  # fmt: skip
@@ -248,9 +300,7 @@ def _prefill(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    rows: _Rows,
     scale: float,
     out: torch.Tensor,
     max_q_len: int,
@@ -260,11 +310,11 @@ def _prefill(
     kv_heads, group = k_cache.shape[2], q.shape[1] // k_cache.shape[2]
     block_m = max(PREFILL_BLOCK_M, triton.next_power_of_2(group))
     q_per_tile = block_m // group
-    grid = (seq_lens.shape[0], triton.cdiv(max_q_len, q_per_tile), kv_heads)
+    grid = (rows.num_seqs, triton.cdiv(max_q_len, q_per_tile), kv_heads)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
+        q, k_cache, v_cache, rows.tables, rows.seq_lens, rows.starts, rows.decode_from, out,
         scale, head_dim,
-        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], rows.tables.stride(0),
         out.stride(0), out.stride(1),
         GROUP=group, PAGE=k_cache.shape[1], Q_PER_TILE=q_per_tile,
         BLOCK_M=block_m, BLOCK_D=_block_d(head_dim), BLOCK_N=PREFILL_BLOCK_N, PRECISION=precision,

@@ -163,10 +163,13 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     *,
+    decode_from: torch.Tensor | None = None,
+    decode_rows: torch.Tensor | None = None,
     max_q_len: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q [T, Hq, D]`` over each sequence's paged KV: float32 ``[T, Hq, D]``.
-    (``max_q_len``, the longest sequence's query rows, is accepted for the Triton twin's signature.)
+    (``decode_from``, ``decode_rows`` and ``max_q_len``, which pick and size the Triton twin's kernels,
+    are accepted for its signature: every row is computed the same way here.)
 
     Sequence ``s`` owns query rows ``query_start_loc[s]:query_start_loc[s+1]``, the last ``q_len`` of
     its ``seq_lens[s]`` positions; its KV position ``p`` is in block ``block_tables[s, p // block_size]``.
