@@ -93,8 +93,7 @@ class StepBatch:
         sequence: ``context_len`` tokens are already in the KV blocks, ``new_tokens`` run now at the
         following positions. ``want_logits``: ``True`` (or ``"all"``) returns every new row's logits,
         as ``LLM.logits`` needs; ``"last"`` the last row only, as sampling needs; ``False``/``"none"``
-        none. ``decode_from`` (the prompt's length) defaults to: a lone new token after a context is
-        a sampled one (a decode step), any other run of tokens is prompt."""
+        none. ``decode_from`` (the prompt's length) defaults to ``default_decode_from``'s rule."""
         if not seqs:
             raise ValueError("a step needs at least one sequence")
         plans = [_plan_sequence(i, *seq) for i, seq in enumerate(seqs)]
@@ -104,15 +103,20 @@ class StepBatch:
         for row, p in zip(tables, plans, strict=True):
             row[: len(p.block_table)] = p.block_table
         logit_rows = [start + p.logit_rows for start, p in zip(starts[:-1], plans, strict=True)]
+        seq_lens = np.array([p.seq_len for p in plans], dtype=np.int32)
+        decode_from = default_decode_from(starts, seq_lens)
+        for i, p in enumerate(plans):
+            if p.decode_from is not None:
+                decode_from[i] = p.decode_from
         return cls(
             input_ids=np.concatenate([p.tokens for p in plans]).astype(np.int32),
             positions=np.concatenate([p.positions for p in plans]).astype(np.int32),
             slot_mapping=np.concatenate([p.slots for p in plans]).astype(np.int64),
             query_start_loc=starts.astype(np.int32),
-            seq_lens=np.array([p.seq_len for p in plans], dtype=np.int32),
+            seq_lens=seq_lens,
             block_tables=tables,
             logits_indices=np.concatenate(logit_rows).astype(np.int32),
-            decode_from=np.array([p.decode_from for p in plans], dtype=np.int32),
+            decode_from=decode_from,
         )
 
     @classmethod
@@ -165,6 +169,14 @@ class DeviceBatch:
         return self.input_ids.device
 
 
+def default_decode_from(query_start_loc: np.ndarray, seq_lens: np.ndarray) -> np.ndarray:
+    """int32 ``[S]``, for plans that do not say: a lone new token after a context is a sampled one (a
+    decode step), any other run of tokens is prompt."""
+    q_lens = np.diff(query_start_loc)
+    first = seq_lens - q_lens
+    return np.where((q_lens == 1) & (first > 0), first, seq_lens).astype(np.int32)
+
+
 def decode_rows(query_start_loc: np.ndarray, seq_lens: np.ndarray, decode_from: np.ndarray) -> np.ndarray:
     """int32 ``[D, 2]``, in row order: (row, sequence) of every row whose position is at or past its
     sequence's ``decode_from`` (the rows attention computes as decode rows)."""
@@ -184,7 +196,7 @@ class _SequencePlan:
     slots: np.ndarray
     seq_len: int
     logit_rows: np.ndarray
-    decode_from: int
+    decode_from: int | None  # None: the default (``default_decode_from``)
 
 
 def _plan_sequence(
@@ -208,9 +220,7 @@ def _plan_sequence(
     positions = np.arange(context_len, seq_len, dtype=np.int64)
     slots = table[positions // BLOCK_TOKENS] * BLOCK_TOKENS + positions % BLOCK_TOKENS
     rows = _logit_rows(index, tokens.size, want_logits)
-    if decode_from is None:
-        decode_from = context_len if tokens.size == 1 and context_len > 0 else seq_len
-    if decode_from < 0:
+    if decode_from is not None and decode_from < 0:
         raise ValueError(f"sequence {index}: decode_from must be >= 0, got {decode_from}")
     return _SequencePlan(table, tokens, positions, slots, seq_len, rows, decode_from)
 

@@ -59,7 +59,7 @@ def is_plain_decode(batch: StepBatch) -> bool:
     token a sampled one (no prompt row)."""
     n = batch.num_seqs
     plain = n > 0 and batch.num_tokens == n and batch.logits_indices.shape[0] == n
-    return plain and batch.decode_rows().shape[0] == n
+    return plain and bool((batch.positions >= batch.decode_from).all())  # row i is sequence i's
 
 
 class _Layout:

@@ -210,8 +210,8 @@ def paged_attention(
     precision: str | None = None,
 ) -> torch.Tensor:
     """Causal paged attention, float32 ``[T, Hq, D]`` (see ``ref_torch.paged_attention``).
-    ``decode_from`` (int32 ``[S]``) picks each row's kernel (module doc); by default a sequence's lone
-    row after a context is a decode row and any other row a prompt row. ``decode_rows`` (int32
+    ``decode_from`` (int32 ``[S]``) picks each row's kernel (module doc); by default
+    ``batch.default_decode_from``'s rule. ``decode_rows`` (int32
     ``[D, 2]``, ``batch.decode_rows`` of the same plan) and ``max_q_len``, which runners take from the
     host's plan, spare device syncs; with no decode rows the decode kernels do not launch, with only
     decode rows the prefill kernel does not. ``max_splits`` (a power of 2) fixes the decode kernel's KV
@@ -238,7 +238,7 @@ def paged_attention(
 
 class _Rows:
     """The plan tensors the kernels read, with the defaults of ``decode_from`` and ``decode_rows``
-    filled in (the latter through the host: a device sync)."""
+    filled in through the host (a device sync)."""
 
     def __init__(
         self,
@@ -249,15 +249,15 @@ class _Rows:
         decode_rows: torch.Tensor | None,
     ) -> None:
         self.tables, self.seq_lens, self.starts = block_tables, seq_lens, query_start_loc
-        if decode_from is None:
-            q_lens = query_start_loc[1:] - query_start_loc[:-1]
-            first = seq_lens - q_lens
-            decode_from = torch.where((q_lens == 1) & (first > 0), first, seq_lens).to(torch.int32)
-        if decode_from.shape != seq_lens.shape:
+        if decode_from is not None and decode_from.shape != seq_lens.shape:
             raise ValueError(f"decode_from needs one entry per sequence: {decode_from.shape}")
-        if decode_rows is None:
-            host = (t.cpu().numpy() for t in (query_start_loc, seq_lens, decode_from))
-            decode_rows = torch.from_numpy(batch.decode_rows(*host)).to(seq_lens.device)
+        if decode_from is None or decode_rows is None:
+            starts, lens = query_start_loc.cpu().numpy(), seq_lens.cpu().numpy()
+            if decode_from is None:
+                decode_from = torch.from_numpy(batch.default_decode_from(starts, lens)).to(seq_lens.device)
+            if decode_rows is None:
+                rows = batch.decode_rows(starts, lens, decode_from.cpu().numpy())
+                decode_rows = torch.from_numpy(rows).to(seq_lens.device)
         self.decode_from, self.decode_rows = decode_from, decode_rows
 
     @property

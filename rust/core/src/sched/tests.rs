@@ -76,13 +76,18 @@ fn aging_lets_an_old_low_priority_request_pass_newcomers() {
     assert_eq!(&order[..pos], &[100, 101, 102, 103, 104, 105, 106], "only newcomers with keys < 9 pass");
 }
 
-#[test]
-fn a_full_pool_preempts_the_worst_most_recent_request() {
-    // 4 blocks: two requests of 17 tokens take 2 blocks each; growth forces a preemption.
-    let mut kv = SequenceTable::new(4, 0, false);
+/// 4 blocks and two requests of 17 tokens, 2 blocks each: growing to 33 tokens forces a preemption.
+fn two_requests_filling_four_blocks() -> (Scheduler, SequenceTable) {
+    let kv = SequenceTable::new(4, 0, false);
     let mut s = Scheduler::new(config(4, 64)).unwrap();
     s.add(1, prompt(17), 0, None).unwrap();
     s.add(2, prompt(17), 0, None).unwrap();
+    (s, kv)
+}
+
+#[test]
+fn a_full_pool_preempts_the_worst_most_recent_request() {
+    let (mut s, mut kv) = two_requests_filling_four_blocks();
     step(&mut s, &mut kv);
     assert_eq!(kv.num_free_blocks(), 0);
     for _ in 0..15 {
@@ -100,10 +105,7 @@ fn a_full_pool_preempts_the_worst_most_recent_request() {
 #[test]
 fn a_plan_marks_where_each_requests_sampled_tokens_start_also_on_recompute() {
     // As above: request 2 is preempted at 33 tokens (17 of prompt), then recomputed whole.
-    let mut kv = SequenceTable::new(4, 0, false);
-    let mut s = Scheduler::new(config(4, 64)).unwrap();
-    s.add(1, prompt(17), 0, None).unwrap();
-    s.add(2, prompt(17), 0, None).unwrap();
+    let (mut s, mut kv) = two_requests_filling_four_blocks();
     for _ in 0..16 {
         step(&mut s, &mut kv);
     }
