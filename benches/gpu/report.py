@@ -69,4 +69,10 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                  f"TTFT cold {fmt(tt.get('cold_ttft_ms'))} ms, promoted {fmt(tt.get('promoted_ttft_ms'))} ms "
                  f"({fmt(tt.get('promoted_over_cold'), '.2f')}) "
                  f"{problem(pr)} {problem(tt)}")  # fmt: skip
+    pf = t.get("prefetch", {})
+    lines.append(f"tier: queued behind a full step, TTFT with prefetch "
+                 f"{fmt(pf.get('queued_ttft_prefetch_ms'))} ms, "
+                 f"without {fmt(pf.get('queued_ttft_no_prefetch_ms'))} ms "
+                 f"({fmt(pf.get('prefetch_over_no_prefetch'), '.2f')}); all prefetched "
+                 f"{pf.get('all_prefixes_prefetched')} {problem(pf)}")  # fmt: skip
     return lines

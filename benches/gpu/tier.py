@@ -1,10 +1,13 @@
 """The tier section: promote and demote GB/s of scattered KV blocks against one large pinned copy, and,
 through ``oxibonsai.LLM(runner="torch")`` on a random GGUF, the TTFT of a request whose prefix was
-demoted to the host tier against a cold prefill and a device hit."""
+demoted to the host tier against a cold prefill and a device hit; then the same request queued behind
+a prompt that fills a step, with the prefetch of its host-tier prefix on and off (two engines,
+``OXIBONSAI_HOST_PREFETCH``, rounds interleaved)."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import statistics
 import sys
 import tempfile
@@ -34,7 +37,9 @@ def tier_section(plan: Plan, device: torch.device, budget: Budget) -> dict[str, 
     free(device)
     ttft = budget.skipped() if budget.over() else guarded(partial(ttft_record, plan, device))
     free(device)
-    return {"promote": promote, "ttft": ttft}
+    prefetch = budget.skipped() if budget.over() else guarded(partial(prefetch_record, plan, device))
+    free(device)
+    return {"promote": promote, "ttft": ttft, "prefetch": prefetch}
 
 
 def promote_record(plan: Plan, device: torch.device) -> dict[str, Any]:
@@ -94,12 +99,18 @@ class TtftRun:
             self.request(self.ids(self.prompt_tokens))
 
 
-def ttft_record(plan: Plan, device: torch.device) -> dict[str, Any]:
+def random_gguf(device: torch.device, name: str) -> tuple[Path, Any]:
+    """A random GGUF of Bonsai-1.7B's shapes on CUDA (the tiny test model elsewhere), and its config."""
     factory = import_tests_module("model_factory")
     cfg = factory.bonsai_1p7b_config() if device.type == "cuda" else factory.TinyQwen3Config()
-    path = Path(tempfile.mkdtemp(prefix="bench-gpu-")) / "ttft.gguf"
-    start = time.perf_counter()
+    path = Path(tempfile.mkdtemp(prefix="bench-gpu-")) / name
     factory.write_qwen3_gguf(path, cfg, np.random.default_rng(SEED))
+    return path, cfg
+
+
+def ttft_record(plan: Plan, device: torch.device) -> dict[str, Any]:
+    start = time.perf_counter()
+    path, cfg = random_gguf(device, "ttft.gguf")
     written = time.perf_counter()
     prompt = plan.ttft_prefix + plan.ttft_tail
     run = TtftRun(load_ttft_llm(path, plan, prompt), prompt, cfg.vocab_size, np.random.default_rng(SEED))
@@ -158,3 +169,71 @@ def ttft_round(run: TtftRun, plan: Plan) -> dict[str, Any]:
     after = run.llm.cache_stats()
     delta = {k: after[k] - before[k] for k in ROUND_COUNTERS}
     return {"cold_ms": cold, "device_hit_ms": device_hit, "promoted_ms": promoted, **delta}
+
+
+def prefetch_record(plan: Plan, device: torch.device) -> dict[str, Any]:
+    """TTFT of a request whose prefix sits in the host tier, queued behind a prompt that takes a whole
+    step (both arrive together), with the prefetch of its prefix on and off."""
+    path, cfg = random_gguf(device, "prefetch.gguf")
+    prompt = plan.ttft_prefix + plan.ttft_tail
+    runs = {flag: prefetch_run(path, plan, prompt, cfg.vocab_size, flag) for flag in ("1", "0")}
+    for run in runs.values():
+        queued_round(run, plan)  # warm-up: every path compiled outside the timed rounds
+    rounds: dict[str, list[dict[str, Any]]] = {flag: [] for flag in runs}
+    for _ in range(plan.ttft_repeats):
+        for flag, run in runs.items():
+            rounds[flag].append(queued_round(run, plan))
+    path.unlink()
+    on, off = (statistics.median(r["queued_ms"] for r in rounds[f]) for f in ("1", "0"))
+    prefix_blocks = plan.ttft_prefix // BLOCK_TOKENS
+    return {
+        "gguf": cfg.name, "prefix_tokens": plan.ttft_prefix, "tail_tokens": plan.ttft_tail,
+        "ahead_prompt_tokens": prompt + 16, "max_num_batched_tokens": prompt + 16,
+        "queued_ttft_prefetch_ms": on, "queued_ttft_no_prefetch_ms": off,
+        "prefetch_over_no_prefetch": ratio(on, off),
+        "ahead_ttft_prefetch_ms": statistics.median(r["ahead_ms"] for r in rounds["1"]),
+        "ahead_ttft_no_prefetch_ms": statistics.median(r["ahead_ms"] for r in rounds["0"]),
+        "all_prefixes_prefetched": all(r["prefetched_blocks"] >= prefix_blocks for r in rounds["1"]),
+        "none_prefetched_when_off": all(r["prefetched_blocks"] == 0 for r in rounds["0"]),
+        "rounds": rounds,
+    }  # fmt: skip
+
+
+def prefetch_run(path: Path, plan: Plan, prompt: int, vocab: int, flag: str) -> TtftRun:
+    """An engine that starts two requests at once and fits a step-filling prompt beside a promoted
+    prefix, with ``OXIBONSAI_HOST_PREFETCH`` set to ``flag`` while it is built."""
+    per_prompt = blocks_for(prompt + 17)
+    before = os.environ.get("OXIBONSAI_HOST_PREFETCH")
+    os.environ["OXIBONSAI_HOST_PREFETCH"] = flag
+    try:
+        llm = oxibonsai.LLM(
+            str(path), device=plan.device, runner="torch", max_model_len=prompt + 32, max_num_seqs=2,
+            max_num_batched_tokens=prompt + 16, kv_cache_dtype="f16", kv_cache_blocks=3 * per_prompt + 4,
+            host_kv_cache_blocks=8 * per_prompt,
+        )  # fmt: skip
+    finally:
+        if before is None:
+            del os.environ["OXIBONSAI_HOST_PREFETCH"]
+        else:
+            os.environ["OXIBONSAI_HOST_PREFETCH"] = before
+    return TtftRun(llm, prompt, vocab, np.random.default_rng(SEED))
+
+
+def queued_round(run: TtftRun, plan: Plan) -> dict[str, Any]:
+    """A prefix cached, pushed out to the host tier, then asked for again behind a prompt that fills
+    the first step: the queued request starts in the second step."""
+    prefix = run.ids(plan.ttft_prefix)
+    run.request(prefix + run.ids(plan.ttft_tail))
+    run.fill()
+    before = run.llm.cache_stats()["prefetched_blocks"]
+    params = oxibonsai.SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    ahead = {"prompt_token_ids": run.ids(run.prompt_tokens + 16)}
+    queued = {"prompt_token_ids": prefix + run.ids(plan.ttft_tail)}
+    outs = run.llm.generate([ahead, queued], params)
+    ttft = [o.metrics.time_to_first_token for o in outs]
+    assert None not in ttft
+    return {
+        "ahead_ms": ttft[0] * 1e3,
+        "queued_ms": ttft[1] * 1e3,
+        "prefetched_blocks": run.llm.cache_stats()["prefetched_blocks"] - before,
+    }

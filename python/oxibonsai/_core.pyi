@@ -141,6 +141,7 @@ class _CacheStats(TypedDict, total=False):
     host_hit_tokens: int
     demotions: int
     promotions: int
+    prefetched_blocks: int
     host_evictions: int
     computed_tokens: int
 
@@ -227,7 +228,11 @@ class StepPlan:
     @property
     def demote(self) -> npt.NDArray[np.int32]: ...
     @property
-    def promote(self) -> npt.NDArray[np.int32]: ...
+    def promote(self) -> npt.NDArray[np.int32]:
+        """``[host block, device block]`` copies this step's forward pass needs first."""
+    @property
+    def prefetch(self) -> npt.NDArray[np.int32]:
+        """``[host block, device block]`` copies for waiting requests: only the next step needs them."""
     @property
     def num_tokens(self) -> int: ...
     @property
@@ -250,6 +255,7 @@ class Scheduler:
         enable_prefix_caching: bool = False,
         host_blocks: int = 0,
         block_bytes: int = 0,
+        host_prefetch: bool = True,
     ) -> Scheduler: ...
     def add(
         self, request_id: int, prompt: _Tokens, *, priority: int = 0, cache_salt: str | None = None

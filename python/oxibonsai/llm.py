@@ -205,8 +205,9 @@ class LLM:
         ``cached_blocks``, ``idle_blocks`` (cached, unused, evictable), ``free_blocks``,
         ``capacity_blocks``, ``bytes_in_use``, ``capacity_bytes``, ``computed_tokens`` (tokens the
         model has run, prefill and decode) and ``enabled``; the host tier's ``host_capacity_blocks``,
-        ``host_cached_blocks``, ``host_free_blocks``, ``host_hit_tokens`` (prompt tokens found there),
-        ``demotions``, ``promotions`` and ``host_evictions`` (all 0 without one), and on the torch
+        ``host_cached_blocks``, ``host_free_blocks``, ``host_hit_tokens`` (prompt tokens a starting
+        request found there), ``demotions``, ``promotions``, ``prefetched_blocks`` (those promoted
+        while their request still waited) and ``host_evictions`` (all 0 without one), and on the torch
         runner ``host_bytes_in_use``, ``host_capacity_bytes``, ``bytes_demoted`` and ``bytes_promoted``."""
         stats: dict[str, Any] = self._runner.cache_stats()
         stats["enabled"] = self._runner.prefix_caching

@@ -200,29 +200,49 @@ def test_moves_between_device_and_pinned_host_pools(rng, dtype, host_major):
         assert_transfer(src_before, dst_before, src, dst, moves)
 
 
-def test_tier_copies_demote_before_promoting_into_the_same_device_blocks(rng):
-    """A step may demote a device block and promote another block into it: the demotion reads the old
-    bytes first. On a CUDA device this runs on the copier's side stream."""
+def random_tier_step(rng: np.random.Generator, device_blocks: int, host_blocks: int):
+    """One step's copies as the Rust core may record them: demotions of random device blocks, then
+    promotions and prefetches into other device blocks (some into just-demoted ones), some of them
+    reading a host block demoted to in the same step."""
+    n = int(rng.integers(1, 4))
+    demoted = rng.choice(device_blocks, n, replace=False)
+    slots = rng.choice(host_blocks, n, replace=False)
+    demote = np.stack([demoted, slots], axis=1)
+    destinations = rng.permutation(device_blocks)[: int(rng.integers(2, 7))]
+    sources = np.where(rng.random(destinations.size) < 0.3, rng.choice(slots, destinations.size), 0)
+    others = rng.choice(np.setdiff1d(np.arange(host_blocks), slots), destinations.size, replace=False)
+    sources = np.where(sources == 0, others, sources)
+    split = int(rng.integers(0, destinations.size + 1))
+    moves = np.stack([sources, destinations], axis=1)
+    return demote, moves[:split], moves[split:]
+
+
+def test_tier_copies_read_every_block_after_its_last_write(rng):
+    """A step's demotions read the device blocks before promotions or prefetches overwrite them, and a
+    promotion or prefetch of a host block demoted to in the same step reads the demoted bytes. On a
+    CUDA device this runs on the copier's side stream, the prefetches beside a 'forward pass' that
+    waits for the promotions, and the next step (no copies) waits for the prefetches."""
     from oxibonsai.torch_backend.kv_pool import TierCopier
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    for _ in range(3):
+    for _ in range(6):
         kv = random_pool(12, torch.float16, device)
         host = random_pool(20, torch.float16, pin=device == "cuda", block_major=True)
-        n = int(rng.integers(1, 6))
-        device_blocks = rng.choice(12, n, replace=False)
-        host_slots = rng.choice(20, 2 * n, replace=False)
-        demote = np.stack([device_blocks, host_slots[:n]], axis=1)
-        promote = np.stack([host_slots[n:], rng.permutation(device_blocks)], axis=1)
+        demote, promote, prefetch = random_tier_step(rng, 12, 20)
         kv_before, host_before = layer_major(kv), layer_major(host)
-        TierCopier(kv, host).run(demote, promote)
+        expected_host = host_before.clone()
+        for d, h in demote:
+            expected_host[:, :, h] = kv_before[:, :, d]
+        copier = TierCopier(kv, host)
+        copier.run(demote, promote, prefetch)
+        promoted = kv.blocks(torch.from_numpy(promote[:, 1]).to(device)).clone()  # the forward's read
+        copier.run(np.zeros((0, 2)), np.zeros((0, 2)))  # the next step, waiting for the prefetches
+        prefetched = kv.blocks(torch.from_numpy(prefetch[:, 1]).to(device)).clone()
         if device == "cuda":
             torch.cuda.synchronize()
-        host_after, kv_after = layer_major(host), layer_major(kv)
-        for d, h in demote:
-            assert torch.equal(host_after[:, :, h], kv_before[:, :, d])
-        for h, d in promote:
-            assert torch.equal(kv_after[:, :, d], host_before[:, :, h])
+        assert torch.equal(layer_major(host), expected_host)
+        assert torch.equal(promoted.cpu(), expected_host[:, :, promote[:, 0]])
+        assert torch.equal(prefetched.cpu(), expected_host[:, :, prefetch[:, 0]])
 
 
 def test_tier_copies_check_both_lists_before_copying_anything():
@@ -232,4 +252,6 @@ def test_tier_copies_check_both_lists_before_copying_anything():
     kv_before, host_before = kv.data.clone(), host.data.clone()
     with pytest.raises(ValueError, match="source block ids"):
         TierCopier(kv, host).run(np.array([[0, 1]]), np.array([[9, 0]]))
+    with pytest.raises(ValueError, match="destination block ids"):
+        TierCopier(kv, host).run(np.array([[0, 1]]), np.array([[1, 0]]), np.array([[2, 7]]))
     assert torch.equal(kv.data, kv_before) and torch.equal(host.data, host_before)

@@ -1,7 +1,8 @@
 """``LLM(..., runner="torch")`` end to end on the CPU device (plain-torch ops): the same greedy tokens as
 the float64 reference and as the exact native runner; batched vs alone, cached vs uncached and
 preempted vs not give identical tokens; a device pool a few blocks large with a host tier demotes and
-promotes instead of recomputing, changes no token and leaks no block; impossible devices and sizes
+promotes (or prefetches, for a waiting request) instead of recomputing, changes no token and leaks no
+block; impossible devices and sizes
 fail at construction with clear errors."""
 
 from __future__ import annotations
@@ -97,6 +98,36 @@ def test_a_tiny_device_pool_demotes_and_promotes_instead_of_recomputing(tiny_mod
     )
     assert stats["free_blocks"] + stats["idle_blocks"] == blocks, "a device block leaked"
     assert stats["host_cached_blocks"] + stats["host_free_blocks"] == 64, "a host block leaked"
+    assert llm._engine._sched.check() is None
+
+
+@pytest.mark.parametrize("prefetch", ["1", "0"])
+def test_a_waiting_requests_host_prefix_is_prefetched_and_changes_no_token(
+    tiny_model, torch_uncached, rng, monkeypatch, prefetch
+):
+    monkeypatch.setenv("OXIBONSAI_HOST_PREFETCH", prefetch)
+    vocab = torch_uncached.config["vocab"]
+    a = random_ids(rng, vocab, 49)  # three full blocks cached, then demoted by the next prompt
+    filler = random_ids(rng, vocab, 155)  # with its tokens, all ten device blocks
+    c = random_ids(rng, vocab, 40)  # takes the whole token budget while A waits
+    llm = torch_llm(
+        tiny_model,
+        kv_cache_dtype="f32",
+        kv_cache_blocks=10,
+        host_kv_cache_blocks=32,
+        max_num_seqs=2,
+        max_num_batched_tokens=16,
+    )
+    llm.generate(a, GREEDY)
+    llm.generate(filler, GREEDY)
+    assert llm.cache_stats()["demotions"] >= 3
+    got = token_lists(llm.generate([c, a], GREEDY))
+    assert got == token_lists(torch_uncached.generate([c, a], GREEDY))
+    stats = llm.cache_stats()
+    on = prefetch == "1"
+    assert stats["prefetched_blocks"] == (3 if on else 0), stats
+    assert stats["host_hit_tokens"] == (0 if on else 48), "A found its prefix on the device, or promoted it"
+    assert stats["free_blocks"] + stats["idle_blocks"] == 10, "a device block leaked"
     assert llm._engine._sched.check() is None
 
 

@@ -1,5 +1,5 @@
 """KV memory for the torch path: ``KvPool``, one tensor holding every layer's K and V blocks;
-``copy_blocks``, which moves whole blocks between two pools; and ``TierCopier``, which runs one step's
+``copy_blocks``, which moves whole blocks between two pools; and ``TierCopier``, which runs each step's
 tier copies on a side CUDA stream.
 
 Two layouts (2 = K, V):
@@ -145,44 +145,75 @@ def _move(src: KvPool, dst: KvPool, src_ids: np.ndarray, dst_ids: np.ndarray) ->
 
 
 class TierCopier:
-    """Runs one step's tier copies between the device pool and the host tier: demotions (device ->
-    host), then promotions (host -> device), before the step's forward pass.
+    """Runs each step's tier copies between the device pool and the host tier (``TierCopies`` in the
+    Rust core): demotions (device -> host) and promotions (host -> device), which the step's forward
+    pass waits for, and prefetches (host -> device, for requests still waiting), which only the next
+    step waits for.
 
     On CUDA they run on a side stream that first waits for the work already queued (the KV that
     demotions read). There the demotions' blocks are gathered into one contiguous device buffer, the
     promotions are copied in and scattered, and only then is the event the forward pass waits for
-    recorded: the demotions' device-to-host transfers run after it, beside the forward pass. A later
-    step's copies queue behind them on the same stream, so every read of a host block follows its
-    write. Elsewhere the copies run in order on the current stream."""
+    recorded: the demotions' device-to-host transfers and the prefetches run after it, beside the
+    forward pass, and the next step's forward pass waits for them (its own copies queue behind them on
+    the same stream, and a step without copies waits for the prefetch event). So every read of a host
+    block follows its write, including a promotion or prefetch of a block demoted in the same step
+    (its transfer is then moved ahead of the promotions). Elsewhere the copies run in order on the
+    current stream."""
 
     def __init__(self, device_pool: KvPool, host_pool: KvPool) -> None:
         self.kv, self.host = device_pool, host_pool
         cuda = device_pool.device.type == "cuda"
         self.stream = torch.cuda.Stream(device_pool.device) if cuda else None
+        self._prefetched: torch.cuda.Event | None = None  # the last step's prefetches, on CUDA
 
-    def run(self, demote: np.ndarray, promote: np.ndarray) -> None:
-        """Queues the copies; both lists are checked first, so a ValueError copies nothing."""
+    def run(self, demote: np.ndarray, promote: np.ndarray, prefetch: np.ndarray | None = None) -> None:
+        """Queues one step's copies before its forward pass; every list is checked first, so a
+        ValueError copies nothing."""
+        if prefetch is None:
+            prefetch = _NO_MOVES
+        if not (len(demote) or len(promote) or len(prefetch)):
+            self._await_prefetches()
+            return
         from_ids, to_ids = _check_moves(self.kv, self.host, demote)
         promoted = _check_moves(self.host, self.kv, promote)
+        prefetched = _check_moves(self.host, self.kv, prefetch)
         if self.stream is None:
             _move(self.kv, self.host, from_ids, to_ids)
             _move(self.host, self.kv, *promoted)
+            _move(self.host, self.kv, *prefetched)
             return
         compute = torch.cuda.current_stream(self.kv.device)
         self.stream.wait_stream(compute)
         with torch.cuda.stream(self.stream):
             demoted = _gather(self.kv, from_ids, self.host) if from_ids.size else None
+            if demoted is not None and np.isin(promoted[0], to_ids).any():
+                _scatter(self.host, to_ids, demoted)  # a promotion reads a block demoted just now
+                demoted = None
             _move(self.host, self.kv, *promoted)
             ready = torch.cuda.Event()
             ready.record(self.stream)
             if demoted is not None:
                 _scatter(self.host, to_ids, demoted)
-        compute.wait_event(ready)
+            _move(self.host, self.kv, *prefetched)
+            self._prefetched = None
+            if prefetched[0].size:
+                self._prefetched = torch.cuda.Event()
+                self._prefetched.record(self.stream)
+        compute.wait_event(ready)  # queued after the last step's prefetches: covers them too
+
+    def _await_prefetches(self) -> None:
+        """A step without copies: its forward pass still waits for the last step's prefetches."""
+        if self._prefetched is not None:
+            torch.cuda.current_stream(self.kv.device).wait_event(self._prefetched)
+            self._prefetched = None
 
     def synchronize(self) -> None:
         """Waits for every queued copy (before the host reads or frees the host tier)."""
         if self.stream is not None:
             self.stream.synchronize()
+
+
+_NO_MOVES = np.zeros((0, 2), dtype=np.int32)
 
 
 def _gather(src: KvPool, ids: np.ndarray, dst: KvPool) -> torch.Tensor:

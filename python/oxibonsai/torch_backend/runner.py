@@ -3,13 +3,15 @@
 It owns the device KV pool and the host-memory warm tier (their bytes; the Rust core owns every block's
 id, tier, reference count and LRU place) and, per step: asks the scheduler for the plan
 (``Scheduler.prepare``), runs the plan's tier copies (demotions to the host, then promotions back; on
-CUDA on a side stream, ``kv_pool.TierCopier``, which the forward pass waits for, the demotions' transfers
-to the host overlapping it), runs the forward pass (a plain decode step as a CUDA graph replay on CUDA,
-``graphs.DecodeGraphs``, unless ``enforce_eager``), and samples: on the device (``sampling.sample_rows``:
-only token ids and requested logprobs come to the host) where ``sample_on_device`` is set, the default
-off the CPU, else with each request's Rust sampler on the logits brought to the host.
-``OXIBONSAI_DEVICE_SAMPLING=0`` or ``1`` overrides the default. Sizes are checked at load, so a model or
-pool that does not fit fails with the sizes named, never in the middle of a step."""
+CUDA on a side stream, ``kv_pool.TierCopier``, which the forward pass waits for, the demotions'
+transfers to the host and the prefetches of waiting requests' host-tier prefixes overlapping it), runs
+the forward pass (a plain decode step as a CUDA graph replay on CUDA, ``graphs.DecodeGraphs``, unless
+``enforce_eager``), and samples: on the device (``sampling.sample_rows``: only token ids and requested
+logprobs come to the host) where ``sample_on_device`` is set, the default off the CPU, else with each
+request's Rust sampler on the logits brought to the host. ``OXIBONSAI_DEVICE_SAMPLING=0`` or ``1``
+overrides the default; ``OXIBONSAI_HOST_PREFETCH=0`` turns off the prefetching of waiting requests'
+host-tier prefixes (on by default; for comparisons). Sizes are checked at load, so a model or pool that
+does not fit fails with the sizes named, never in the middle of a step."""
 
 from __future__ import annotations
 
@@ -111,6 +113,7 @@ class TorchRunner:
         self.tiers = TierCopier(self.kv, self.host) if self.host is not None else None
         self._kv_dtype_name = "f32" if dtype == torch.float32 else "f16"
         self.sample_on_device = _device_sampling(self._device)
+        self.host_prefetch = _env_flag("OXIBONSAI_HOST_PREFETCH", default=True)
         self.histories: DeviceHistories | None = DeviceHistories(c.vocab, self._device)  # None: rebuilt
         self.graphs = (
             DecodeGraphs(
@@ -138,6 +141,7 @@ class TorchRunner:
             host_blocks=self.sizes.host_blocks,
             block_bytes=self.sizes.block_bytes,
             enable_prefix_caching=self.prefix_caching,
+            host_prefetch=self.host_prefetch,
             **options,
         )
         return self._sched
@@ -161,11 +165,14 @@ class TorchRunner:
         return self.model.forward(batch.to_device(self._device), self.kv)
 
     def _copy_tiers(self, plan: _core.StepPlan) -> None:
-        """Demotions first (their device blocks may be rewritten by this step), then promotions; on
-        CUDA on the tier copier's side stream (see ``kv_pool.TierCopier``)."""
-        if plan.demote.shape[0] or plan.promote.shape[0]:
-            assert self.tiers is not None, "copies come only from a host tier"
-            self.tiers.run(plan.demote, plan.promote)
+        """Demotions first (their device blocks may be rewritten by this step), then promotions, then
+        prefetches for waiting requests; on CUDA on the tier copier's side stream, the prefetches
+        beside the forward pass (see ``kv_pool.TierCopier``). Called every step: a step without
+        copies still waits for the last step's prefetches."""
+        if self.tiers is not None:
+            self.tiers.run(plan.demote, plan.promote, plan.prefetch)
+        elif plan.demote.shape[0] or plan.promote.shape[0] or plan.prefetch.shape[0]:
+            raise AssertionError("tier copies come only from a host tier")
 
     def cache_stats(self) -> dict[str, Any]:
         stats: dict[str, Any] = dict(self._scheduler().cache_stats())
@@ -202,11 +209,16 @@ class TorchRunner:
 def _device_sampling(device: torch.device) -> bool:
     """Whether to sample on ``device``: ``OXIBONSAI_DEVICE_SAMPLING`` ("0" or "1") if set, else off the
     CPU only (on the CPU the Rust sampler is faster and the logits are already in host memory)."""
-    asked = os.environ.get("OXIBONSAI_DEVICE_SAMPLING")
+    return _env_flag("OXIBONSAI_DEVICE_SAMPLING", default=device.type != "cpu")
+
+
+def _env_flag(name: str, *, default: bool) -> bool:
+    """An on/off override from the environment: "0" or "1", unset or empty for ``default``."""
+    asked = os.environ.get(name)
     if asked is None or asked == "":
-        return device.type != "cpu"
+        return default
     if asked not in ("0", "1"):
-        raise ValueError(f"OXIBONSAI_DEVICE_SAMPLING must be '0' or '1', got {asked!r}")
+        raise ValueError(f"{name} must be '0' or '1', got {asked!r}")
     return asked == "1"
 
 

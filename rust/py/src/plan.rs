@@ -28,6 +28,8 @@ pub struct StepPlan {
     demote: Py<PyArray2<i32>>,
     #[pyo3(get)]
     promote: Py<PyArray2<i32>>,
+    #[pyo3(get)]
+    prefetch: Py<PyArray2<i32>>,
 }
 
 impl StepPlan {
@@ -45,6 +47,7 @@ impl StepPlan {
             decode_from: plan.decode_from.into_pyarray(py).unbind(),
             demote: pairs(py, plan.copies.demote)?,
             promote: pairs(py, plan.copies.promote)?,
+            prefetch: pairs(py, plan.copies.prefetch)?,
         })
     }
 }
@@ -70,11 +73,12 @@ impl StepPlan {
 
     fn __repr__(&self, py: Python<'_>) -> String {
         format!(
-            "StepPlan(num_tokens={}, num_seqs={}, demote={}, promote={})",
+            "StepPlan(num_tokens={}, num_seqs={}, demote={}, promote={}, prefetch={})",
             self.num_tokens(py),
             self.num_seqs(py),
             self.demote.bind(py).shape()[0],
-            self.promote.bind(py).shape()[0]
+            self.promote.bind(py).shape()[0],
+            self.prefetch.bind(py).shape()[0]
         )
     }
 }

@@ -34,6 +34,7 @@ pub fn stats_dict<'py>(py: Python<'py>, s: &CacheStats) -> PyResult<Bound<'py, P
     d.set_item("host_hit_tokens", s.host_hit_tokens)?;
     d.set_item("demotions", s.demotions)?;
     d.set_item("promotions", s.promotions)?;
+    d.set_item("prefetched_blocks", s.prefetched_blocks)?;
     d.set_item("host_evictions", s.host_evictions)?;
     Ok(d)
 }

@@ -110,12 +110,14 @@ impl Scheduler {
     /// `kv`: a `Model` (scheduling over its KV cache) or a number of 16-token device blocks (a
     /// model-free table; `enable_prefix_caching`, `host_blocks` and `block_bytes` apply to it alone:
     /// `host_blocks` > 0 adds a host tier that idle cached blocks are demoted to). `policy`:
-    /// 'priority' or 'longest_prefix'.
+    /// 'priority' or 'longest_prefix'. `host_prefetch`: with a host tier, promote the host-tier
+    /// prefixes of the requests next in line during the step before the one that starts them (the
+    /// plan's `prefetch` copies).
     #[new]
     #[pyo3(signature = (
         kv, *, max_num_seqs=8, max_num_batched_tokens=256, max_waiting=None, priority_aging_steps=256,
         enable_chunked_prefill=true, policy="priority", enable_prefix_caching=false, host_blocks=0,
-        block_bytes=0
+        block_bytes=0, host_prefetch=true
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -129,6 +131,7 @@ impl Scheduler {
         enable_prefix_caching: bool,
         host_blocks: usize,
         block_bytes: usize,
+        host_prefetch: bool,
     ) -> PyResult<Scheduler> {
         let config = SchedulerConfig {
             max_num_seqs,
@@ -137,6 +140,7 @@ impl Scheduler {
             priority_aging_steps,
             chunked_prefill: enable_chunked_prefill,
             policy: Policy::parse(policy).map_err(to_py)?,
+            host_prefetch,
         };
         let sched = CoreScheduler::new(config).map_err(to_py)?;
         let backend = match kv.cast::<Model>() {

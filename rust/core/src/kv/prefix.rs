@@ -11,9 +11,11 @@
 //! With a host tier ([`PrefixCache::with_host_tier`]), an idle block that allocation evicts is
 //! *demoted* (cached in a host block, its KV copied there) rather than dropped, and a prompt whose
 //! chain continues in the host tier *promotes* those blocks back into fresh device blocks when it is
-//! acquired. The copies are recorded as [`TierCopies`] for the runner ([`PrefixCache::take_copies`]);
-//! a promoted device block keeps an extra reference until [`PrefixCache::complete_copies`], so it is
-//! neither evicted nor demoted before its contents arrive.
+//! acquired, or earlier, while its request still waits ([`PrefixCache::prefetch`]: the blocks are then
+//! cached and idle on the device, found there when the request starts). The copies are recorded as
+//! [`TierCopies`] for the runner ([`PrefixCache::take_copies`]); a promoted device block keeps an
+//! extra reference until [`PrefixCache::complete_copies`], so it is neither evicted nor demoted before
+//! its contents arrive.
 
 use std::sync::Arc;
 
@@ -74,14 +76,16 @@ pub struct CacheStats {
     /// Bytes of the blocks that hold data (held or cached).
     pub bytes_in_use: usize,
     pub capacity_bytes: usize,
-    /// The host tier (all 0 without one): its blocks, the prompt tokens found there, the blocks moved
-    /// each way and host entries dropped to make room.
+    /// The host tier (all 0 without one): its blocks, the prompt tokens a sequence found there, the
+    /// blocks moved each way, those of the promotions made ahead of a waiting request (prefetched:
+    /// its tokens are then found on the device) and host entries dropped to make room.
     pub host_capacity_blocks: usize,
     pub host_cached_blocks: usize,
     pub host_free_blocks: usize,
     pub host_hit_tokens: u64,
     pub demotions: u64,
     pub promotions: u64,
+    pub prefetched_blocks: u64,
     pub host_evictions: u64,
 }
 

@@ -143,6 +143,17 @@ impl SequenceTable {
         (self.insert_sequence(Sequence::from_prefix(prompt, salt, m)), cached)
     }
 
+    /// Promotes up to `max_blocks` blocks of `prompt`'s cached prefix that sit in the host tier into
+    /// device blocks, ahead of a sequence for it (see [`PrefixCache::prefetch`]); returns how many.
+    /// Nothing with caching off or without a host tier.
+    pub fn prefetch(&mut self, prompt: &[u32], salt: Option<&str>, max_blocks: usize) -> usize {
+        if self.blocks.num_host_cached() == 0 || max_blocks == 0 {
+            return 0;
+        }
+        let m = self.cached_prefix(prompt, salt);
+        self.blocks.prefetch(m, max_blocks)
+    }
+
     fn insert_sequence(&mut self, seq: Sequence) -> u64 {
         self.seqs.insert(seq)
     }

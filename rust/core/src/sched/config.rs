@@ -15,6 +15,9 @@ pub enum Policy {
 /// How many waiting requests the longest-prefix policy looks at.
 pub const LONGEST_PREFIX_WINDOW: usize = 64;
 
+/// Most waiting requests whose host-tier prefixes one step prefetches.
+pub const PREFETCH_WINDOW: usize = 4;
+
 impl Policy {
     pub fn parse(name: &str) -> Result<Policy> {
         match name {
@@ -38,6 +41,9 @@ pub struct SchedulerConfig {
     /// Split prompts longer than the remaining budget across steps.
     pub chunked_prefill: bool,
     pub policy: Policy,
+    /// With a host tier: promote the host-tier prefixes of the waiting requests next in line while
+    /// the current step runs, instead of in the step that starts them (see `Scheduler::schedule`).
+    pub host_prefetch: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -49,6 +55,7 @@ impl Default for SchedulerConfig {
             priority_aging_steps: 256,
             chunked_prefill: true,
             policy: Policy::Priority,
+            host_prefetch: true,
         }
     }
 }

@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use crate::kv::{blocks_for, PrefixMatch, SequenceTable, BLOCK_TOKENS, GENERATION_ROOM};
 
-use super::config::{Policy, SchedulerConfig, LONGEST_PREFIX_WINDOW};
+use super::config::{Policy, SchedulerConfig, LONGEST_PREFIX_WINDOW, PREFETCH_WINDOW};
 use super::output::{SchedulerOutput, SchedulerStats};
 use super::queue::WaitingQueue;
 use super::request::Request;
@@ -176,6 +176,9 @@ impl Scheduler {
         self.prefills = prefills;
         if out.preempted.is_empty() {
             self.admit(kv, &mut budget, &mut out);
+            if self.config.host_prefetch {
+                self.prefetch(kv, &mut budget);
+            }
         }
         self.stats.steps += 1;
         self.stats.scheduled_tokens += out.num_batched_tokens as u64;
@@ -274,6 +277,25 @@ impl Scheduler {
             self.start(slot, kv, m);
             budget.available = kv.num_available_blocks();
             schedule_item(self.step, self.requests.at_mut(slot), slot, n, new_blocks, budget, out);
+        }
+    }
+
+    /// Promotes the host-tier prefixes of the waiting requests next in queue order (as many as could
+    /// start next step, at most [`PREFETCH_WINDOW`]) into idle device blocks: their copies run beside
+    /// this step's forward pass instead of holding up the step that starts them. Leaves available the
+    /// blocks this step reserved and one per running request (its next step's growth), so a prefetch
+    /// never preempts and rarely evicts what the next step needs.
+    fn prefetch(&self, kv: &mut SequenceTable, budget: &mut Budget) {
+        let starts = self.config.max_num_seqs - self.running.len();
+        for id in self.waiting.ids().take(starts.min(PREFETCH_WINDOW)) {
+            let spare = budget.room().saturating_sub(self.running.len());
+            if spare == 0 {
+                return;
+            }
+            let r = self.requests.get(id).expect("waiting requests exist");
+            if kv.prefetch(&r.tokens, r.salt.as_deref(), spare) > 0 {
+                budget.available = kv.num_available_blocks();
+            }
         }
     }
 

@@ -1,13 +1,18 @@
 //! The two-tier cache under the scheduler: a simulated KV memory per tier in which every slot holds
 //! a fingerprint of the tokens its KV depends on (the sequence's tokens up to that position). Steps
-//! run the recorded copies (demotions, then promotions), then write the step's slots, as a runner
-//! must; after every step each running sequence must read, through its block table, exactly the
-//! fingerprints of its own tokens. So a block demoted, promoted, reused or evicted at the wrong time
-//! shows up as wrong KV, and the tier invariants are checked after every step.
+//! run the recorded copies (demotions, then promotions), then write the step's slots, then run the
+//! prefetches, as a runner may; after every step each running sequence must read, through its block
+//! table, exactly the fingerprints of its own tokens. So a block demoted, promoted, prefetched,
+//! reused or evicted at the wrong time shows up as wrong KV, and the tier invariants are checked
+//! after every step. A prefetch may run at any time after the demotions, beside the forward pass:
+//! no block the step reads or writes is a prefetch's source or destination, which is checked too.
+
+use std::collections::HashSet;
 
 use super::tests::Rng;
 use super::*;
-use crate::kv::{SequenceTable, BLOCK_TOKENS};
+use crate::kv::{blocks_for, SequenceTable, BLOCK_TOKENS};
+use crate::step::StepPlan;
 
 type Slots = Vec<[u64; BLOCK_TOKENS]>;
 
@@ -30,6 +35,7 @@ fn step(s: &mut Scheduler, kv: &mut SequenceTable, mem: &mut Memory) -> Schedule
     for &[h, d] in &plan.copies.promote {
         mem.device[d as usize] = mem.host[h as usize];
     }
+    check_prefetches_stay_clear(&plan);
     for (s_idx, it) in out.items.iter().enumerate() {
         let tokens = &s.request(it.request).unwrap().tokens;
         for t in plan.query_start_loc[s_idx] as usize..plan.query_start_loc[s_idx + 1] as usize {
@@ -38,11 +44,29 @@ fn step(s: &mut Scheduler, kv: &mut SequenceTable, mem: &mut Memory) -> Schedule
             mem.device[slot / BLOCK_TOKENS][slot % BLOCK_TOKENS] = fingerprint(&tokens[..=pos]);
         }
     }
+    for &[h, d] in &plan.copies.prefetch {
+        mem.device[d as usize] = mem.host[h as usize];
+    }
     s.commit_plan(&out, kv).unwrap();
     s.update(&out, &vec![7; out.num_sample()]).unwrap();
     s.check(kv).unwrap();
     check_memory(s, kv, mem);
     out
+}
+
+/// No prefetch touches a block the step's forward pass reads or writes, nor a block another copy of
+/// the step writes: the runner may run them beside the forward pass.
+fn check_prefetches_stay_clear(plan: &StepPlan) {
+    // Rows are padded with block 0: only each sequence's own blocks count.
+    let rows = plan.block_tables.chunks(plan.max_blocks.max(1));
+    let step_blocks: HashSet<i32> =
+        rows.zip(&plan.seq_lens).flat_map(|(row, &len)| row[..blocks_for(len as usize)].to_vec()).collect();
+    let promoted: HashSet<u32> = plan.copies.promote.iter().map(|p| p[1]).collect();
+    // (A host block demoted to in this step may be prefetched from: its demotion runs first.)
+    for &[_, d] in &plan.copies.prefetch {
+        assert!(!step_blocks.contains(&(d as i32)), "prefetch into block {d}, which the step uses");
+        assert!(!promoted.contains(&d), "prefetch into block {d}, which a promotion writes");
+    }
 }
 
 /// Every running request reads its own tokens' KV through its block table.
@@ -88,6 +112,50 @@ fn a_demoted_prefix_is_promoted_instead_of_recomputed() {
     kv.check().unwrap();
 }
 
+/// Adds a request and steps until its prompt is computed, then finishes it.
+fn run_prompt(s: &mut Scheduler, kv: &mut SequenceTable, mem: &mut Memory, id: u64, prompt: Vec<u32>) {
+    let len = prompt.len();
+    s.add(id, prompt, 0, None).unwrap();
+    while s.request(id).unwrap().num_computed < len {
+        step(s, kv, mem);
+    }
+    assert!(s.finish(id, kv));
+}
+
+#[test]
+fn a_waiting_requests_host_prefix_is_prefetched_while_another_prompt_runs() {
+    for host_prefetch in [true, false] {
+        let (mut kv, mut mem) = table(8, 8);
+        let cfg = SchedulerConfig { max_num_seqs: 2, max_num_batched_tokens: 32, host_prefetch, ..Default::default() };
+        let mut s = Scheduler::new(cfg).unwrap();
+        let a: Vec<u32> = (0..49).collect(); // 3 full blocks + 1 token
+        run_prompt(&mut s, &mut kv, &mut mem, 0, a.clone());
+        // Fills the device: A's blocks are demoted to the host tier.
+        run_prompt(&mut s, &mut kv, &mut mem, 1, (100..228).collect());
+        assert_eq!(kv.cache_stats().demotions, 3);
+        // C takes the whole token budget; A's prompt again waits behind it.
+        s.add(2, (500..540).collect(), 0, None).unwrap();
+        s.add(3, a.clone(), 0, None).unwrap();
+        let out = step(&mut s, &mut kv, &mut mem);
+        assert_eq!(out.items.len(), 1, "only C runs");
+        let stats = kv.cache_stats();
+        let prefetched = if host_prefetch { 3 } else { 0 };
+        assert_eq!((stats.prefetched_blocks, stats.promotions), (prefetched, prefetched), "{stats:?}");
+        // Next step A starts on its three blocks: on the device already, or promoted now.
+        let promotions_before = stats.promotions;
+        let out = step(&mut s, &mut kv, &mut mem);
+        let a_item = out.items.iter().find(|it| it.request == 3).expect("A starts");
+        assert_eq!(a_item.num_tokens, 1, "only A's last token is computed");
+        let stats = kv.cache_stats();
+        assert_eq!(stats.promotions - promotions_before, 3 - prefetched, "{stats:?}");
+        assert_eq!(stats.host_hit_tokens, 48 - 16 * prefetched, "{stats:?}");
+        for id in [2, 3] {
+            s.finish(id, &mut kv);
+        }
+        s.check(&kv).unwrap();
+    }
+}
+
 #[test]
 fn without_host_room_evicted_blocks_are_dropped() {
     let (mut kv, mut mem) = table(6, 1);
@@ -104,8 +172,8 @@ fn without_host_room_evicted_blocks_are_dropped() {
     kv.check().unwrap();
 }
 
-/// Returns how many blocks were promoted.
-fn random_workload(seed: u64) -> u64 {
+/// Returns how many blocks were promoted and how many of them prefetched.
+fn random_workload(seed: u64) -> (u64, u64) {
     let mut rng = Rng(seed);
     let device = 4 + rng.below(20) as usize;
     let host = rng.below(2 * device as u64 + 1) as usize;
@@ -114,6 +182,7 @@ fn random_workload(seed: u64) -> u64 {
     let cfg = SchedulerConfig {
         max_num_seqs: seqs,
         max_num_batched_tokens: seqs + rng.below(40) as usize,
+        host_prefetch: rng.below(4) != 0,
         ..Default::default()
     };
     let mut s = Scheduler::new(cfg).unwrap();
@@ -145,15 +214,16 @@ fn random_workload(seed: u64) -> u64 {
         assert!(s.finish(id, &mut kv));
     }
     s.check(&kv).unwrap();
-    let promotions = kv.cache_stats().promotions;
+    let stats = kv.cache_stats();
     kv.reset_prefix_cache();
     assert_eq!(kv.num_free_blocks(), device, "seed {seed}: device blocks leaked");
     assert_eq!(kv.cache_stats().host_free_blocks, host, "seed {seed}: host blocks leaked");
-    promotions
+    (stats.promotions, stats.prefetched_blocks)
 }
 
 #[test]
 fn random_workloads_over_two_tiers_read_their_own_kv_and_leak_nothing() {
-    let promoted: u64 = (0..300).map(random_workload).sum();
+    let (promoted, prefetched) = (0..300).map(random_workload).fold((0, 0), |(p, f), (dp, df)| (p + dp, f + df));
     assert!(promoted > 300, "the workloads must exercise promotion, got {promoted} blocks");
+    assert!(prefetched > 100, "the workloads must exercise prefetching, got {prefetched} blocks");
 }
