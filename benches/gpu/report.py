@@ -74,5 +74,6 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                  f"{fmt(pf.get('queued_ttft_prefetch_ms'))} ms, "
                  f"without {fmt(pf.get('queued_ttft_no_prefetch_ms'))} ms "
                  f"({fmt(pf.get('prefetch_over_no_prefetch'), '.2f')}); all prefetched "
-                 f"{pf.get('all_prefixes_prefetched')} {problem(pf)}")  # fmt: skip
+                 f"{pf.get('all_prefixes_prefetched')}, same tokens {pf.get('same_tokens')} "
+                 f"{problem(pf)}")  # fmt: skip
     return lines

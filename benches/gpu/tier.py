@@ -195,6 +195,8 @@ def prefetch_record(plan: Plan, device: torch.device) -> dict[str, Any]:
         "ahead_ttft_no_prefetch_ms": statistics.median(r["ahead_ms"] for r in rounds["0"]),
         "all_prefixes_prefetched": all(r["prefetched_blocks"] >= prefix_blocks for r in rounds["1"]),
         "none_prefetched_when_off": all(r["prefetched_blocks"] == 0 for r in rounds["0"]),
+        # Both engines see the same prompts (same seed): prefetched KV must give the promoted KV's tokens.
+        "same_tokens": [r["tokens"] for r in rounds["1"]] == [r["tokens"] for r in rounds["0"]],
         "rounds": rounds,
     }  # fmt: skip
 
@@ -236,4 +238,5 @@ def queued_round(run: TtftRun, plan: Plan) -> dict[str, Any]:
         "ahead_ms": ttft[0] * 1e3,
         "queued_ms": ttft[1] * 1e3,
         "prefetched_blocks": run.llm.cache_stats()["prefetched_blocks"] - before,
+        "tokens": [o.outputs[0].token_ids for o in outs],
     }

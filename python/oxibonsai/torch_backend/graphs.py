@@ -162,14 +162,17 @@ class DecodeGraphs:
         n = batch.num_seqs
         bucket = self.bucket_for(n)
         self._load(batch, bucket)
-        inputs = self.layout.device_batch(self._words, bucket)
+        # A replay reads the buffer the graph was captured on: the bucket's views (~30 µs of host time
+        # before the replay can start) are built only to capture or to run eagerly.
         if self.capture:
-            graph = self._graphs.get(bucket) or self._capture(bucket, inputs)
+            graph = self._graphs.get(bucket)
+            if graph is None:
+                graph = self._capture(bucket, self.layout.device_batch(self._words, bucket))
             if graph is not None:
                 graph[0].replay()
                 self.replays += 1
                 return graph[1][:n]
-        return self.model.forward(inputs, self.kv)[:n]
+        return self.model.forward(self.layout.device_batch(self._words, bucket), self.kv)[:n]
 
     def _load(self, batch: StepBatch, bucket: int) -> None:
         """The step's inputs into the device buffer: one copy from the host buffer, which is
