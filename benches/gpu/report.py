@@ -76,4 +76,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                  f"({fmt(pf.get('prefetch_over_no_prefetch'), '.2f')}); all prefetched "
                  f"{pf.get('all_prefixes_prefetched')}, same tokens {pf.get('same_tokens')} "
                  f"{problem(pf)}")  # fmt: skip
+    lines.append(f"tier: arriving beside {pf.get('arrival_decoders')} decoders, TTFT with prefetch "
+                 f"{fmt(pf.get('arrival_ttft_ms_prefetch'))} ms ({pf.get('arrival_decoder_tokens_prefetch')} "
+                 f"decoder tokens meanwhile), without {fmt(pf.get('arrival_ttft_ms_no_prefetch'))} ms "
+                 f"({pf.get('arrival_decoder_tokens_no_prefetch')})")  # fmt: skip
     return lines

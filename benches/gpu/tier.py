@@ -1,8 +1,9 @@
 """The tier section: promote and demote GB/s of scattered KV blocks against one large pinned copy, and,
 through ``oxibonsai.LLM(runner="torch")`` on a random GGUF, the TTFT of a request whose prefix was
-demoted to the host tier against a cold prefill and a device hit; then the same request queued behind
-a prompt that fills a step, with the prefetch of its host-tier prefix on and off (two engines,
-``OXIBONSAI_HOST_PREFETCH``, rounds interleaved)."""
+demoted to the host tier against a cold prefill and a device hit; then, with the prefetch of host-tier
+prefixes on and off (two engines, ``OXIBONSAI_HOST_PREFETCH``, rounds interleaved), the same request
+queued behind a prompt that fills a step, and arriving while other requests decode (its time to first
+token and the tokens the others got meanwhile)."""
 
 from __future__ import annotations
 
@@ -177,14 +178,20 @@ def prefetch_record(plan: Plan, device: torch.device) -> dict[str, Any]:
     path, cfg = random_gguf(device, "prefetch.gguf")
     prompt = plan.ttft_prefix + plan.ttft_tail
     runs = {flag: prefetch_run(path, plan, prompt, cfg.vocab_size, flag) for flag in ("1", "0")}
-    for run in runs.values():
-        queued_round(run, plan)  # warm-up: every path compiled outside the timed rounds
+    for run in runs.values():  # warm-up: every path compiled outside the timed rounds
+        queued_round(run, plan)
+        arrival_round(run, plan)
     rounds: dict[str, list[dict[str, Any]]] = {flag: [] for flag in runs}
     for _ in range(plan.ttft_repeats):
         for flag, run in runs.items():
-            rounds[flag].append(queued_round(run, plan))
+            rounds[flag].append({**queued_round(run, plan), **arrival_round(run, plan)})
     path.unlink()
     on, off = (statistics.median(r["queued_ms"] for r in rounds[f]) for f in ("1", "0"))
+    arrival = {
+        f"arrival_{key}_{name}": statistics.median(r[f"arrival_{key}"] for r in rounds[flag])
+        for flag, name in (("1", "prefetch"), ("0", "no_prefetch"))
+        for key in ("ttft_ms", "decoder_tokens", "steps")
+    }
     prefix_blocks = plan.ttft_prefix // BLOCK_TOKENS
     return {
         "gguf": cfg.name, "prefix_tokens": plan.ttft_prefix, "tail_tokens": plan.ttft_tail,
@@ -193,8 +200,10 @@ def prefetch_record(plan: Plan, device: torch.device) -> dict[str, Any]:
         "prefetch_over_no_prefetch": ratio(on, off),
         "ahead_ttft_prefetch_ms": statistics.median(r["ahead_ms"] for r in rounds["1"]),
         "ahead_ttft_no_prefetch_ms": statistics.median(r["ahead_ms"] for r in rounds["0"]),
+        **arrival, "arrival_decoders": ARRIVAL_DECODERS,
         "all_prefixes_prefetched": all(r["prefetched_blocks"] >= prefix_blocks for r in rounds["1"]),
         "none_prefetched_when_off": all(r["prefetched_blocks"] == 0 for r in rounds["0"]),
+        "arrivals_prefetched": all(r["arrival_prefetched_blocks"] >= prefix_blocks for r in rounds["1"]),
         # Both engines see the same prompts (same seed): prefetched KV must give the promoted KV's tokens.
         "same_tokens": [r["tokens"] for r in rounds["1"]] == [r["tokens"] for r in rounds["0"]],
         "rounds": rounds,
@@ -202,14 +211,14 @@ def prefetch_record(plan: Plan, device: torch.device) -> dict[str, Any]:
 
 
 def prefetch_run(path: Path, plan: Plan, prompt: int, vocab: int, flag: str) -> TtftRun:
-    """An engine that starts two requests at once and fits a step-filling prompt beside a promoted
+    """An engine that fits a step-filling prompt (or a few short decoding requests) beside a promoted
     prefix, with ``OXIBONSAI_HOST_PREFETCH`` set to ``flag`` while it is built."""
     per_prompt = blocks_for(prompt + 17)
     before = os.environ.get("OXIBONSAI_HOST_PREFETCH")
     os.environ["OXIBONSAI_HOST_PREFETCH"] = flag
     try:
         llm = oxibonsai.LLM(
-            str(path), device=plan.device, runner="torch", max_model_len=prompt + 32, max_num_seqs=2,
+            str(path), device=plan.device, runner="torch", max_model_len=prompt + 32, max_num_seqs=8,
             max_num_batched_tokens=prompt + 16, kv_cache_dtype="f16", kv_cache_blocks=3 * per_prompt + 4,
             host_kv_cache_blocks=8 * per_prompt,
         )  # fmt: skip
@@ -240,3 +249,40 @@ def queued_round(run: TtftRun, plan: Plan) -> dict[str, Any]:
         "prefetched_blocks": run.llm.cache_stats()["prefetched_blocks"] - before,
         "tokens": [o.outputs[0].token_ids for o in outs],
     }
+
+
+ARRIVAL_DECODERS = 4
+
+
+def arrival_round(run: TtftRun, plan: Plan) -> dict[str, Any]:
+    """A prefix cached and pushed out to the host tier; then, while ``ARRIVAL_DECODERS`` short requests
+    decode, a request for it arrives: the ms and steps to its first token, and how many tokens the
+    decoders got meanwhile (with the prefetch, it starts a step later and the decoders do not wait for
+    its copies)."""
+    prefix = run.ids(plan.ttft_prefix)
+    run.request(prefix + run.ids(plan.ttft_tail))
+    run.fill()
+    engine = run.llm._engine
+    long = oxibonsai.SamplingParams(max_tokens=run.prompt_tokens + 16, temperature=0.0, ignore_eos=True)
+    decoders = [f"decoder-{i}" for i in range(ARRIVAL_DECODERS)]
+    for rid in decoders:
+        engine.add_request(rid, None, run.ids(8), long)
+    for _ in range(3):
+        engine.step()  # the decoders' prompts, then decodes
+    tokens_before = sum(r.metrics.num_generated_tokens for r in engine._requests.values())
+    before = run.llm.cache_stats()["prefetched_blocks"]
+    one = oxibonsai.SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    engine.add_request("arrival", None, prefix + run.ids(plan.ttft_tail), one)
+    steps = 0
+    while "arrival" in engine._handles:
+        engine.step()
+        steps += 1
+    elapsed = (time.perf_counter() - start) * 1e3
+    tokens = sum(r.metrics.num_generated_tokens for r in engine._requests.values()) - tokens_before
+    for rid in decoders:
+        engine.abort(rid)
+    return {
+        "arrival_ttft_ms": elapsed, "arrival_steps": steps, "arrival_decoder_tokens": tokens,
+        "arrival_prefetched_blocks": run.llm.cache_stats()["prefetched_blocks"] - before,
+    }  # fmt: skip

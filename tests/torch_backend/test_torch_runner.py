@@ -131,6 +131,41 @@ def test_a_waiting_requests_host_prefix_is_prefetched_and_changes_no_token(
     assert llm._engine._sched.check() is None
 
 
+@pytest.mark.parametrize("prefetch", ["1", "0"])
+def test_a_request_arriving_beside_decodes_starts_on_its_prefetched_prefix(
+    tiny_model, torch_uncached, rng, monkeypatch, prefetch
+):
+    """With the prefetch, a request whose prefix sits in the host tier starts a step later, its blocks
+    copied beside the decoding request's step; either way every token is the lone uncached run's."""
+    monkeypatch.setenv("OXIBONSAI_HOST_PREFETCH", prefetch)
+    vocab = torch_uncached.config["vocab"]
+    a, decoder = random_ids(rng, vocab, 49), random_ids(rng, vocab, 8)
+    llm = torch_llm(tiny_model, kv_cache_dtype="f32", kv_cache_blocks=10, host_kv_cache_blocks=32)
+    llm.generate(a, GREEDY)
+    llm.generate(random_ids(rng, vocab, 155), GREEDY)  # pushes A's three blocks to the host tier
+    engine = llm._engine
+    decode = ob.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    engine.add_request("decoder", None, decoder, decode)
+    engine.step()
+    engine.step()
+    engine.add_request("a", None, a, GREEDY)
+    arrival = engine._requests[engine._handles["a"]]
+    finished, steps_to_start = {}, None
+    for step in range(1, 40):
+        finished.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+        if steps_to_start is None and arrival.output_ids:
+            steps_to_start = step
+        if not engine.has_unfinished():
+            break
+    assert finished["a"] == token_lists(torch_uncached.generate(a, GREEDY))[0]
+    assert finished["decoder"] == token_lists(torch_uncached.generate(decoder, decode))[0]
+    stats = llm.cache_stats()
+    on = prefetch == "1"
+    assert stats["prefetched_blocks"] == (3 if on else 0), stats
+    assert steps_to_start == (2 if on else 1), "with the prefetch A starts a step later"
+    assert stats["free_blocks"] + stats["idle_blocks"] == 10, "a device block leaked"
+
+
 def test_async_llm_streams_on_the_torch_runner(tiny_model, torch_uncached, rng):
     import asyncio
 

@@ -151,6 +151,12 @@ impl SequenceTable {
             return 0;
         }
         let m = self.cached_prefix(prompt, salt);
+        self.prefetch_found(m, max_blocks)
+    }
+
+    /// [`prefetch`](Self::prefetch) on the match [`cached_prefix`](Self::cached_prefix) just returned
+    /// (the table unchanged since).
+    pub fn prefetch_found(&mut self, m: PrefixMatch, max_blocks: usize) -> usize {
         self.blocks.prefetch(m, max_blocks)
     }
 

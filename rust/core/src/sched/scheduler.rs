@@ -26,6 +26,9 @@ pub struct Scheduler {
     admissions: u64,
     /// The step whose output still awaits `update`.
     pub(super) pending: Option<u64>,
+    /// The last request whose start was put off by a step while its host-tier prefix was prefetched
+    /// (see `admit`): it is not put off twice in a row.
+    deferred: Option<u64>,
     stats: SchedulerStats,
 }
 
@@ -64,6 +67,7 @@ impl Scheduler {
             arrivals: 0,
             admissions: 0,
             pending: None,
+            deferred: None,
             stats: SchedulerStats::default(),
         })
     }
@@ -266,6 +270,9 @@ impl Scheduler {
             if !self.config.chunked_prefill && remaining > budget.tokens {
                 return;
             }
+            if self.defer_for_prefetch(id, &m, kv, budget, out) {
+                return;
+            }
             let n = remaining.min(budget.tokens);
             let cached_blocks = m.cached_tokens / BLOCK_TOKENS;
             let new_blocks = blocks_for(m.cached_tokens + n) - cached_blocks;
@@ -278,6 +285,34 @@ impl Scheduler {
             budget.available = kv.num_available_blocks();
             schedule_item(self.step, self.requests.at_mut(slot), slot, n, new_blocks, budget, out);
         }
+    }
+
+    /// Puts off the start of request `id`, whose cached prefix `m` continues in the host tier, by one
+    /// step when the step already computes other requests: its host blocks are prefetched now (all of
+    /// them, into blocks the step leaves spare), so their copies run beside this step instead of
+    /// holding up every request of the step that promotes them, and it starts next step on device
+    /// blocks. Its own first token comes no later: the copy takes as long either way. Admission stops
+    /// behind it for this step (the blocks it needs stay spare). Never twice in a row for a request.
+    fn defer_for_prefetch(
+        &mut self,
+        id: u64,
+        m: &PrefixMatch,
+        kv: &mut SequenceTable,
+        budget: &mut Budget,
+        out: &SchedulerOutput,
+    ) -> bool {
+        let worth = self.config.host_prefetch && !m.host_blocks.is_empty() && !out.items.is_empty();
+        if !worth || self.deferred == Some(id) {
+            return false;
+        }
+        let spare = budget.room().saturating_sub(self.running.len());
+        if m.host_blocks.len() + m.idle_blocks > spare {
+            return false;
+        }
+        kv.prefetch_found(m.clone(), spare);
+        budget.available = kv.num_available_blocks();
+        self.deferred = Some(id);
+        true
     }
 
     /// Promotes the host-tier prefixes of the waiting requests next in queue order (as many as could

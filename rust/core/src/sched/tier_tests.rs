@@ -157,6 +157,39 @@ fn a_waiting_requests_host_prefix_is_prefetched_while_another_prompt_runs() {
 }
 
 #[test]
+fn a_request_whose_prefix_is_in_the_host_tier_starts_a_step_later_on_prefetched_blocks() {
+    for host_prefetch in [true, false] {
+        let (mut kv, mut mem) = table(8, 8);
+        let cfg = SchedulerConfig { max_num_seqs: 2, max_num_batched_tokens: 64, host_prefetch, ..Default::default() };
+        let mut s = Scheduler::new(cfg).unwrap();
+        let a: Vec<u32> = (0..49).collect();
+        run_prompt(&mut s, &mut kv, &mut mem, 0, a.clone());
+        run_prompt(&mut s, &mut kv, &mut mem, 1, (100..228).collect());
+        s.add(2, (500..520).collect(), 0, None).unwrap();
+        step(&mut s, &mut kv, &mut mem); // D's prompt; D decodes from now on
+        s.add(3, a.clone(), 0, None).unwrap();
+        let out = step(&mut s, &mut kv, &mut mem);
+        let started = |out: &SchedulerOutput| out.items.iter().any(|it| it.request == 3);
+        let stats = kv.cache_stats();
+        if host_prefetch {
+            assert!(!started(&out), "A waits a step while its prefix is prefetched");
+            assert_eq!((stats.prefetched_blocks, stats.host_hit_tokens), (3, 0), "{stats:?}");
+            let out = step(&mut s, &mut kv, &mut mem);
+            assert!(started(&out), "A starts the step after");
+        } else {
+            assert!(started(&out), "A starts at once, promoting its prefix");
+            assert_eq!((stats.prefetched_blocks, stats.host_hit_tokens), (0, 48), "{stats:?}");
+        }
+        assert_eq!(s.request(3).unwrap().num_computed, 49, "only A's last token was computed");
+        assert_eq!(kv.cache_stats().promotions, 3);
+        for id in [2, 3] {
+            s.finish(id, &mut kv);
+        }
+        s.check(&kv).unwrap();
+    }
+}
+
+#[test]
 fn without_host_room_evicted_blocks_are_dropped() {
     let (mut kv, mut mem) = table(6, 1);
     let mut s =
@@ -210,15 +243,34 @@ fn random_workload(seed: u64) -> (u64, u64) {
             }
         }
     }
-    for id in s.running_ids().into_iter().chain(s.waiting_ids()) {
-        assert!(s.finish(id, &mut kv));
-    }
+    drain(&mut s, &mut kv, &mut mem, seed);
     s.check(&kv).unwrap();
     let stats = kv.cache_stats();
     kv.reset_prefix_cache();
     assert_eq!(kv.num_free_blocks(), device, "seed {seed}: device blocks leaked");
     assert_eq!(kv.cache_stats().host_free_blocks, host, "seed {seed}: host blocks leaked");
     (stats.promotions, stats.prefetched_blocks)
+}
+
+/// Runs every request left to the end of its prompt, then finishes it: each must get there (no request
+/// is put off or preempted forever) within a bound on the steps, four times what computing every
+/// token left at the step budget's pace takes.
+fn drain(s: &mut Scheduler, kv: &mut SequenceTable, mem: &mut Memory, seed: u64) {
+    let ids: Vec<u64> = s.running_ids().into_iter().chain(s.waiting_ids()).collect();
+    let tokens: usize = ids.iter().map(|&id| s.request(id).unwrap().tokens.len()).sum();
+    let bound = 4 * (tokens.div_ceil(s.config().max_num_batched_tokens) + ids.len()) + 64;
+    for _ in 0..bound {
+        if s.num_running() + s.num_waiting() == 0 {
+            return;
+        }
+        step(s, kv, mem);
+        for id in s.running_ids() {
+            if s.request(id).unwrap().remaining() <= 1 {
+                s.finish(id, kv);
+            }
+        }
+    }
+    panic!("seed {seed}: {} requests still unfinished after {bound} steps", s.num_running() + s.num_waiting());
 }
 
 #[test]
