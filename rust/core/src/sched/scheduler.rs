@@ -291,8 +291,9 @@ impl Scheduler {
     /// step when the step already computes other requests: its host blocks are prefetched now (all of
     /// them, into blocks the step leaves spare), so their copies run beside this step instead of
     /// holding up every request of the step that promotes them, and it starts next step on device
-    /// blocks. Its own first token comes no later: the copy takes as long either way. Admission stops
-    /// behind it for this step (the blocks it needs stay spare). Never twice in a row for a request.
+    /// blocks. Its own first token comes later by what this step takes beyond the copy, if anything
+    /// (the next step waits for what is left of the copy). Admission stops behind it for this step
+    /// (the blocks it needs stay spare). Never twice in a row for a request.
     fn defer_for_prefetch(
         &mut self,
         id: u64,
