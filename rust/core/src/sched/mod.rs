@@ -4,8 +4,9 @@
 //! chunks of prompts still in prefill, then admits waiting requests while the token budget, the
 //! sequence limit and the KV blocks allow, preempting the lowest-priority, most recently admitted
 //! request when blocks run out. With a host tier, a step also prefetches the host-tier prefixes of the
-//! requests next in line, so their copies run beside it. Prefill, chunked prefill and decode are all
-//! "n tokens of request r" ([`SchedulerOutput`]). The scheduler sees the KV cache only through a [`SequenceTable`]
+//! requests next in line, so their copies run beside it (a request that would start by promoting its
+//! prefix while others run starts a step later, on the prefetched blocks). Prefill, chunked prefill
+//! and decode are all "n tokens of request r" ([`SchedulerOutput`]). The scheduler sees the KV cache only through a [`SequenceTable`]
 //! (start, free, how many blocks a step needs); it never runs the model and never decides that a
 //! request is finished: the engine samples, calls [`Scheduler::update`], and calls
 //! [`Scheduler::finish`] on stop tokens, stop strings or length.
