@@ -122,17 +122,23 @@ fn run_prompt(s: &mut Scheduler, kv: &mut SequenceTable, mem: &mut Memory, id: u
     assert!(s.finish(id, kv));
 }
 
+/// Two requests at a time over 8 device and 8 host blocks, after prompt A (3 full blocks and a
+/// token, returned) ran and a prompt filling the device pushed its 3 blocks to the host tier.
+fn with_a_demoted(budget: usize, host_prefetch: bool) -> (Scheduler, SequenceTable, Memory, Vec<u32>) {
+    let (mut kv, mut mem) = table(8, 8);
+    let cfg = SchedulerConfig { max_num_seqs: 2, max_num_batched_tokens: budget, host_prefetch, ..Default::default() };
+    let mut s = Scheduler::new(cfg).unwrap();
+    let a: Vec<u32> = (0..49).collect();
+    run_prompt(&mut s, &mut kv, &mut mem, 0, a.clone());
+    run_prompt(&mut s, &mut kv, &mut mem, 1, (100..228).collect());
+    assert_eq!(kv.cache_stats().demotions, 3);
+    (s, kv, mem, a)
+}
+
 #[test]
 fn a_waiting_requests_host_prefix_is_prefetched_while_another_prompt_runs() {
     for host_prefetch in [true, false] {
-        let (mut kv, mut mem) = table(8, 8);
-        let cfg = SchedulerConfig { max_num_seqs: 2, max_num_batched_tokens: 32, host_prefetch, ..Default::default() };
-        let mut s = Scheduler::new(cfg).unwrap();
-        let a: Vec<u32> = (0..49).collect(); // 3 full blocks + 1 token
-        run_prompt(&mut s, &mut kv, &mut mem, 0, a.clone());
-        // Fills the device: A's blocks are demoted to the host tier.
-        run_prompt(&mut s, &mut kv, &mut mem, 1, (100..228).collect());
-        assert_eq!(kv.cache_stats().demotions, 3);
+        let (mut s, mut kv, mut mem, a) = with_a_demoted(32, host_prefetch);
         // C takes the whole token budget; A's prompt again waits behind it.
         s.add(2, (500..540).collect(), 0, None).unwrap();
         s.add(3, a.clone(), 0, None).unwrap();
@@ -159,12 +165,7 @@ fn a_waiting_requests_host_prefix_is_prefetched_while_another_prompt_runs() {
 #[test]
 fn a_request_whose_prefix_is_in_the_host_tier_starts_a_step_later_on_prefetched_blocks() {
     for host_prefetch in [true, false] {
-        let (mut kv, mut mem) = table(8, 8);
-        let cfg = SchedulerConfig { max_num_seqs: 2, max_num_batched_tokens: 64, host_prefetch, ..Default::default() };
-        let mut s = Scheduler::new(cfg).unwrap();
-        let a: Vec<u32> = (0..49).collect();
-        run_prompt(&mut s, &mut kv, &mut mem, 0, a.clone());
-        run_prompt(&mut s, &mut kv, &mut mem, 1, (100..228).collect());
+        let (mut s, mut kv, mut mem, a) = with_a_demoted(64, host_prefetch);
         s.add(2, (500..520).collect(), 0, None).unwrap();
         step(&mut s, &mut kv, &mut mem); // D's prompt; D decodes from now on
         s.add(3, a.clone(), 0, None).unwrap();
