@@ -180,7 +180,9 @@ impl Scheduler {
         self.prefills = prefills;
         if out.preempted.is_empty() {
             self.admit(kv, &mut budget, &mut out);
-            if self.config.host_prefetch {
+            // Not in an empty step: there is no forward pass to overlap, and an engine runs no plan
+            // (so no copies) for it.
+            if self.config.host_prefetch && !out.items.is_empty() {
                 self.prefetch(kv, &mut budget);
             }
         }

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 
 use super::tests::Rng;
 use super::*;
-use crate::kv::{blocks_for, SequenceTable, BLOCK_TOKENS};
+use crate::kv::{blocks_for, SequenceTable, TierCopies, BLOCK_TOKENS};
 use crate::step::StepPlan;
 
 type Slots = Vec<[u64; BLOCK_TOKENS]>;
@@ -29,6 +29,8 @@ fn fingerprint(tokens: &[u32]) -> u64 {
 fn step(s: &mut Scheduler, kv: &mut SequenceTable, mem: &mut Memory) -> SchedulerOutput {
     let out = s.schedule(kv);
     let plan = s.plan(&out, kv).unwrap();
+    // An engine skips an empty step (no plan, no copies run): it must record none.
+    assert!(!out.items.is_empty() || plan.copies == TierCopies::default(), "copies in an empty step");
     for &[d, h] in &plan.copies.demote {
         mem.host[h as usize] = mem.device[d as usize];
     }
