@@ -125,7 +125,7 @@ def test_the_op_set_is_the_reference_set_with_this_q1_linear(rng):
     ops = ops_int4pack()
     assert sorted(vars(ops)) == sorted(OP_NAMES)
     assert ops.q1_linear is q1_linear
-    own = ("q1_linear", "q1_fused_linear")
+    own = ("q1_linear", "q1_fused_linear", "attention_linear")
     assert all(getattr(ops, name) is getattr(ref_torch, name) for name in OP_NAMES if name not in own)
     w, _ = random_q1(rng, 32, 128, "cpu")
     x, norm = torch.randn(3, 128), 1 + 0.1 * torch.randn(128)

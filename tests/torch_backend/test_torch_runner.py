@@ -7,6 +7,7 @@ fail at construction with clear errors."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -289,6 +290,9 @@ def test_each_matmul_is_one_fused_op_with_its_norm_swiglu_and_residual(tiny_mode
 
     ops = SimpleNamespace(**{name: getattr(ref_torch, name) for name in OP_NAMES})
     ops.q1_fused_linear = counting
+    ops.attention_linear = functools.partial(
+        ref_torch.composed_attention_linear, ref_torch.paged_attention, counting
+    )
     model = TorchQwen3.from_gguf(tiny_model, "cpu", ops=ops)
     c, layer = model.config, model.weights.layers[0]
     assert layer.wqkv is not None and layer.wqkv.rows == c.q_dim + 2 * c.kv_dim

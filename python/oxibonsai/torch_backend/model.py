@@ -99,12 +99,17 @@ class TorchQwen3:
             qkv, layer.q_norm, layer.k_norm, batch.positions, k_cache, v_cache, batch.slot_mapping,
             q_heads=c.n_heads, cos_sin=self.cos_sin, eps=c.rms_eps,
         )  # fmt: skip
-        tables, lens, starts = batch.block_tables, batch.seq_lens, batch.query_start_loc
-        out = ops.paged_attention(
-            q, k_cache, v_cache, tables, lens, starts, self.scale, decode_from=batch.decode_from,
-            decode_rows=batch.decode_rows, max_q_len=batch.max_query_len,
-        )  # fmt: skip
-        return self._linear(out.reshape(x.shape[0], c.q_dim), layer.wo, residual=x)
+        args = (q, k_cache, v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc, self.scale)
+        hints = {
+            "decode_from": batch.decode_from,
+            "decode_rows": batch.decode_rows,
+            "max_q_len": batch.max_query_len,
+        }
+        if not isinstance(layer.wo, DenseWeight):  # one op: the exact set quantizes in attention
+            out: torch.Tensor = ops.attention_linear(*args, layer.wo, residual=x, **hints)
+            return out
+        attention = ops.paged_attention(*args, **hints)
+        return self._linear(attention.reshape(x.shape[0], c.q_dim), layer.wo, residual=x)
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         """``x`` plus the SwiGLU MLP's output."""

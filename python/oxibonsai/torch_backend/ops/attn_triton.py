@@ -19,17 +19,28 @@ kernels only, one with no decode rows the prefill kernel only.
   is query ``r // GROUP``, head ``r % GROUP``), KV tiles start at position 0, and a tile stops at its
   last row's position (fully masked KV tiles leave a row's sums unchanged, bit for bit).
 
+``quantized_attention`` returns the O projection's activations (``q1_exact.QuantizedRows``) instead of
+the float output, and ``attention_linear`` the projection itself: in a decode step the merge kernel
+quantizes each head's 128 outputs (one activation block) as it writes them, with ``q1_exact``'s rule and
+bits (the merge runs without floating-point contraction, as the quantize kernel does, so its values do
+not depend on which of the two quantizes them).
+
 Both read KV position ``p`` of sequence ``s`` at block ``block_tables[s, p // block_size]``, slot
 ``p % block_size``, and mask every position past the row's own: entries beyond a sequence's blocks
 are never loaded. Scores, softmax and sums are float32 whatever the cache dtype."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
 from oxibonsai.torch_backend import batch
+from oxibonsai.torch_backend.ops.q1_exact import NO_FUSION, QK, QuantizedRows, linear_quantized, quantize
+from oxibonsai.torch_backend.ops.q1_exact_kernels import _store_block
+from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
 
 PRECISIONS = ("ieee", "tf32")  # tl.dot's: exact float32 (FMAs), or tensor cores on inputs rounded to tf32
 GPU_PRECISION = "tf32"  # the default on CUDA: "ieee" needs 255 registers and spills in prefill (sm_90)
@@ -128,11 +139,13 @@ def _decode_kernel(
 
 @triton.jit
 def _merge_kernel(
-    mid_o_ptr, mid_lse_ptr, decode_rows_ptr, out_ptr,
-    head_dim, stride_mt, stride_mh, stride_ms, stride_ot, stride_oh,
-    MAX_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
+    mid_o_ptr, mid_lse_ptr, decode_rows_ptr, out_ptr, planes_ptr, scales_ptr, sums_ptr,
+    head_dim, stride_mt, stride_mh, stride_ms, stride_ot, stride_oh, stride_pp, stride_pm, stride_sm,
+    MAX_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, QUANTIZE: tl.constexpr,
 ):  # fmt: skip
-    """``out[row, head]`` from the splits of decode item ``program_id(0)``, head ``program_id(1)``."""
+    """``out[row, head]`` from the splits of decode item ``program_id(0)``, head ``program_id(1)``; with
+    ``QUANTIZE`` (``head_dim`` 128: one head is one block of the O projection's activations) that
+    block of the row quantized into ``q1_exact.QuantizedRows`` instead."""
     item, head = tl.program_id(0), tl.program_id(1)
     row = tl.load(decode_rows_ptr + 2 * item)
     splits = tl.arange(0, MAX_SPLITS)
@@ -143,7 +156,10 @@ def _merge_kernel(
     weights = tl.exp(lse - tl.max(lse, axis=0))  # split 0 is never empty: the max is finite
     parts = tl.load(mid_o_ptr + mid[:, None] + offs_d[None, :], mask=mask_d[None, :], other=0.0)
     out = tl.sum(weights[:, None] * parts, axis=0) / tl.sum(weights, axis=0)
-    tl.store(out_ptr + row * stride_ot + head * stride_oh + offs_d, out, mask=mask_d)
+    if QUANTIZE:
+        _store_block(out, planes_ptr, scales_ptr, sums_ptr, row, head, stride_pp, stride_pm, stride_sm)
+    else:
+        tl.store(out_ptr + row * stride_ot + head * stride_oh + offs_d, out, mask=mask_d)
 
 
 @triton.jit
@@ -209,7 +225,8 @@ def paged_attention(
     max_splits: int | None = None,
     precision: str | None = None,
 ) -> torch.Tensor:
-    """Causal paged attention, float32 ``[T, Hq, D]`` (see ``ref_torch.paged_attention``).
+    """Causal paged attention, float32 ``[T, Hq, D]`` (see ``ref_torch.paged_attention``; a row no
+    sequence owns is left unwritten here, not zeroed: runners' steps have none).
     ``decode_from`` (int32 ``[S]``) picks each row's kernel (module doc); by default
     ``batch.default_decode_from``'s rule. ``decode_rows`` (int32
     ``[D, 2]``, ``batch.decode_rows`` of the same plan) and ``max_q_len``, which runners take from the
@@ -218,14 +235,11 @@ def paged_attention(
     splits: 16 on a GPU, 2 in the interpreter. ``precision`` (one of ``PRECISIONS``) picks the dots:
     ``GPU_PRECISION`` on CUDA, "ieee" elsewhere."""
     q = _check(q, k_cache, v_cache)
-    precision = precision or (GPU_PRECISION if _on_gpu(q.device) else "ieee")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    splits = max_splits or (16 if _on_gpu(q.device) else 2)
-    if splits & (splits - 1):
-        raise ValueError(f"max_splits must be a power of 2, got {splits}")
+    precision, splits = _precision_and_splits(q.device, precision, max_splits)
     rows = _Rows(block_tables, seq_lens, query_start_loc, decode_from, decode_rows)
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    # Every row is written by exactly one kernel (its decode_rows entry or its sequence's prompt rows):
+    # no fill launch (one per layer and step) is needed.
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     if rows.decode_rows.shape[0]:
         _decode(q, k_cache, v_cache, rows, scale, out, splits, precision)
     if rows.decode_rows.shape[0] < q.shape[0]:
@@ -234,6 +248,66 @@ def paged_attention(
             max_q_len = int(q_lens.max()) if q_lens.numel() else 0
         _prefill(q, k_cache, v_cache, rows, scale, out, max_q_len, precision)
     return out
+
+
+def quantized_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    decode_from: torch.Tensor | None = None,
+    decode_rows: torch.Tensor | None = None,
+    max_q_len: int | None = None,
+    max_splits: int | None = None,
+    precision: str | None = None,
+) -> QuantizedRows:
+    """``q1_exact.quantize(paged_attention(...).reshape(T, Hq * D))``, the activations of the O
+    projection, with the same bits: when every row is a decode row (a decode step) and ``D`` is 128,
+    the merge kernel quantizes each head's output itself (one launch per layer fewer, and no float
+    output); otherwise the attention output is quantized after. Every row must be some sequence's."""
+    tokens, q_heads, head_dim = q.shape
+    rows_known = decode_rows is not None and decode_rows.shape[0] == tokens
+    if not rows_known or head_dim != QK or tokens == 0:
+        out = paged_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, decode_from=decode_from,
+            decode_rows=decode_rows, max_q_len=max_q_len, max_splits=max_splits, precision=precision,
+        )  # fmt: skip
+        return quantize(out.reshape(tokens, q_heads * head_dim))
+    q = _check(q, k_cache, v_cache)
+    precision, splits = _precision_and_splits(q.device, precision, max_splits)
+    rows = _Rows(block_tables, seq_lens, query_start_loc, decode_from, decode_rows)
+    acts = QuantizedRows.empty(tokens, q_heads * head_dim, q.device)
+    _decode(q, k_cache, v_cache, rows, scale, acts, splits, precision)
+    return acts
+
+
+def attention_linear(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    w: Q1Weight,
+    *,
+    residual: torch.Tensor | None = None,
+    **hints: Any,
+) -> torch.Tensor:
+    """``ref_torch.attention_linear`` in the exact arithmetic: the O projection of
+    ``quantized_attention``'s rows (in a decode step, quantized by the merge kernel)."""
+    tokens, width = q.shape[0], q.shape[1] * q.shape[2]
+    if w.cols != width or (residual is not None and residual.shape != (tokens, w.rows)):
+        raise ValueError(
+            f"W [{w.rows}, {w.cols}] and residual {None if residual is None else list(residual.shape)} "
+            f"do not fit attention rows [{tokens}, {width}]"
+        )
+    acts = quantized_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, **hints)
+    return linear_quantized(acts, w, residual=residual)
 
 
 class _Rows:
@@ -271,10 +345,12 @@ def _decode(
     v_cache: torch.Tensor,
     rows: _Rows,
     scale: float,
-    out: torch.Tensor,
+    out: torch.Tensor | QuantizedRows,
     splits: int,
     precision: str,
 ) -> None:
+    """The decode rows' attention into ``out``: float32 ``[T, Hq, D]``, or quantized rows ``[T, Hq * D]``
+    (``D`` = 128)."""
     tokens, q_heads, head_dim = q.shape
     kv_heads, group = k_cache.shape[2], q_heads // k_cache.shape[2]
     mid_o = torch.empty(tokens, q_heads, splits, head_dim, dtype=torch.float32, device=q.device)
@@ -289,10 +365,16 @@ def _decode(
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=_block_d(head_dim),
         BLOCK_N=DECODE_BLOCK_N, PRECISION=precision,
     )  # fmt: skip
+    quantize = isinstance(out, QuantizedRows)
+    planes, scales, sums = (out.planes, out.scales, out.sums) if quantize else (mid_o, mid_lse, mid_lse)
+    float_out = mid_o if quantize else out
+    # Contraction off: the merged values are the same bits whether this kernel quantizes them or
+    # q1_exact.quantize does (whose kernel runs without contraction too).
     _merge_kernel[(items, q_heads)](
-        mid_o, mid_lse, rows.decode_rows, out,
-        head_dim, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), out.stride(0), out.stride(1),
-        MAX_SPLITS=splits, BLOCK_D=_block_d(head_dim),
+        mid_o, mid_lse, rows.decode_rows, float_out, planes, scales, sums,
+        head_dim, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), float_out.stride(0),
+        float_out.stride(1), planes.stride(0), planes.stride(1), scales.stride(0),
+        MAX_SPLITS=splits, BLOCK_D=_block_d(head_dim), QUANTIZE=quantize, **NO_FUSION,
     )  # fmt: skip
 
 
@@ -320,6 +402,18 @@ def _prefill(
         BLOCK_M=block_m, BLOCK_D=_block_d(head_dim), BLOCK_N=PREFILL_BLOCK_N, PRECISION=precision,
         num_warps=4 if precision == "ieee" else 8,  # sm_90: tf32 spills nothing at 8, ieee less at 4
     )  # fmt: skip
+
+
+def _precision_and_splits(device: torch.device, precision: str | None, splits: int | None) -> tuple[str, int]:
+    """The dots' precision and the decode kernel's KV splits: the arguments, checked, or the device's
+    defaults (see ``paged_attention``)."""
+    precision = precision or (GPU_PRECISION if _on_gpu(device) else "ieee")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    splits = splits or (16 if _on_gpu(device) else 2)
+    if splits & (splits - 1):
+        raise ValueError(f"max_splits must be a power of 2, got {splits}")
+    return precision, splits
 
 
 def _on_gpu(device: torch.device) -> bool:

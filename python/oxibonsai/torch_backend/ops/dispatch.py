@@ -13,6 +13,7 @@ and ``q1_fast``'s f16x2 GEMV: float32 sums, tf32 GEMM; a row's bits depend on th
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from types import SimpleNamespace
@@ -31,6 +32,7 @@ OP_NAMES = (
     "write_kv",
     "qk_norm_rope_write_kv",
     "paged_attention",
+    "attention_linear",
 )
 ENV_VAR = "OXIBONSAI_TORCH_OPS"
 CHOICES = ("ref", "triton", "int4pack")
@@ -93,9 +95,10 @@ def triton_op_set(q1: str = "exact") -> SimpleNamespace:
     )
 
     exact = q1 == "exact"
+    fused_linear = q1_exact.fused_linear if exact else q1_fast.fused_linear
     return SimpleNamespace(
         q1_linear=q1_exact.q1_linear if exact else q1_triton.q1_linear,
-        q1_fused_linear=q1_exact.fused_linear if exact else q1_fast.fused_linear,
+        q1_fused_linear=fused_linear,
         embedding=ref_torch.embedding,
         rms_norm=norm_triton.rms_norm,
         rope_neox=ref_torch.rope_neox,
@@ -103,6 +106,13 @@ def triton_op_set(q1: str = "exact") -> SimpleNamespace:
         write_kv=kv_triton.write_kv,
         qk_norm_rope_write_kv=rope_kv_triton.qk_norm_rope_write_kv,
         paged_attention=attn_triton.paged_attention,
+        attention_linear=(
+            attn_triton.attention_linear
+            if exact
+            else functools.partial(
+                ref_torch.composed_attention_linear, attn_triton.paged_attention, fused_linear
+            )
+        ),
     )
 
 

@@ -68,6 +68,16 @@ class QuantizedRows:
     scales: torch.Tensor  # float32 [M, K / 128]; NaN for a block with a non-finite value
     sums: torch.Tensor  # int32 [M, K / 128]: each block's sum of q
 
+    @classmethod
+    def empty(cls, m: int, k: int, device: torch.device) -> QuantizedRows:
+        """Room for ``m`` rows of ``k`` values (a kernel fills rows ``0..m``); the planes' padding rows
+        (3, 5-7 rows: ``padded_rows``) are zeros, which the GEMV reads."""
+        planes = torch.empty(2, padded_rows(m), k, dtype=torch.int8, device=device)
+        if planes.shape[1] > m:  # nothing to launch otherwise
+            planes[:, m:].zero_()
+        scales = torch.empty(m, k // QK, dtype=torch.float32, device=device)
+        return cls(planes, scales, torch.empty(m, k // QK, dtype=torch.int32, device=device))
+
     @property
     def rows(self) -> int:
         return int(self.scales.shape[0])
@@ -88,19 +98,15 @@ def quantize(x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 0.0
         raise ValueError(f"norm weight must be [{x.shape[1]}], got {list(norm.shape)}")
     x = x if x.stride(1) == 1 else x.contiguous()
     m, k = x.shape
-    planes = torch.empty(2, padded_rows(m), k, dtype=torch.int8, device=x.device)
-    if planes.shape[1] > m:  # padding rows (3, 5-7 rows) read as zeros; nothing to launch otherwise
-        planes[:, m:].zero_()
-    scales = torch.empty(m, k // QK, dtype=torch.float32, device=x.device)
-    sums = torch.empty(m, k // QK, dtype=torch.int32, device=x.device)
+    acts = QuantizedRows.empty(m, k, x.device)
     if m:
         _quantize_kernel[(m,)](
-            x, norm if norm is not None else x, planes, scales, sums,
+            x, norm if norm is not None else x, acts.planes, acts.scales, acts.sums,
             k, eps,
-            x.stride(0), planes.stride(0), planes.stride(1), scales.stride(0),
+            x.stride(0), acts.planes.stride(0), acts.planes.stride(1), acts.scales.stride(0),
             NORM=norm is not None, **NO_FUSION,
         )  # fmt: skip
-    return QuantizedRows(planes, scales, sums)
+    return acts
 
 
 def padded_rows(m: int) -> int:

@@ -36,20 +36,28 @@ def _quantize_kernel(
             v = tl.load(row + b * 128 + cols).to(tl.float32)
             squares += v * v
         rstd = 1.0 / tl.sqrt(tl.sum(squares) / K + eps)
-    # column 32c + 8i + j goes to byte 32c + 4j + i: word 8c + j, lane i
-    dest = (cols // 32) * 32 + (cols % 8) * 4 + (cols % 32) // 8
     for b in range(K // 128):
         x = tl.load(row + b * 128 + cols).to(tl.float32)
         if NORM:
             x = x * rstd * tl.load(norm_ptr + b * 128 + cols).to(tl.float32)
-        q, scale = _quantize_block(x)
-        low = (q << 24) >> 24
-        high = (q - low) >> 8
-        plane = planes_ptr + m * stride_pm + b * 128 + dest
-        tl.store(plane, high.to(tl.int8))
-        tl.store(plane + stride_pp, low.to(tl.int8))
-        tl.store(scales_ptr + m * stride_sm + b, scale)
-        tl.store(sums_ptr + m * stride_sm + b, tl.sum(q))
+        _store_block(x, planes_ptr, scales_ptr, sums_ptr, m, b, stride_pp, stride_pm, stride_sm)
+
+
+@triton.jit
+def _store_block(x, planes_ptr, scales_ptr, sums_ptr, m, b, stride_pp, stride_pm, stride_sm):
+    """Block ``b`` of row ``m`` (``x``: its 128 float32 values) quantized into ``QuantizedRows``' planes,
+    scales and sums."""
+    cols = tl.arange(0, 128)
+    # column 32c + 8i + j goes to byte 32c + 4j + i: word 8c + j, lane i
+    dest = (cols // 32) * 32 + (cols % 8) * 4 + (cols % 32) // 8
+    q, scale = _quantize_block(x)
+    low = (q << 24) >> 24
+    high = (q - low) >> 8
+    plane = planes_ptr + m * stride_pm + b * 128 + dest
+    tl.store(plane, high.to(tl.int8))
+    tl.store(plane + stride_pp, low.to(tl.int8))
+    tl.store(scales_ptr + m * stride_sm + b, scale)
+    tl.store(sums_ptr + m * stride_sm + b, tl.sum(q))
 
 
 @triton.jit

@@ -134,6 +134,9 @@ def ops_int4pack() -> SimpleNamespace:
     ops = SimpleNamespace(**{name: getattr(ref_torch, name) for name in OP_NAMES})
     ops.q1_linear = q1_linear
     ops.q1_fused_linear = functools.partial(ref_torch.fused_linear, q1_linear)
+    ops.attention_linear = functools.partial(
+        ref_torch.composed_attention_linear, ref_torch.paged_attention, ops.q1_fused_linear
+    )
     return ops
 
 
