@@ -319,6 +319,10 @@ class LLM:
             raise ValueError("token_ids is empty")
         if len(ids) > self.max_model_len:
             raise ValueError(f"{len(ids)} tokens exceed the context (max_model_len={self.max_model_len})")
+        vocab = self._runner.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:  # checked here for every runner: a GPU kernel would read past the table
+            raise ValueError(f"token id {bad} is out of range for a vocabulary of {vocab}")
         return self._runner.logits(ids)
 
     def chat_prompt(

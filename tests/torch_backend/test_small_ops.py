@@ -1,5 +1,6 @@
 """The small ops of the torch path and the op-set choice: ``write_kv`` (ref and Triton) against a numpy
-model of the slot rule, ``rms_norm`` (ref and Triton) and ``rope_neox``/``silu_mul`` against the float64
+model of the slot rule, the Q1 ``embedding`` (Triton against ref, bit for bit), ``rms_norm`` (ref and
+Triton) and ``rope_neox``/``silu_mul`` against the float64
 numpy Qwen3 reference (``tests/qwen3_reference.py``), and ``dispatch.ops_for`` on this CPU machine.
 
 Bounds: RMSNorm and SiLU are float32 elementwise work, ``ELEMENTWISE_TOL`` = 1e-5 relative. RoPE angles
@@ -103,6 +104,26 @@ def test_silu_mul(rng: np.random.Generator) -> None:
     np.testing.assert_allclose(out.numpy(), expected, rtol=ELEMENTWISE_TOL, atol=ELEMENTWISE_TOL)
 
 
+def test_triton_embedding_gives_the_reference_rows_bit_for_bit(rng: np.random.Generator) -> None:
+    """Random rows, repeats and the last row, including a zero scale (+-0 alike)."""
+    import oxibonsai as ob
+    from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
+
+    embed_triton = triton_module("embed_triton")
+    rows, cols = 37, 384
+    values = rng.standard_normal((rows, cols)).astype(np.float32)
+    values[5, :128] = 0.0  # a block whose scale is 0
+    raw = np.frombuffer(ob.Q1Matrix.quantize(values).to_bytes(), dtype=np.uint8)
+    ids = torch.from_numpy(np.concatenate([rng.integers(0, rows, 9), [5, rows - 1, 5]]).astype(np.int32))
+    got = embed_triton.embedding(ids.to(DEVICE), Q1Weight.from_gguf(raw, rows, cols, DEVICE)).cpu()
+    want = ref_torch.embedding(ids, Q1Weight.from_gguf(raw, rows, cols))
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    assert embed_triton.embedding(ids[:0].to(DEVICE), Q1Weight.from_gguf(raw, rows, cols, DEVICE)).shape == (
+        0,
+        cols,
+    )
+
+
 def test_dispatch_picks_ref_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     ops = dispatch.ops_for(torch.device("cpu"))
@@ -122,8 +143,9 @@ def test_dispatch_forced_triton(monkeypatch: pytest.MonkeyPatch, device: str) ->
     assert set(vars(ops)) == set(dispatch.OP_NAMES)
     assert ops.q1_linear is q1_exact.q1_linear and ops.paged_attention is attn_triton.paged_attention
     assert ops.write_kv is kv_triton.write_kv and ops.rms_norm is norm_triton.rms_norm
-    assert ops.embedding is ref_torch.embedding and ops.rope_neox is ref_torch.rope_neox
+    assert ops.embedding is triton_module("embed_triton").embedding and ops.rope_neox is ref_torch.rope_neox
     assert ops.silu_mul is ref_torch.silu_mul
+    assert ops.attention_linear is attn_triton.attention_linear
 
 
 def test_dispatch_defaults_to_triton_on_cuda_and_honours_ref(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -63,6 +63,9 @@ def test_logits_match_the_float64_reference(tiny_untied_model, rng):
     assert ours.shape == want.shape and ours.dtype == np.float32
     assert float(np.median(rel)) < 1e-5
     assert llm.cache_stats()["computed_tokens"] == 0, "logits() runs outside the cache"
+    for bad in (-1, llm.config["vocab"]):
+        with pytest.raises(ValueError, match="out of range for a vocabulary"):
+            llm.logits([*ids[:3], bad])
 
 
 def test_batched_cached_and_preempted_runs_give_the_tokens_of_lone_uncached_runs(

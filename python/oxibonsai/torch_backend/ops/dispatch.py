@@ -86,6 +86,7 @@ def triton_op_set(q1: str = "exact") -> SimpleNamespace:
     check (``benches/gpu/sass.py`` records its launches on the meta device)."""
     from oxibonsai.torch_backend.ops import (
         attn_triton,
+        embed_triton,
         kv_triton,
         norm_triton,
         q1_exact,
@@ -99,7 +100,7 @@ def triton_op_set(q1: str = "exact") -> SimpleNamespace:
     return SimpleNamespace(
         q1_linear=q1_exact.q1_linear if exact else q1_triton.q1_linear,
         q1_fused_linear=fused_linear,
-        embedding=ref_torch.embedding,
+        embedding=embed_triton.embedding,
         rms_norm=norm_triton.rms_norm,
         rope_neox=ref_torch.rope_neox,
         silu_mul=ref_torch.silu_mul,
