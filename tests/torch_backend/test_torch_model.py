@@ -395,6 +395,17 @@ def test_to_device_on_the_cpu_shares_the_arrays_even_read_only_ones():
     assert d.num_tokens == 4 and d.device.type == "cpu"
 
 
+def test_the_lm_head_reads_the_rows_in_place_only_when_every_row_is_asked_in_order():
+    """``logits_all_rows`` (no gather before the LM head): every row's logits in row order, as in a
+    decode step or ``LLM.logits``; any other choice of rows gathers them."""
+    decode = StepBatch.for_sequences([([0], 3, [1], "last"), ([1], 9, [2], "last")])
+    prompt = StepBatch.for_sequences([([0], 0, [1, 2, 3], True)])
+    last = StepBatch.for_sequences([([0], 0, [1, 2, 3], "last")])
+    shuffled = replace(prompt, logits_indices=np.array([2, 1, 0], dtype=np.int32))
+    flags = [b.to_device("cpu").logits_all_rows for b in (decode, prompt, last, shuffled)]
+    assert flags == [True, True, False, False]
+
+
 def test_importing_oxibonsai_or_the_step_plan_does_not_import_torch():
     code = "import sys, oxibonsai, oxibonsai.torch_backend.batch; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

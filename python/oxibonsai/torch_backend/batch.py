@@ -135,14 +135,17 @@ class StepBatch:
 
     def to_device(self, device: torch.device | str) -> DeviceBatch:
         """The same arrays as torch tensors on ``device``: shared memory on the CPU (no copies),
-        ``non_blocking`` copies elsewhere; ``max_query_len`` and ``decode_rows`` worked out here, on
-        the host, so kernels never synchronize to learn them."""
+        ``non_blocking`` copies elsewhere; ``max_query_len``, ``decode_rows`` and ``logits_all_rows``
+        worked out here, on the host, so kernels never synchronize to learn them."""
         import torch
 
         target = torch.device(device)
         tensors = {f.name: _to_tensor(getattr(self, f.name), target) for f in fields(self)}
         rows = _to_tensor(self.decode_rows(), target)
-        return DeviceBatch(**tensors, decode_rows=rows, max_query_len=self.max_query_len)
+        every_row = np.array_equal(self.logits_indices, np.arange(self.num_tokens))
+        return DeviceBatch(
+            **tensors, decode_rows=rows, max_query_len=self.max_query_len, logits_all_rows=every_row
+        )
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,9 @@ class DeviceBatch:
     decode_from: torch.Tensor
     decode_rows: torch.Tensor | None = None  # int32 [D, 2] (StepBatch.decode_rows); None: unknown
     max_query_len: int | None = None  # None: unknown (the kernels read it on the device)
+    # logits_indices is 0..T-1 (every row's logits, in order, as in a decode step): the LM head reads
+    # the rows as they are, with no gather
+    logits_all_rows: bool = False
 
     @property
     def num_tokens(self) -> int:

@@ -118,6 +118,7 @@ class _Layout:
             decode_from=words[self.decode_from][:bucket],
             decode_rows=words[self.decode_rows].view(self.max_batch, 2)[:bucket],
             max_query_len=1,
+            logits_all_rows=True,
         )
 
 

@@ -81,7 +81,7 @@ class TorchQwen3:
             x = self._mlp(layer, x)
         if batch.logits_indices.numel() == 0:  # a step that only fills the cache: no LM head launch
             return x.new_empty((0, self.config.vocab))
-        rows = x.index_select(0, batch.logits_indices)
+        rows = x if batch.logits_all_rows else x.index_select(0, batch.logits_indices)
         return self._linear(rows, self.weights.lm_head, norm=self.weights.output_norm)
 
     def _attention(
