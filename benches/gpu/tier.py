@@ -36,11 +36,17 @@ ROUND_COUNTERS = ("promotions", "demotions", "host_hit_tokens", "computed_tokens
 def tier_section(plan: Plan, device: torch.device, budget: Budget) -> dict[str, Any]:
     promote = guarded(partial(promote_record, plan, device))
     free(device)
-    ttft = budget.skipped() if budget.over() else guarded(partial(ttft_record, plan, device))
-    free(device)
-    prefetch = budget.skipped() if budget.over() else guarded(partial(prefetch_record, plan, device))
-    free(device)
-    return {"promote": promote, "ttft": ttft, "prefetch": prefetch}
+    start = time.perf_counter()
+    gguf = random_gguf(device, "tier.gguf")  # one file for the engines of both records
+    written = time.perf_counter() - start
+    try:
+        ttft = budget.skipped() if budget.over() else guarded(partial(ttft_record, plan, gguf))
+        free(device)
+        prefetch = budget.skipped() if budget.over() else guarded(partial(prefetch_record, plan, gguf))
+        free(device)
+    finally:
+        gguf[0].unlink()
+    return {"promote": promote, "gguf_write_s": written, "ttft": ttft, "prefetch": prefetch}
 
 
 def promote_record(plan: Plan, device: torch.device) -> dict[str, Any]:
@@ -109,10 +115,9 @@ def random_gguf(device: torch.device, name: str) -> tuple[Path, Any]:
     return path, cfg
 
 
-def ttft_record(plan: Plan, device: torch.device) -> dict[str, Any]:
+def ttft_record(plan: Plan, gguf: tuple[Path, Any]) -> dict[str, Any]:
+    path, cfg = gguf
     start = time.perf_counter()
-    path, cfg = random_gguf(device, "ttft.gguf")
-    written = time.perf_counter()
     prompt = plan.ttft_prefix + plan.ttft_tail
     run = TtftRun(load_ttft_llm(path, plan, prompt), prompt, cfg.vocab_size, np.random.default_rng(SEED))
     loaded = time.perf_counter()
@@ -122,9 +127,8 @@ def ttft_record(plan: Plan, device: torch.device) -> dict[str, Any]:
     promoted = statistics.median(r["promoted_ms"] for r in rounds)
     stats = run.llm.cache_stats()
     prefix_blocks = plan.ttft_prefix // BLOCK_TOKENS
-    path.unlink()
     return {
-        "gguf": cfg.name, "write_s": written - start, "load_s": loaded - written,
+        "gguf": cfg.name, "load_s": loaded - start,
         "prefix_tokens": plan.ttft_prefix, "tail_tokens": plan.ttft_tail,
         "max_num_batched_tokens": prompt + 16,
         "device_blocks": stats["capacity_blocks"], "host_blocks": stats["host_capacity_blocks"],
@@ -172,10 +176,10 @@ def ttft_round(run: TtftRun, plan: Plan) -> dict[str, Any]:
     return {"cold_ms": cold, "device_hit_ms": device_hit, "promoted_ms": promoted, **delta}
 
 
-def prefetch_record(plan: Plan, device: torch.device) -> dict[str, Any]:
+def prefetch_record(plan: Plan, gguf: tuple[Path, Any]) -> dict[str, Any]:
     """TTFT of a request whose prefix sits in the host tier, queued behind a prompt that takes a whole
     step (both arrive together), with the prefetch of its prefix on and off."""
-    path, cfg = random_gguf(device, "prefetch.gguf")
+    path, cfg = gguf
     prompt = plan.ttft_prefix + plan.ttft_tail
     runs = {flag: prefetch_run(path, plan, prompt, cfg.vocab_size, flag) for flag in ("1", "0")}
     for run in runs.values():  # warm-up: every path compiled outside the timed rounds
@@ -185,7 +189,6 @@ def prefetch_record(plan: Plan, device: torch.device) -> dict[str, Any]:
     for _ in range(plan.ttft_repeats):
         for flag, run in runs.items():
             rounds[flag].append({**queued_round(run, plan), **arrival_round(run, plan)})
-    path.unlink()
     on, off = (statistics.median(r["queued_ms"] for r in rounds[f]) for f in ("1", "0"))
     arrival = {
         f"arrival_{key}_{name}": statistics.median(r[f"arrival_{key}"] for r in rounds[flag])
