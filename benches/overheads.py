@@ -5,16 +5,19 @@
    with a ``list`` subclass), through ``PrefixCache.match``, for 16, 1,024 and 8,192 ids.
 2. ``seam``: the torch runner's per-step cost outside the model for an 8-sequence decode step:
    ``schedule``, ``prepare`` (the plan's numpy arrays), ``StepBatch`` + ``to_device("cpu")``, ``update``.
-3. ``router``: the prefix router's index: bytes per indexed block key, hashing a prompt into block
+3. ``engine``: the host's time in one ``Engine.step`` of the torch runner in plain decode at 1, 16 and
+   64 running requests, the model's forward pass stubbed out (what a GPU's step time adds to).
+4. ``router``: the prefix router's index: bytes per indexed block key, hashing a prompt into block
    keys, and walking 100 replicas' indexes for a 64-block prompt (every block hit / first block missed).
 
-    python benches/overheads.py [--sections abi3 seam router]
+    python benches/overheads.py [--sections abi3 seam engine router]
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 import timeit
 import tracemalloc
@@ -71,6 +74,58 @@ def seam(steps: int = 2000) -> None:
     print("8-sequence decode step, us: " + ", ".join(f"{k} {v / steps * 1e6:.1f}" for k, v in totals.items()))
 
 
+def engine(steps: int = 300) -> None:
+    """Host time of one ``Engine.step`` of the torch runner in plain decode, the model's forward pass
+    replaced by fixed logits (so only the host's work is timed: scheduling, the plan, the graph buffer,
+    greedy sampling on the logits, each request's detokenizing and stop checks), at 1, 16 and 64
+    running requests. The steps go through ``DecodeGraphs`` eagerly (``capture=False``), so each also
+    builds the bucket's input views, which a CUDA replay skips (about 20 us here). A GPU's own step
+    time adds to this: the engine waits for the sampled tokens before it does this work."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    import oxibonsai as ob
+    from oxibonsai.torch_backend.graphs import DecodeGraphs
+    from oxibonsai.torch_backend.model import TorchQwen3
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from models import write_tiny
+
+    path = write_tiny(Path(tempfile.mkdtemp()) / "tiny.gguf", 1)
+    llm = ob.LLM(path, device="cpu", runner="torch", max_model_len=512, max_num_seqs=64)
+    runner, eng = llm._engine._runner, llm._engine
+    runner.sample_on_device = True  # as on a GPU: greedy draws from the logits tensor
+    runner.graphs = DecodeGraphs(runner.model, runner.kv, max_num_seqs=64, max_model_len=512, capture=False)
+    logits = torch.randn(64, llm.config["vocab"])
+    TorchQwen3.forward = lambda self, batch, kv: logits[: batch.logits_indices.shape[0]]  # type: ignore[method-assign]
+    params = ob.SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
+    print("| running requests | engine step (us) | runner.execute (us) | the rest (us) |\n|--:|--:|--:|--:|")
+    execute, spent = runner.execute, [0.0]
+
+    def timed_execute(*args: object) -> object:
+        t = time.perf_counter()
+        result = execute(*args)
+        spent[0] += time.perf_counter() - t
+        return result
+
+    runner.execute = timed_execute  # type: ignore[method-assign]
+    for batch in (1, 16, 64):
+        for i in range(batch):
+            eng.add_request(f"{batch}-{i}", None, list(range(1, 20)), params)
+        for _ in range(5):
+            eng.step()  # the prompts, then decodes
+        spent[0] = 0.0
+        start = time.perf_counter()
+        for _ in range(steps):
+            eng.step()
+        total = (time.perf_counter() - start) / steps * 1e6
+        inside = spent[0] / steps * 1e6
+        print(f"| {batch} | {total:.0f} | {inside:.0f} | {total - inside:.0f} |")
+        eng.abort_all()
+
+
 def router() -> None:
     blocks = 100_000
     keys = _core.block_hashes([random.randrange(151_936) for _ in range(16 * blocks)])
@@ -97,7 +152,7 @@ def router() -> None:
     )
 
 
-SECTIONS = {"abi3": abi3, "seam": seam, "router": router}
+SECTIONS = {"abi3": abi3, "seam": seam, "engine": engine, "router": router}
 
 
 def main() -> None:
