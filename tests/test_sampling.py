@@ -331,3 +331,23 @@ def test_sampling_params_defaults_and_normalization() -> None:
         SamplingParams(0.5)  # keyword-only: a positional value is a mistake
     with pytest.raises(ValueError, match=r"default_seed must be in \[0, 2\*\*64\)"):
         SamplingParams().sampler(default_seed=-1)
+
+
+def test_plain_greedy_is_greedy_without_penalties_or_logprobs() -> None:
+    """What the device's greedy short path may draw; float32 decides as the samplers do."""
+    plain = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1e-50),  # 0 in float32
+        SamplingParams(temperature=0.7, top_k=1),
+        SamplingParams(temperature=0.0, repetition_penalty=1.0 + 1e-9),  # 1 in float32
+    ]
+    other = [
+        SamplingParams(),
+        SamplingParams(temperature=0.5),
+        SamplingParams(temperature=0.0, repetition_penalty=1.1),
+        SamplingParams(temperature=0.0, frequency_penalty=0.5),
+        SamplingParams(temperature=0.0, presence_penalty=-0.5),
+        SamplingParams(temperature=0.0, logprobs=0),
+    ]
+    assert [p.is_plain_greedy for p in plain] == [True] * len(plain)
+    assert [p.is_plain_greedy for p in other] == [False] * len(other)

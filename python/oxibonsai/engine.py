@@ -57,6 +57,7 @@ class _Request:
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    plain_greedy: bool = False  # params.is_plain_greedy, read once
 
     def snapshot(self) -> RequestOutput:
         completion = CompletionOutput(
@@ -171,6 +172,7 @@ class Engine:
             params=params,
             seed=params.effective_seed(default_seed),
             sampler=params.sampler(default_seed),
+            plain_greedy=params.is_plain_greedy,
             max_new=max_new,
             detok=IncrementalDetokenizer(self._tokenizer, prompt_ids, params.skip_special_tokens),
             stops=StopStringMatcher(params.stop or [], params.include_stop_str_in_output),
@@ -281,7 +283,9 @@ class Engine:
         return sorted(self._tokenizer.stop_token_ids | set(r.params.stop_token_ids or []))
 
     def _sample_row(self, r: _Request) -> SampleRow:
-        return SampleRow(r.params, r.seed, r.sampler, r.prompt_ids, r.output_ids, self._banned(r), r.handle)
+        return SampleRow(
+            r.params, r.seed, r.sampler, r.prompt_ids, r.output_ids, self._banned(r), r.handle, r.plain_greedy
+        )
 
     def _accept(self, r: _Request, token: int, logprob: float | None, top: list[tuple[int, float]]) -> None:
         """Appends a sampled token and finishes the request on a stop token, stop string or length."""

@@ -53,6 +53,8 @@ class SampleRow:
     output_ids: list[int]
     banned: list[int]
     key: int = -1
+    # params.is_plain_greedy, worked out once per request by the engine (None: read from params)
+    plain_greedy: bool | None = None
 
 
 def sample_on_host(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[Draw]:

@@ -14,6 +14,8 @@ import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from oxibonsai import _core
 
 #: The most logprobs a request may ask for (vLLM's default limit).
@@ -162,6 +164,20 @@ class SamplingParams:
             "include_stop_str_in_output", self.include_stop_str_in_output
         )
         self.skip_special_tokens = _as_bool("skip_special_tokens", self.skip_special_tokens)
+
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Greedy (temperature 0 or top-k 1, as the float32 samplers see them) with no repetition,
+        frequency or presence penalty and no logprobs: a draw is the first largest logit. (Ids banned
+        before ``min_tokens`` are the engine's to check at each step.)"""
+        f32 = np.float32
+        greedy = f32(self.temperature) == 0 or self.top_k == 1
+        neutral = (
+            f32(self.repetition_penalty) == 1
+            and f32(self.frequency_penalty) == 0
+            and f32(self.presence_penalty) == 0
+        )
+        return bool(greedy and neutral and self.logprobs is None)
 
     def effective_seed(self, default_seed: int) -> int:
         """``seed``, or ``default_seed`` when it is None."""

@@ -12,6 +12,7 @@ flake). Seeded rows: the same token twice, alone and inside batches of other com
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, replace
 
@@ -458,3 +459,6 @@ def test_all_greedy_batches_take_the_short_path_to_the_same_draws(rng: np.random
     ):
         assert greedy_draws(on_device, rows_of(others)) is None
     assert greedy_draws(on_device, rows_of(greedy, [[], [], [], [], [], [3]])) is None
+    # The engine's flag, worked out once per request, stands for the params' own
+    flagged = [dataclasses.replace(r, plain_greedy=False) for r in rows_of(greedy)]
+    assert greedy_draws(on_device, flagged) is None

@@ -324,12 +324,8 @@ def greedy_draws(logits: torch.Tensor, rows: Sequence[SampleRow]) -> list[Draw] 
 
 
 def _plain_greedy(row: SampleRow) -> bool:
-    p, f32 = row.params, np.float32
-    greedy = f32(p.temperature) == 0 or p.top_k == 1
-    neutral = (
-        f32(p.repetition_penalty) == 1 and f32(p.frequency_penalty) == 0 and f32(p.presence_penalty) == 0
-    )
-    return greedy and neutral and not row.banned and p.logprobs is None
+    plain = row.plain_greedy if row.plain_greedy is not None else row.params.is_plain_greedy
+    return plain and not row.banned
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
