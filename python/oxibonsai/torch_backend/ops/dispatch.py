@@ -7,6 +7,10 @@ the int4-pack Q1 linear (``q1_int4pack``: Triton does not run on Metal); every o
 interpreter (tests only), which must have been enabled (``TRITON_INTERPRET=1``) before the kernel
 modules were imported; anything else raises here rather than at the first launch.
 
+``attention_linear`` is the attention followed by its output projection: each set composes its own
+``paged_attention`` and ``q1_fused_linear``, except the exact Triton set, which quantizes the
+projection's activations inside the attention (``attn_triton.attention_linear``).
+
 The Triton set's Q1 matmuls run the CPU engine's exact integer arithmetic (``q1_exact``: the same bits
 at every batch size) unless ``OXIBONSAI_Q1_ARITHMETIC=float`` picks the float kernels (``q1_triton``
 and ``q1_fast``'s f16x2 GEMV: float32 sums, tf32 GEMM; a row's bits depend on the batch size)."""
