@@ -175,3 +175,17 @@ def test_bad_stop_strings_are_rejected() -> None:
         StopStringMatcher(["a", ""])
     with pytest.raises(TypeError, match="not a single str"):
         StopStringMatcher("abc")
+
+
+def test_text_buffer_joins_its_pieces_once_and_keeps_growing() -> None:
+    from oxibonsai.detokenizer import TextBuffer
+
+    buffer = TextBuffer()
+    assert buffer.value() == ""
+    pieces = ["a", "", "bc", "\u00e9", "d" * 100]
+    for piece in pieces[:3]:
+        buffer.append(piece)
+    assert buffer.value() == "abc" and buffer.value() == "abc"
+    for piece in pieces[3:]:
+        buffer.append(piece)
+    assert buffer.value() == "".join(pieces)

@@ -19,6 +19,24 @@ from collections.abc import Sequence
 from oxibonsai.tokenizer import Tokenizer
 
 
+class TextBuffer:
+    """Text grown by appending pieces, in O(piece) per append: ``text += piece`` on an attribute copies
+    the whole text each time (CPython extends a string in place only for a local variable). ``value``
+    joins the pieces once and keeps the result."""
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+
+    def append(self, piece: str) -> None:
+        if piece:
+            self._parts.append(piece)
+
+    def value(self) -> str:
+        if len(self._parts) > 1:
+            self._parts[:] = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
+
+
 class IncrementalDetokenizer:
     """Text deltas of one sequence's generated tokens, never splitting a character.
 
@@ -34,14 +52,14 @@ class IncrementalDetokenizer:
             self._pieces.check_id(token_id)
         self._skip_special = skip_special_tokens
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._text = ""
+        self._text = TextBuffer()
         self._token_ids: list[int] = []
         self._finished = False
 
     @property
     def text(self) -> str:
         """All output text so far (the concatenation of every delta returned)."""
-        return self._text
+        return self._text.value()
 
     @property
     def token_ids(self) -> list[int]:
@@ -69,7 +87,7 @@ class IncrementalDetokenizer:
             # An added token ends the byte run: unfinished bytes before it become U+FFFD.
             delta = self._utf8.decode(b"", final=True) + added
             self._utf8.reset()
-        self._text += delta
+        self._text.append(delta)
         return delta
 
     def finish(self) -> str:
@@ -79,7 +97,7 @@ class IncrementalDetokenizer:
         """
         delta = "" if self._finished else self._utf8.decode(b"", final=True)
         self._finished = True
-        self._text += delta
+        self._text.append(delta)
         return delta
 
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from oxibonsai import _core
-from oxibonsai.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from oxibonsai.detokenizer import IncrementalDetokenizer, StopStringMatcher, TextBuffer
 from oxibonsai.metrics import EngineMetrics
 from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from oxibonsai.runner import Runner, SampleRow
@@ -52,7 +52,7 @@ class _Request:
     streamed: bool = False
     num_cached_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
-    text: str = ""
+    text_buffer: TextBuffer = field(default_factory=TextBuffer)
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
@@ -62,7 +62,7 @@ class _Request:
     def snapshot(self) -> RequestOutput:
         completion = CompletionOutput(
             index=0,
-            text=self.text,
+            text=self.text_buffer.value(),
             token_ids=list(self.output_ids),
             cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
             logprobs=list(self.logprobs) if self.logprobs is not None else None,
@@ -300,7 +300,7 @@ class Engine:
             self._finish(r, "stop", flush=True)
             return
         emitted, stopped = r.stops.feed(r.detok.add(token))
-        r.text += emitted
+        r.text_buffer.append(emitted)
         if stopped:
             r.stop_reason = r.stops.matched
             self._finish(r, "stop")
@@ -332,7 +332,7 @@ class Engine:
             # Generation ended for another reason: emit held-back bytes and text (decode's U+FFFD for
             # an unfinished character included), unless they complete a stop string.
             emitted, stopped = r.stops.feed(r.detok.finish())
-            r.text += emitted if stopped else emitted + r.stops.flush()
+            r.text_buffer.append(emitted if stopped else emitted + r.stops.flush())
         r.finish_reason = reason
         r.metrics.finished_time = time.perf_counter()
         self.metrics.on_request_finished(r.metrics, reason)
