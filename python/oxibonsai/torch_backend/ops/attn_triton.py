@@ -234,9 +234,10 @@ def paged_attention(
     decode rows the prefill kernel does not. ``max_splits`` (a power of 2) fixes the decode kernel's KV
     splits: 16 on a GPU, 2 in the interpreter. ``precision`` (one of ``PRECISIONS``) picks the dots:
     ``GPU_PRECISION`` on CUDA, "ieee" elsewhere."""
-    q = _check(q, k_cache, v_cache)
-    precision, splits = _precision_and_splits(q.device, precision, max_splits)
-    rows = _Rows(block_tables, seq_lens, query_start_loc, decode_from, decode_rows)
+    q, precision, splits, rows = _setup(
+        q, k_cache, v_cache, (block_tables, seq_lens, query_start_loc, decode_from, decode_rows),
+        precision, max_splits,
+    )  # fmt: skip
     # Every row is written by exactly one kernel (its decode_rows entry or its sequence's prompt rows):
     # no fill launch (one per layer and step) is needed.
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -277,9 +278,10 @@ def quantized_attention(
             decode_rows=decode_rows, max_q_len=max_q_len, max_splits=max_splits, precision=precision,
         )  # fmt: skip
         return quantize(out.reshape(tokens, q_heads * head_dim))
-    q = _check(q, k_cache, v_cache)
-    precision, splits = _precision_and_splits(q.device, precision, max_splits)
-    rows = _Rows(block_tables, seq_lens, query_start_loc, decode_from, decode_rows)
+    q, precision, splits, rows = _setup(
+        q, k_cache, v_cache, (block_tables, seq_lens, query_start_loc, decode_from, decode_rows),
+        precision, max_splits,
+    )  # fmt: skip
     acts = QuantizedRows.empty(tokens, q_heads * head_dim, q.device)
     _decode(q, k_cache, v_cache, rows, scale, acts, splits, precision)
     return acts
@@ -404,16 +406,26 @@ def _prefill(
     )  # fmt: skip
 
 
-def _precision_and_splits(device: torch.device, precision: str | None, splits: int | None) -> tuple[str, int]:
-    """The dots' precision and the decode kernel's KV splits: the arguments, checked, or the device's
-    defaults (see ``paged_attention``)."""
+def _setup(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+    precision: str | None,
+    splits: int | None,
+) -> tuple[torch.Tensor, str, int, _Rows]:
+    """``q`` checked, the dots' precision and the decode kernel's KV splits (the arguments, checked, or
+    the device's defaults: see ``paged_attention``), and the plan's rows (``plan``: block tables, KV
+    lengths, query starts, ``decode_from``, ``decode_rows``)."""
+    q = _check(q, k_cache, v_cache)
+    device = q.device
     precision = precision or (GPU_PRECISION if _on_gpu(device) else "ieee")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     splits = splits or (16 if _on_gpu(device) else 2)
     if splits & (splits - 1):
         raise ValueError(f"max_splits must be a power of 2, got {splits}")
-    return precision, splits
+    return q, precision, splits, _Rows(*plan)
 
 
 def _on_gpu(device: torch.device) -> bool:

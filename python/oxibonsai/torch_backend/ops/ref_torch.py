@@ -8,6 +8,7 @@ clarity over speed but keep memory bounded: ``q1_linear`` dequantizes a slice of
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -155,28 +156,6 @@ def write_kv(
     v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
 
 
-def attention_linear(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    w: Q1Weight,
-    *,
-    residual: torch.Tensor | None = None,
-    **hints: Any,
-) -> torch.Tensor:
-    """The attention block after its projections: ``residual + paged_attention(...) @ W.T``, the
-    attention output ``[T, Hq, D]`` read as ``[T, Hq * D]`` rows (``hints``: ``paged_attention``'s
-    keywords). The exact Triton set fuses the quantization of those rows into its decode kernels."""
-    return composed_attention_linear(
-        paged_attention, q1_fused_linear, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        scale, w, residual=residual, **hints,
-    )  # fmt: skip
-
-
 def composed_attention_linear(
     attention: Callable[..., torch.Tensor],
     fused_linear: Callable[..., torch.Tensor],
@@ -185,8 +164,9 @@ def composed_attention_linear(
     residual: torch.Tensor | None = None,
     **hints: Any,
 ) -> torch.Tensor:
-    """``attention_linear`` from an op set's own ``paged_attention`` and ``q1_fused_linear``
-    (``args``: the caches, plan tensors, scale, then W)."""
+    """``residual + attention(q, ...) @ W.T`` from an op set's own ``paged_attention`` and
+    ``q1_fused_linear`` (``args``: the caches, plan tensors and scale ``paged_attention`` takes, then W;
+    ``hints``: its keywords): the ``attention_linear`` op of the sets that do not fuse it."""
     *attention_args, w = args
     out = attention(q, *attention_args, **hints)
     return fused_linear(out.reshape(q.shape[0], -1), w, residual=residual)
@@ -245,3 +225,9 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
         q.to(torch.float32).transpose(0, 1), k, v, attn_mask=mask, scale=scale
     )
     return out.transpose(0, 1)
+
+
+# The attention block after its projections: ``residual + paged_attention(...) @ W.T``, the attention
+# output ``[T, Hq, D]`` read as ``[T, Hq * D]`` rows; arguments as ``composed_attention_linear``'s after
+# its first two. The exact Triton set fuses the quantization of those rows into its decode kernels.
+attention_linear = functools.partial(composed_attention_linear, paged_attention, q1_fused_linear)

@@ -308,7 +308,7 @@ impl Scheduler {
         if !worth || self.deferred == Some(id) {
             return false;
         }
-        let spare = budget.room().saturating_sub(self.running.len());
+        let spare = self.prefetch_room(budget);
         if m.host_blocks.len() + m.idle_blocks > spare {
             return false;
         }
@@ -326,7 +326,7 @@ impl Scheduler {
     fn prefetch(&self, kv: &mut SequenceTable, budget: &mut Budget) {
         let starts = self.config.max_num_seqs - self.running.len();
         for id in self.waiting.ids().take(starts.min(PREFETCH_WINDOW)) {
-            let spare = budget.room().saturating_sub(self.running.len());
+            let spare = self.prefetch_room(budget);
             if spare == 0 {
                 return;
             }
@@ -335,6 +335,12 @@ impl Scheduler {
                 budget.available = kv.num_available_blocks();
             }
         }
+    }
+
+    /// Blocks a prefetch may take: what the step leaves available, less one per running request (its
+    /// next step's growth).
+    fn prefetch_room(&self, budget: &Budget) -> usize {
+        budget.room().saturating_sub(self.running.len())
     }
 
     fn pick_waiting(&self, kv: &SequenceTable) -> Option<u64> {
