@@ -7,10 +7,12 @@
    ``schedule``, ``prepare`` (the plan's numpy arrays), ``StepBatch`` + ``to_device("cpu")``, ``update``.
 3. ``engine``: the host's time in one ``Engine.step`` of the torch runner in plain decode at 1, 16 and
    64 running requests, the model's forward pass stubbed out (what a GPU's step time adds to).
-4. ``router``: the prefix router's index: bytes per indexed block key, hashing a prompt into block
+4. ``overlap``: the same engine over a simulated device (draws ready a fixed time after the launch):
+   step time with each step's output work after its tokens against overlapping the next step.
+5. ``router``: the prefix router's index: bytes per indexed block key, hashing a prompt into block
    keys, and walking 100 replicas' indexes for a 64-block prompt (every block hit / first block missed).
 
-    python benches/overheads.py [--sections abi3 seam engine router]
+    python benches/overheads.py [--sections abi3 seam engine overlap router]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import timeit
 import tracemalloc
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 from oxibonsai import _core
 
@@ -80,7 +83,68 @@ def engine(steps: int = 300) -> None:
     greedy sampling on the logits, each request's detokenizing and stop checks), at 1, 16 and 64
     running requests. The steps go through ``DecodeGraphs`` eagerly (``capture=False``), so each also
     builds the bucket's input views, which a CUDA replay skips (about 20 us here). A GPU's own step
-    time adds to this: the engine waits for the sampled tokens before it does this work."""
+    time adds to this unless the output work overlaps it (see ``overlap``)."""
+    llm = _stubbed_llm()
+    eng, runner = llm._engine, llm._engine._runner
+    print("| running requests | engine step (us) | runner launch + draws (us) | the rest (us) |")
+    print("|--:|--:|--:|--:|")
+    spent = _time_runner(runner)
+    for batch in (1, 16, 64):
+        _start_decoding(eng, batch)
+        spent[0] = 0.0
+        start = time.perf_counter()
+        for _ in range(steps):
+            eng.step()
+        total = (time.perf_counter() - start) / steps * 1e6
+        inside = spent[0] / steps * 1e6
+        print(f"| {batch} | {total:.0f} | {inside:.0f} | {total - inside:.0f} |")
+        eng.abort_all()
+
+
+def overlap(steps: int = 200, rounds: int = 3) -> None:
+    """Wall time of an ``Engine.step`` over a simulated device: the stubbed engine of ``engine``, whose
+    draws are ready only ``device_us`` after the launch (the host spins until then, as a CUDA event
+    wait does), with the output work after the step's tokens (``async_output`` off) and overlapping the
+    next step (on), rounds interleaved. With the overlap a step should take about the device's time
+    plus the host's work up to the launch, without it that plus every request's output work."""
+    llm = _stubbed_llm()
+    eng, runner = llm._engine, llm._engine._runner
+    launch = runner.launch
+
+    class Delayed:
+        def __init__(self, pending: object, ready: float) -> None:
+            self.pending, self.ready = pending, ready
+
+        def draws(self) -> object:
+            while time.perf_counter() < self.ready:
+                pass
+            return self.pending.draws()  # type: ignore[attr-defined]
+
+    device_s = [0.0]
+    runner.launch = lambda *a: Delayed(launch(*a), time.perf_counter() + device_s[0])
+    print("| running requests | simulated device step (us) | step, output after (us) "
+          "| step, overlapped (us) | after / overlapped |\n|--:|--:|--:|--:|--:|")  # fmt: skip
+    for batch in (16, 64):
+        for device_us in (500, 1000, 2000):
+            device_s[0] = device_us * 1e-6
+            best = {False: float("inf"), True: float("inf")}
+            for _ in range(rounds):
+                for on in (False, True):
+                    runner.async_output = on
+                    _start_decoding(eng, batch)
+                    start = time.perf_counter()
+                    for _ in range(steps):
+                        eng.step()
+                    best[on] = min(best[on], (time.perf_counter() - start) / steps * 1e6)
+                    eng.abort_all()
+            print(f"| {batch} | {device_us} | {best[False]:.0f} | {best[True]:.0f} | "
+                  f"{best[False] / best[True]:.2f} |")  # fmt: skip
+    runner.async_output = False
+
+
+def _stubbed_llm() -> Any:
+    """An ``LLM`` on the torch runner on the CPU, with device sampling and eager ``DecodeGraphs`` (as on
+    a GPU, less the capture), whose model returns fixed logits: only the host's work remains."""
     import tempfile
     from pathlib import Path
 
@@ -95,35 +159,47 @@ def engine(steps: int = 300) -> None:
 
     path = write_tiny(Path(tempfile.mkdtemp()) / "tiny.gguf", 1)
     llm = ob.LLM(path, device="cpu", runner="torch", max_model_len=512, max_num_seqs=64)
-    runner, eng = llm._engine._runner, llm._engine
+    runner = llm._engine._runner
     runner.sample_on_device = True  # as on a GPU: greedy draws from the logits tensor
     runner.graphs = DecodeGraphs(runner.model, runner.kv, max_num_seqs=64, max_model_len=512, capture=False)
     logits = torch.randn(64, llm.config["vocab"])
     TorchQwen3.forward = lambda self, batch, kv: logits[: batch.logits_indices.shape[0]]  # type: ignore[method-assign]
+    return llm
+
+
+def _start_decoding(eng: Any, batch: int) -> None:
+    """``batch`` requests of 19-token prompts, long enough for any run, past their prefill."""
+    import oxibonsai as ob
+
     params = ob.SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
-    print("| running requests | engine step (us) | runner.execute (us) | the rest (us) |\n|--:|--:|--:|--:|")
-    execute, spent = runner.execute, [0.0]
+    for i in range(batch):
+        eng.add_request(f"{batch}-{time.perf_counter_ns()}-{i}", None, list(range(1, 20)), params)
+    for _ in range(5):
+        eng.step()  # the prompts, then decodes
 
-    def timed_execute(*args: object) -> object:
+
+def _time_runner(runner: Any) -> list[float]:
+    """Adds the seconds spent in the runner's ``launch`` and its draws to the returned cell."""
+    launch, spent = runner.launch, [0.0]
+
+    class Timed:
+        def __init__(self, pending: Any) -> None:
+            self.pending = pending
+
+        def draws(self) -> Any:
+            t = time.perf_counter()
+            result = self.pending.draws()
+            spent[0] += time.perf_counter() - t
+            return result
+
+    def timed_launch(*args: object) -> Timed:
         t = time.perf_counter()
-        result = execute(*args)
+        result = launch(*args)
         spent[0] += time.perf_counter() - t
-        return result
+        return Timed(result)
 
-    runner.execute = timed_execute  # type: ignore[method-assign]
-    for batch in (1, 16, 64):
-        for i in range(batch):
-            eng.add_request(f"{batch}-{i}", None, list(range(1, 20)), params)
-        for _ in range(5):
-            eng.step()  # the prompts, then decodes
-        spent[0] = 0.0
-        start = time.perf_counter()
-        for _ in range(steps):
-            eng.step()
-        total = (time.perf_counter() - start) / steps * 1e6
-        inside = spent[0] / steps * 1e6
-        print(f"| {batch} | {total:.0f} | {inside:.0f} | {total - inside:.0f} |")
-        eng.abort_all()
+    runner.launch = timed_launch
+    return spent
 
 
 def router() -> None:
@@ -152,7 +228,7 @@ def router() -> None:
     )
 
 
-SECTIONS = {"abi3": abi3, "seam": seam, "engine": engine, "router": router}
+SECTIONS = {"abi3": abi3, "seam": seam, "engine": engine, "overlap": overlap, "router": router}
 
 
 def main() -> None:

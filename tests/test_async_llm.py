@@ -91,6 +91,39 @@ def test_concurrent_streams_give_the_tokens_of_generate_alone(reference, rng):
         assert outs[-1].outputs[0].text == want.text and outs[-1].outputs[0].finish_reason == "length"
 
 
+def test_streams_with_output_work_overlapping_the_next_step_and_an_early_exit(reference, rng):
+    """The engine's overlap (``async_output``, the default on CUDA) forced on: every stream gets the
+    tokens of ``generate`` alone, one output per step; a consumer that leaves early frees its blocks."""
+    prompts = [words(rng, int(rng.integers(2, 10))) for _ in range(5)]
+    params = [greedy(int(rng.integers(4, 24))) for _ in prompts]
+    expected = [reference.generate(p, sp)[0].outputs[0] for p, sp in zip(prompts, params, strict=True)]
+    leaver = int(rng.integers(0, len(prompts)))
+
+    async def consume(stream: ob.RequestStream, leave: bool) -> list[ob.RequestOutput]:
+        outs = []
+        async for out in stream:
+            outs.append(out)
+            if leave and len(outs) == 2:
+                break
+        return outs
+
+    async def main() -> list[list[ob.RequestOutput]]:
+        async with ob.AsyncLLM(max_model_len=MAX_LEN, max_num_seqs=4) as engine:
+            engine._llm._runner.async_output = True
+            streams = [engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True)]
+            outs = await asyncio.gather(*(consume(s, i == leaver) for i, s in enumerate(streams)))
+            await until_idle(engine)
+            assert_all_blocks_free(engine)
+            return outs
+
+    for i, (outs, want) in enumerate(zip(asyncio.run(main()), expected, strict=True)):
+        assert len(outs) == (2 if i == leaver else len(want.token_ids))
+        for n, out in enumerate(outs, 1):
+            assert out.outputs[0].token_ids == want.token_ids[:n]
+        if i != leaver:
+            assert outs[-1].finished and outs[-1].outputs[0].text == want.text
+
+
 def test_prompt_forms_and_request_ids(reference, rng):
     text = words(rng)
     ids = reference.tokenizer.encode(text)

@@ -1,7 +1,9 @@
 """The engine section: what a user of ``oxibonsai.LLM(device="cuda")`` sees, end to end, on a random
 Bonsai-1.7B-shaped GGUF (a tiny one in the smoke run): greedy decode tokens/s of one request and of
-16 and 64 concurrent ones, with CUDA graphs (the default), eagerly (``enforce_eager=True``) and with
-graphs over the float Q1 kernels (``OXIBONSAI_Q1_ARITHMETIC=float``), the same prompts in all three.
+16 and 64 concurrent ones, with CUDA graphs (the default), eagerly (``enforce_eager=True``), with
+graphs over the float Q1 kernels (``OXIBONSAI_Q1_ARITHMETIC=float``) and with graphs but each step's
+output work after its tokens instead of overlapping the next step (``OXIBONSAI_ASYNC_OUTPUT=0``), the
+same prompts in all four.
 Batch ``n`` runs the first ``n`` prompts of the largest batch, so each row says whether graphs and
 eager gave the same tokens and whether each request's tokens equal those it got in the largest batch
 (batched vs alone: ``batch_invariant``; the exact arithmetic promises it, the float one does not).
@@ -14,7 +16,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +44,8 @@ def engine_section(plan: Plan, device: torch.device) -> dict[str, Any]:
     runs: dict[str, Any] = {}
     tokens: dict[str, dict[int, list[list[int]]]] = {}
     try:
-        for mode in ("graphs", "eager", "float"):
-            with arithmetic("float" if mode == "float" else "exact"):
+        for mode in ("graphs", "eager", "float", "output_after"):
+            with arithmetic("float" if mode == "float" else "exact"), overlap(mode != "output_after"):
                 llm = load(path, plan, max(plan.batches), eager=mode == "eager")
             runs[mode], tokens[mode] = decode_runs(llm, batches, plan)
             graphs = getattr(llm._runner, "graphs", None)
@@ -69,24 +71,36 @@ def engine_row(n: int, runs: dict[str, Any], tokens: dict[str, dict[int, list[li
     return {"batch": n, "graph_tok_s": runs["graphs"][n]["tok_s"], "eager_tok_s": runs["eager"][n]["tok_s"],
             "graph_over_eager": ratio(runs["graphs"][n]["tok_s"], runs["eager"][n]["tok_s"]),
             "float_graph_tok_s": runs["float"][n]["tok_s"],
+            "output_after_tok_s": runs["output_after"][n]["tok_s"],
+            "overlap_gain": ratio(runs["graphs"][n]["tok_s"], runs["output_after"][n]["tok_s"]),
+            "overlap_same_tokens": tokens["graphs"][n] == tokens["output_after"][n],
             "exact_over_float": ratio(runs["graphs"][n]["tok_s"], runs["float"][n]["tok_s"]),
             "same_tokens": tokens["graphs"][n] == tokens["eager"][n],
             "batch_invariant": invariant("graphs") and invariant("eager"),
             "float_batch_invariant": invariant("float")}  # fmt: skip
 
 
-@contextmanager
-def arithmetic(name: str) -> Iterator[None]:
+def arithmetic(name: str) -> AbstractContextManager[None]:
     """``OXIBONSAI_Q1_ARITHMETIC`` set while a model loads (the op set is chosen then)."""
-    saved = os.environ.get(Q1_ENV_VAR)
-    os.environ[Q1_ENV_VAR] = name
+    return environment(Q1_ENV_VAR, name)
+
+
+def overlap(on: bool) -> AbstractContextManager[None]:
+    """``OXIBONSAI_ASYNC_OUTPUT`` set while a runner is made (it reads the switch then)."""
+    return environment("OXIBONSAI_ASYNC_OUTPUT", "1" if on else "0")
+
+
+@contextmanager
+def environment(name: str, value: str) -> Iterator[None]:
+    saved = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if saved is None:
-            del os.environ[Q1_ENV_VAR]
+            del os.environ[name]
         else:
-            os.environ[Q1_ENV_VAR] = saved
+            os.environ[name] = saved
 
 
 def load(path: Path, plan: Plan, max_batch: int, *, eager: bool) -> oxibonsai.LLM:

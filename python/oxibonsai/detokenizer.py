@@ -130,6 +130,11 @@ class StopStringMatcher:
     def stopped(self) -> bool:
         return self.matched is not None
 
+    @property
+    def watching(self) -> bool:
+        """Whether there is any stop string to watch for (without one, ``feed`` passes text through)."""
+        return bool(self._stops)
+
     def feed(self, delta: str) -> tuple[str, bool]:
         """Add new text; returns (text safe to emit now, whether a stop string has completed)."""
         if self.matched is not None:

@@ -21,11 +21,14 @@ from oxibonsai import _core
 from oxibonsai.detokenizer import IncrementalDetokenizer, StopStringMatcher, TextBuffer
 from oxibonsai.metrics import EngineMetrics
 from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from oxibonsai.runner import Runner, SampleRow
+from oxibonsai.runner import Draw, Runner, SampleRow, StepDraws
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.tokenizer import Tokenizer
 
 _MASK64 = (1 << 64) - 1
+
+_Launched = tuple[_core.SchedulerOutput, list["_Request"], StepDraws]
+"""A launched step: its plan, the requests that sample in it (in item order), their draws to come."""
 
 
 def request_seed(engine_seed: int, index: int) -> int:
@@ -58,6 +61,7 @@ class _Request:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     plain_greedy: bool = False  # params.is_plain_greedy, read once
+    row: SampleRow | None = None  # the sampling row of every step with nothing banned
 
     def snapshot(self) -> RequestOutput:
         completion = CompletionOutput(
@@ -139,6 +143,8 @@ class Engine:
         self._requests: dict[int, _Request] = {}
         self._handles: dict[str, int] = {}
         self._arrivals = 0
+        self._launched: _Launched | None = None  # a step the runner runs whose tokens are not taken yet
+        self._launch_error: Exception | None = None
         self.metrics = EngineMetrics()
 
     def add_request(
@@ -249,11 +255,50 @@ class Engine:
             self._finish(r, "abort")
 
     def step(self) -> list[RequestOutput]:
-        """Schedules, runs and samples one step; returns the outputs of requests that finished and of
-        streamed ones (a snapshot copies the output so far, so others are not copied)."""
+        """Runs one step and takes its tokens; returns the outputs of requests that finished and of
+        streamed ones (a snapshot copies the output so far, so others are not copied).
+
+        Taking a token has two halves: appending it and deciding whether its request ends (a stop
+        token or the length; with stop strings, whose text is needed to tell, all of the second half
+        too), then the output work (text, logprobs, snapshots). Where the runner's ``launch`` returns
+        before the device has run the step (``async_output``), the next step is launched between the
+        halves, so the device computes it while the host does this step's output work; the requests
+        that ended are out of it, so it computes nothing that is thrown away. A request added after
+        that then starts a step later, and a failure of that launch is raised by the next call."""
+        if self._launch_error is not None:
+            error, self._launch_error = self._launch_error, None
+            raise error
+        launched = self._launched or self._launch()
+        self._launched = None
+        if launched is None:
+            return []
+        plan, sampling, pending = launched
+        draws = pending.draws()
+        self._sched.update(plan, [token for token, _, _ in draws])
+        self.metrics.on_step(plan.num_prefill_tokens, len(draws), len(plan.preempted))
+        # Requests aborted while the step ran (between two calls) are gone: their draws are dropped.
+        taken = [(r, draw, self._take(r, draw)) for r, draw in zip(sampling, draws, strict=True)
+                 if r.finish_reason is None]  # fmt: skip
+        if self._runner.async_output:
+            try:
+                self._launched = self._launch()
+            except Exception as error:  # this step's outputs still go out; the error with the next
+                self._launch_error = error
+        outputs = []
+        for r, draw, text_left in taken:
+            if text_left:
+                self._finish_output(r, *draw)
+            if r.streamed or r.finish_reason is not None:
+                outputs.append(r.snapshot())
+        return outputs
+
+    def _launch(self) -> _Launched | None:
+        """Schedules the next step and has the runner start it; None when there is nothing to run."""
+        if not self._requests:
+            return None
         plan = self._sched.schedule()
         if not len(plan):
-            return []
+            return None
         now = time.perf_counter()
         sampling = []
         for handle, _, sample in plan.items:
@@ -264,15 +309,8 @@ class Engine:
                 r.num_cached_tokens = state[1] if state is not None else 0
             if sample:
                 sampling.append(r)
-        draws = self._runner.execute(self._sched, plan, [self._sample_row(r) for r in sampling])
-        self._sched.update(plan, [token for token, _, _ in draws])
-        self.metrics.on_step(plan.num_prefill_tokens, len(draws), len(plan.preempted))
-        outputs = []
-        for r, draw in zip(sampling, draws, strict=True):
-            self._accept(r, *draw)
-            if r.streamed or r.finish_reason is not None:
-                outputs.append(r.snapshot())
-        return outputs
+        pending = self._runner.launch(self._sched, plan, [self._sample_row(r) for r in sampling])
+        return plan, sampling, pending
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_tokens)
@@ -283,17 +321,51 @@ class Engine:
         return sorted(self._tokenizer.stop_token_ids | set(r.params.stop_token_ids or []))
 
     def _sample_row(self, r: _Request) -> SampleRow:
-        return SampleRow(
-            r.params, r.seed, r.sampler, r.prompt_ids, r.output_ids, self._banned(r), r.handle, r.plain_greedy
-        )
+        """The request's sampling row; one kept for every step once nothing is banned (its histories
+        are the request's own lists, which grow in place)."""
+        banned = self._banned(r)
+        if banned:
+            return _new_row(r, banned)
+        if r.row is None:
+            r.row = _new_row(r, [])
+        return r.row
+
+    def _take(self, r: _Request, draw: Draw) -> bool:
+        """Appends a sampled token and decides whether its request ends: on a stop token or at its
+        length, or, for a request watching for stop strings, on one (its output is then done at once);
+        returns whether the output work (``_finish_output``) is left to do."""
+        if r.stops.watching:
+            self._accept(r, *draw)
+            return False
+        token = draw[0]
+        self._append(r, token)
+        if self._is_stop_token(r, token):
+            r.stop_reason = None if token in self._tokenizer.stop_token_ids else token
+            self._finish(r, "stop")
+        elif len(r.output_ids) >= r.max_new:
+            self._finish(r, "length")
+        return True
+
+    def _finish_output(
+        self, r: _Request, token: int, logprob: float | None, top: list[tuple[int, float]]
+    ) -> None:
+        """The rest of taking a token ``_take`` left: its logprobs and text (none for a stop token),
+        and the text held back from a request that just ended. No stop strings are watched here."""
+        self._record_logprobs(r, token, logprob, top)
+        if r.finish_reason != "stop":
+            r.text_buffer.append(r.detok.add(token))
+        if r.finish_reason is not None:
+            r.text_buffer.append(r.detok.finish())
+
+    def _append(self, r: _Request, token: int) -> None:
+        if r.metrics.first_token_time is None:
+            r.metrics.first_token_time = time.perf_counter()
+        r.output_ids.append(token)
+        r.metrics.num_generated_tokens = len(r.output_ids)
 
     def _accept(self, r: _Request, token: int, logprob: float | None, top: list[tuple[int, float]]) -> None:
         """Appends a sampled token and finishes the request on a stop token, stop string or length."""
-        now = time.perf_counter()
-        if r.metrics.first_token_time is None:
-            r.metrics.first_token_time = now
-        r.output_ids.append(token)
-        r.metrics.num_generated_tokens = len(r.output_ids)
+        self._append(r, token)
         self._record_logprobs(r, token, logprob, top)
         if self._is_stop_token(r, token):
             r.stop_reason = None if token in self._tokenizer.stop_token_ids else token
@@ -343,3 +415,9 @@ class Engine:
             self._sched.finish(r.handle)
         del self._requests[r.handle]
         del self._handles[r.request_id]
+
+
+def _new_row(r: _Request, banned: list[int]) -> SampleRow:
+    return SampleRow(
+        r.params, r.seed, r.sampler, r.prompt_ids, r.output_ids, banned, r.handle, r.plain_greedy
+    )

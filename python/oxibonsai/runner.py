@@ -5,8 +5,9 @@ scheduler runs it in one native call, GIL released) with each request's Rust sam
 device, over a device KV pool with a host-memory warm tier, and on a GPU samples there too.
 
 A step's sampling rows come as ``SampleRow``s (parameters, seed, the request's Rust sampler, its
-histories and the ids it may not sample now); ``execute`` returns one ``Draw`` per row, in order:
-``(token, raw logprob or None, [(id, raw logprob)] * n)``, what ``_core.Sampler.sample`` returns.
+histories and the ids it may not sample now); ``launch`` starts the step and returns its ``StepDraws``,
+whose ``draws()`` gives one ``Draw`` per row, in order: ``(token, raw logprob or None, [(id, raw
+logprob)] * n)``, what ``_core.Sampler.sample`` returns.
 
 ``choose(device, runner)`` turns the user's ``device`` / ``runner`` arguments into a concrete pair, with
 clear errors for impossible ones before any work. It imports torch only where a GPU may exist (a
@@ -19,7 +20,7 @@ import importlib.util
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -57,6 +58,25 @@ class SampleRow:
     plain_greedy: bool | None = None
 
 
+class StepDraws(Protocol):
+    """A launched step's draws, one per sampling row in order; ``draws`` waits for the step if it still
+    runs (a runner on an asynchronous device returns from ``launch`` before the step has run)."""
+
+    def draws(self) -> list[Draw]: ...
+
+
+class HostSampling:
+    """A step's draws by each row's Rust sampler, made when read; ``logits`` gives the float32 rows
+    (a runner whose logits are on their way from a device waits for them there)."""
+
+    def __init__(self, logits: Callable[[], np.ndarray], rows: Sequence[SampleRow]) -> None:
+        self._logits = logits
+        self._rows = rows
+
+    def draws(self) -> list[Draw]:
+        return sample_on_host(self._logits(), self._rows)
+
+
 def sample_on_host(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[Draw]:
     """Each row of float32 ``logits`` through its request's Rust sampler; no logprobs are computed
     for requests that did not ask (the normalizer is most of a greedy draw's cost)."""
@@ -67,10 +87,13 @@ def sample_on_host(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[Draw]:
 
 
 class Runner(Protocol):
-    """What the engine needs from a runner."""
+    """What the engine needs from a runner. ``async_output``: whether ``launch`` returns before the
+    step has run (a GPU's queue), so the engine launches the next step before it does the last one's
+    output work (see ``Engine.step``)."""
 
     kind: str
     device: str
+    async_output: bool
     max_model_len: int
     vocab_size: int
     num_blocks: int
@@ -81,9 +104,9 @@ class Runner(Protocol):
     @property
     def prefix_caching(self) -> bool: ...
     def make_scheduler(self, **options: Any) -> _core.Scheduler: ...
-    def execute(
+    def launch(
         self, sched: _core.Scheduler, out: _core.SchedulerOutput, rows: Sequence[SampleRow]
-    ) -> list[Draw]: ...
+    ) -> StepDraws: ...
     def cache_stats(self) -> dict[str, Any]: ...
     def reset_prefix_cache(self) -> int: ...
     def logits(self, token_ids: list[int]) -> np.ndarray: ...
@@ -95,6 +118,7 @@ class NativeRunner:
 
     kind = "native"
     device = "cpu"
+    async_output = False  # the step runs inside launch
 
     def __init__(self, model: _core.Model) -> None:
         self._model = model
@@ -115,12 +139,13 @@ class NativeRunner:
     def make_scheduler(self, **options: Any) -> _core.Scheduler:
         return _core.Scheduler(self._model, **options)
 
-    def execute(
+    def launch(
         self, sched: _core.Scheduler, out: _core.SchedulerOutput, rows: Sequence[SampleRow]
-    ) -> list[Draw]:
+    ) -> StepDraws:
+        """Runs the step (one native call, GIL released); its rows are sampled when read."""
         logits = sched.execute(out)
         assert logits is not None, "a model's scheduler returns logits"
-        return sample_on_host(logits, rows)
+        return HostSampling(lambda: logits, rows)
 
     def cache_stats(self) -> dict[str, Any]:
         return dict(self._model.cache_stats())

@@ -428,10 +428,14 @@ def test_the_row_columns_are_what_direct_conversions_give(rng: np.random.Generat
 
 
 def test_all_greedy_batches_take_the_short_path_to_the_same_draws(rng: np.random.Generator) -> None:
-    """``greedy_draws`` (one max, no ``SamplingBatch``) gives what ``sample`` gives a plain greedy
+    """``greedy_sample`` (one max, no ``SamplingBatch``) gives what ``sample`` gives a plain greedy
     batch, ties to the lower id, and its errors; any other batch is left to ``sample``."""
     from oxibonsai.runner import SampleRow
-    from oxibonsai.torch_backend.sampling import greedy_draws
+    from oxibonsai.torch_backend.sampling import greedy_sample
+
+    def greedy_draws(logits: torch.Tensor, rows: list[SampleRow]) -> object:
+        result = greedy_sample(logits, rows)
+        return None if result is None else result.send_to_host(logits.shape[-1]).draws()
 
     def rows_of(params: list[SamplingParams], banned: list[list[int]] | None = None) -> list[SampleRow]:
         banned = banned or [[] for _ in params]

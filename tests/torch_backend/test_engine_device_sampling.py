@@ -117,3 +117,33 @@ def test_penalized_requests_keep_history_rows_until_they_finish(tiny_model, monk
     rebuilt = torch_llm(tiny_model, monkeypatch, True)
     monkeypatch.setattr(rebuilt._runner, "histories", None)  # type: ignore[attr-defined]
     assert tokens(rebuilt.generate(ps, params)) == kept
+
+
+@pytest.mark.parametrize("on_device", [True, False], ids=["device-sampling", "host-sampling"])
+def test_overlapped_output_work_gives_the_plain_orders_tokens(tiny_model, monkeypatch, rng, on_device):
+    """``OXIBONSAI_ASYNC_OUTPUT=1`` (the default on CUDA) launches each step before the last one's
+    output work; the runner's draws then come through ``pending.HostCopy``. Same tokens, logprobs and
+    text for a mix with penalties (device history rows), seeds, logprobs and stop ids: the steps are the
+    same, so even the float logprobs are."""
+    monkeypatch.setenv("OXIBONSAI_ASYNC_OUTPUT", "0")
+    plain = torch_llm(tiny_model, monkeypatch, on_device, enable_prefix_caching=False)
+    monkeypatch.setenv("OXIBONSAI_ASYNC_OUTPUT", "1")
+    overlapped = torch_llm(tiny_model, monkeypatch, on_device, enable_prefix_caching=False)
+    assert overlapped._runner.async_output and not plain._runner.async_output  # type: ignore[attr-defined]
+    ps = prompts(rng, plain.config["vocab"], 6)
+    first = tokens(plain.generate(ps[:1], ob.SamplingParams(max_tokens=4, temperature=0.0)))[0]
+    seed = int(rng.integers(0, 2**63))
+    params = [
+        ob.SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True, logprobs=2),
+        ob.SamplingParams(max_tokens=9, temperature=0.8, top_p=0.9, seed=seed, ignore_eos=True),
+        ob.SamplingParams(max_tokens=8, temperature=0.0, repetition_penalty=1.3, presence_penalty=0.4),
+        ob.SamplingParams(max_tokens=6, temperature=0.0, stop_token_ids=[first[-1]]),
+        ob.SamplingParams(max_tokens=5, temperature=1.1, top_k=9, seed=seed + 1, frequency_penalty=0.3),
+        ob.SamplingParams(max_tokens=3, temperature=0.0, min_tokens=2, stop_token_ids=[first[0]]),
+    ]
+    got, want = overlapped.generate(ps, params), plain.generate(ps, params)
+    for g, w in zip(got, want, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids and g.outputs[0].text == w.outputs[0].text
+        assert g.outputs[0].finish_reason == w.outputs[0].finish_reason
+        assert g.outputs[0].logprobs == w.outputs[0].logprobs
+    assert len(overlapped._runner.histories) == 0  # type: ignore[attr-defined]

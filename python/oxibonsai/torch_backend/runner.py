@@ -6,12 +6,15 @@ id, tier, reference count and LRU place) and, per step: asks the scheduler for t
 CUDA on a side stream, ``kv_pool.TierCopier``, which the forward pass waits for, the demotions'
 transfers to the host and the prefetches of waiting requests' host-tier prefixes overlapping it), runs
 the forward pass (a plain decode step as a CUDA graph replay on CUDA, ``graphs.DecodeGraphs``, unless
-``enforce_eager``), and samples: on the device (``sampling.sample_rows``: only token ids and requested
-logprobs come to the host) where ``sample_on_device`` is set, the default off the CPU, else with each
-request's Rust sampler on the logits brought to the host. ``OXIBONSAI_DEVICE_SAMPLING=0`` or ``1``
-overrides the default; ``OXIBONSAI_HOST_PREFETCH=0`` turns off the prefetching of waiting requests'
-host-tier prefixes (on by default; for comparisons). Sizes are checked at load, so a model or pool that
-does not fit fails with the sizes named, never in the middle of a step."""
+``enforce_eager``), and samples: on the device (``sampling.start_sampling``: only token ids and
+requested logprobs come to the host) where ``sample_on_device`` is set, the default off the CPU, else
+with each request's Rust sampler on the logits brought to the host. ``launch`` only queues all this: the
+results cross to the host through ``pending.HostCopy``, so on CUDA it returns while the device works, and
+the engine does the previous step's output work meanwhile (``async_output``, on by default on CUDA).
+``OXIBONSAI_DEVICE_SAMPLING=0`` or ``1`` overrides the sampling default; ``OXIBONSAI_ASYNC_OUTPUT=0`` or
+``1`` the overlap's; ``OXIBONSAI_HOST_PREFETCH=0`` turns off the prefetching of waiting requests'
+host-tier prefixes (on by default). The switches are for comparisons. Sizes are checked at load, so a
+model or pool that does not fit fails with the sizes named, never in the middle of a step."""
 
 from __future__ import annotations
 
@@ -24,13 +27,14 @@ import numpy as np
 import torch
 
 from oxibonsai import _core
-from oxibonsai.runner import BLOCK_TOKENS, DEFAULT_MAX_MODEL_LEN, Draw, SampleRow, sample_on_host
+from oxibonsai.runner import BLOCK_TOKENS, DEFAULT_MAX_MODEL_LEN, HostSampling, SampleRow, StepDraws
 from oxibonsai.torch_backend.batch import StepBatch
 from oxibonsai.torch_backend.graphs import DecodeGraphs
 from oxibonsai.torch_backend.histories import DeviceHistories
 from oxibonsai.torch_backend.kv_pool import KvPool, TierCopier
 from oxibonsai.torch_backend.model import TorchQwen3
-from oxibonsai.torch_backend.sampling import sample_rows
+from oxibonsai.torch_backend.pending import HostCopy
+from oxibonsai.torch_backend.sampling import start_sampling
 
 HOST_TIER_FRACTION = 0.25  # of the available host memory, at most, for a default host tier
 ACTIVATION_HEADROOM = 1 << 30  # device memory kept free for activations and kernels on CUDA
@@ -114,6 +118,7 @@ class TorchRunner:
         self._kv_dtype_name = "f32" if dtype == torch.float32 else "f16"
         self.sample_on_device = _device_sampling(self._device)
         self.host_prefetch = _env_flag("OXIBONSAI_HOST_PREFETCH", default=True)
+        self.async_output = _env_flag("OXIBONSAI_ASYNC_OUTPUT", default=cuda)
         self.histories: DeviceHistories | None = DeviceHistories(c.vocab, self._device)  # None: rebuilt
         self.graphs = (
             DecodeGraphs(
@@ -146,18 +151,20 @@ class TorchRunner:
         )
         return self._sched
 
-    def execute(
+    def launch(
         self, sched: _core.Scheduler, out: _core.SchedulerOutput, rows: Sequence[SampleRow]
-    ) -> list[Draw]:
-        """Runs one planned step: tier copies, the forward pass, then the sampling rows' draws, in
-        item order."""
+    ) -> StepDraws:
+        """Queues one planned step: tier copies, the forward pass, the sampling rows' draws (in item
+        order) or their logits, and the copy of either to the host; on CUDA it returns before the device
+        has run it (``StepDraws.draws`` waits)."""
         plan = sched.prepare(out)
         self._copy_tiers(plan)
         logits = self._forward(StepBatch.from_plan(plan))
         self._computed_tokens += plan.num_tokens
         if self.sample_on_device:
-            return sample_rows(logits, rows, self.vocab_size, self.histories)
-        return sample_on_host(logits.to("cpu", torch.float32).numpy(), rows)
+            return start_sampling(logits, rows, self.vocab_size, self.histories)
+        copy = HostCopy([logits.float()])
+        return HostSampling(lambda: _only(copy.wait()).numpy(), rows)
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
         if self.graphs is not None and self.graphs.fits(batch):
@@ -204,6 +211,12 @@ class TorchRunner:
         if self._sched is None:
             raise RuntimeError("the runner has no scheduler yet")
         return self._sched
+
+
+def _only(tensors: list[torch.Tensor | None]) -> torch.Tensor:
+    (tensor,) = tensors
+    assert tensor is not None
+    return tensor
 
 
 def _device_sampling(device: torch.device) -> bool:

@@ -17,10 +17,12 @@ on its logits, history, parameters, seed and step only, never on the other rows 
 is not the Rust sampler's random stream (xoshiro, one draw per token), so the tokens differ from the CPU
 path's, but the distribution is the same.
 
-This module never synchronizes with the device except in ``SampleResult.to_host``. A row whose logits
-hold NaN or ``+inf`` gets no token: ``to_host`` raises ValueError for it, as the Rust sampler does.
+This module never synchronizes with the device except in ``PendingDraws.draws`` (``SampleResult.to_host``
+starts the copies and waits; ``send_to_host`` only starts them). A row whose logits
+hold NaN or ``+inf`` gets no token: ``draws`` raises ValueError for it, as the Rust sampler does.
 
-``sample_rows`` is what the torch runner calls: the engine's ``SampleRow``s in, their draws out."""
+``start_sampling`` is what the torch runner calls: the engine's ``SampleRow``s in, their draws on the
+way out."""
 
 from __future__ import annotations
 
@@ -32,7 +34,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from oxibonsai.runner import Draw
 from oxibonsai.torch_backend.histories import DeviceHistories
+from oxibonsai.torch_backend.pending import NON_FINITE, NOTHING, HostCopy, PendingDraws
 
 if TYPE_CHECKING:
     from oxibonsai.runner import SampleRow
@@ -41,14 +45,8 @@ if TYPE_CHECKING:
 _EXP_FLOOR = -87.0
 """The Rust sampler's exp is exactly 0 below this argument (``math.rs``), so such tokens have no weight."""
 _F32_MAX = float(np.finfo(np.float32).max)
-_NOTHING = -1
-"""The token of a row where every token is ``-inf`` or banned."""
-_NON_FINITE = -2
-"""The token of a row whose logits hold NaN or ``+inf``."""
 _MASK64 = 2**64 - 1
 _SEED_LIMIT = 2**64
-
-Draw = tuple[int, float | None, list[tuple[int, float]]]
 
 
 def _mix64(z: int) -> int:
@@ -288,39 +286,26 @@ class SampleResult:
         """Per row what ``_core.Sampler.sample`` returns: ``(token, raw logprob or None, [(id, raw
         logprob)] * n)``; raises its ValueError for a row with nothing to sample or with NaN or
         ``+inf`` logits. Synchronizes."""
-        tokens = self.token_ids.tolist()
-        _raise_for_missing(tokens, batch.vocab_size)
-        draws: list[Draw] = [(token, None, []) for token in tokens]
-        if self.logprobs is None or self.top_ids is None or self.top_logprobs is None:
-            return draws
-        rows = zip(batch.logprob_rows, batch.logprob_counts, strict=True)
-        lps, ids, tops = self.logprobs.tolist(), self.top_ids.tolist(), self.top_logprobs.tolist()
-        for j, (r, n) in enumerate(rows):
-            draws[r] = (tokens[r], lps[j], list(zip(ids[j][:n], tops[j][:n], strict=True)))
-        return draws
+        return self.send_to_host(batch.vocab_size, batch.logprob_rows, batch.logprob_counts).draws()
+
+    def send_to_host(
+        self, vocab_size: int, logprob_rows: Sequence[int] = (), logprob_counts: Sequence[int] = ()
+    ) -> PendingDraws:
+        """Starts the copies to the host without waiting for the device (see ``PendingDraws``)."""
+        copy = HostCopy([self.token_ids, self.logprobs, self.top_ids, self.top_logprobs])
+        return PendingDraws(copy, vocab_size, tuple(logprob_rows), tuple(logprob_counts))
 
 
-def _raise_for_missing(tokens: list[int], vocab: int) -> None:
-    """The Rust sampler's ValueError for the first row that got no token, if any."""
-    if _NON_FINITE in tokens:
-        row = tokens.index(_NON_FINITE)
-        raise ValueError(f"the logits of sampling row {row} hold NaN or +inf; logits must be finite or -inf")
-    if _NOTHING in tokens:
-        raise ValueError(f"no token can be sampled: all {vocab} logits are -inf or banned")
-
-
-def greedy_draws(logits: torch.Tensor, rows: Sequence[SampleRow]) -> list[Draw] | None:
-    """The draws of a batch whose every row is plain greedy (temperature 0 or top-k 1; no penalty, no
+def greedy_sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampleResult | None:
+    """The result of a batch whose every row is plain greedy (temperature 0 or top-k 1; no penalty, no
     banned id, no logprobs), what ``sample`` gives it, from one max over the vocabulary and a few
     elementwise kernels, with no ``SamplingBatch`` built; None for any other batch."""
     if not all(_plain_greedy(r) for r in rows):
         return None
     best, index = logits.max(dim=-1)  # NaN propagates; ties go to the lower id
     bad = best.isnan() | (best == float("inf"))
-    code = torch.where(bad, _NON_FINITE, torch.where(best == float("-inf"), _NOTHING, index))
-    tokens = code.tolist()
-    _raise_for_missing(tokens, logits.shape[-1])
-    return [(token, None, []) for token in tokens]
+    code = torch.where(bad, NON_FINITE, torch.where(best == float("-inf"), NOTHING, index))
+    return SampleResult(code, None, None, None)
 
 
 def _plain_greedy(row: SampleRow) -> bool:
@@ -336,22 +321,22 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
     if not batch.all_greedy:
         ids, weights = _candidates(x, best, batch)
         token = torch.where(batch.greedy, first_max, _draw(ids, weights, batch.uniforms))
-    token = token.masked_fill(~valid, _NOTHING)
+    token = token.masked_fill(~valid, NOTHING)
     non_finite = (torch.isnan(logits) | (logits == float("inf"))).any(-1)
-    token = token.masked_fill(non_finite, _NON_FINITE)
+    token = token.masked_fill(non_finite, NON_FINITE)
     return SampleResult(token, *_logprobs(logits.float(), token, batch))
 
 
-def sample_rows(
+def start_sampling(
     logits: torch.Tensor, rows: Sequence[SampleRow], vocab_size: int, kept: DeviceHistories | None = None
-) -> list[Draw]:
-    """One step's draws for the engine's sampling rows (``logits``: [R, V] on the device): the batch is
-    built, sampled and only the token ids and requested logprobs come back to the host. ``kept``: the
-    runner's ``DeviceHistories``, keyed by each row's ``key``, for the penalties (not used when a row
-    has no key, -1)."""
-    draws = greedy_draws(logits, rows)
-    if draws is not None:
-        return draws
+) -> PendingDraws:
+    """One step's draws for the engine's sampling rows (``logits``: [R, V] on the device), started: the
+    batch is built and sampled, and only the token ids and requested logprobs head for the host, without
+    waiting for the device (``PendingDraws.draws`` waits). ``kept``: the runner's ``DeviceHistories``,
+    keyed by each row's ``key``, for the penalties (not used when a row has no key, -1)."""
+    greedy = greedy_sample(logits, rows)
+    if greedy is not None:
+        return greedy.send_to_host(vocab_size)
     batch = SamplingBatch.build(
         [r.params for r in rows],
         [r.seed for r in rows],
@@ -362,7 +347,7 @@ def sample_rows(
         vocab_size=vocab_size,
         kept=None if kept is None or any(r.key < 0 for r in rows) else (kept, [r.key for r in rows]),
     )
-    return sample(logits, batch).to_host(batch)
+    return sample(logits, batch).send_to_host(batch.vocab_size, batch.logprob_rows, batch.logprob_counts)
 
 
 def probabilities(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -1,0 +1,90 @@
+"""Step results on their way from the device to the host.
+
+``HostCopy`` starts the copies of a step's few small result tensors (sampled ids, requested logprobs, or
+the logits for the host's samplers) without waiting for the device: on CUDA into pinned host buffers,
+followed by an event on the current stream, so the host goes on while the step still runs (the engine
+does the previous step's output work then). ``wait`` blocks until the copies landed and returns the
+host tensors. Off CUDA the tensors are read as they are (on the CPU they already live in host memory;
+an MPS copy waits). ``PendingDraws`` is a step's sampled ids and logprobs so copied, turned into the
+engine's draws when they are read. This module never decides what is copied; the sampling code and the
+runner do."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from oxibonsai.runner import Draw
+
+NOTHING = -1
+"""The sampled id of a row where every token is ``-inf`` or banned."""
+NON_FINITE = -2
+"""The sampled id of a row whose logits hold NaN or ``+inf``."""
+
+
+class HostCopy:
+    """Host copies of ``tensors`` (None entries stay None), started now, read with :meth:`wait`."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor | None]) -> None:
+        self._event: torch.cuda.Event | None = None
+        cuda = next((t.device for t in tensors if t is not None and t.device.type == "cuda"), None)
+        if cuda is None:
+            self._host = [None if t is None else t.to("cpu") for t in tensors]
+            return
+        self._host = [None if t is None else _pinned_copy(t) for t in tensors]
+        self._event = torch.cuda.Event()
+        self._event.record(torch.cuda.current_stream(cuda))
+
+    def wait(self) -> list[torch.Tensor | None]:
+        """The host tensors, once every copy has landed (blocks on the device's stream if needed)."""
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        return self._host
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of CUDA tensor ``t`` into a new pinned host tensor, queued on the current stream: the
+    host may read it only after an event recorded behind it has completed."""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
+class PendingDraws:
+    """One step's draws on their way to the host; :meth:`draws` waits for them (the only wait)."""
+
+    def __init__(
+        self, copy: HostCopy, vocab_size: int, logprob_rows: tuple[int, ...], logprob_counts: tuple[int, ...]
+    ) -> None:
+        self._copy = copy
+        self._vocab_size = vocab_size
+        self._logprob_rows = logprob_rows
+        self._logprob_counts = logprob_counts
+
+    def draws(self) -> list[Draw]:
+        """Per row ``(token, raw logprob or None, [(id, raw logprob)] * n)``, what
+        ``_core.Sampler.sample`` returns; raises its ValueError for a row with nothing to sample or with
+        NaN or ``+inf`` logits."""
+        token_ids, logprobs, top_ids, top_logprobs = self._copy.wait()
+        assert token_ids is not None
+        tokens = token_ids.tolist()
+        _raise_for_missing(tokens, self._vocab_size)
+        draws: list[Draw] = [(token, None, []) for token in tokens]
+        if logprobs is None or top_ids is None or top_logprobs is None:
+            return draws
+        rows = zip(self._logprob_rows, self._logprob_counts, strict=True)
+        lps, ids, tops = logprobs.tolist(), top_ids.tolist(), top_logprobs.tolist()
+        for j, (r, n) in enumerate(rows):
+            draws[r] = (tokens[r], lps[j], list(zip(ids[j][:n], tops[j][:n], strict=True)))
+        return draws
+
+
+def _raise_for_missing(tokens: list[int], vocab: int) -> None:
+    """The Rust sampler's ValueError for the first row that got no token, if any."""
+    if NON_FINITE in tokens:
+        row = tokens.index(NON_FINITE)
+        raise ValueError(f"the logits of sampling row {row} hold NaN or +inf; logits must be finite or -inf")
+    if NOTHING in tokens:
+        raise ValueError(f"no token can be sampled: all {vocab} logits are -inf or banned")
