@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from oxibonsai.runner import Draw
@@ -67,9 +68,9 @@ class PendingDraws:
         """Per row ``(token, raw logprob or None, [(id, raw logprob)] * n)``, what
         ``_core.Sampler.sample`` returns; raises its ValueError for a row with nothing to sample or with
         NaN or ``+inf`` logits."""
-        token_ids, logprobs, top_ids, top_logprobs = self._copy.wait()
+        token_ids, logprobs, top_ids, top_logprobs, best = self._copy.wait()
         assert token_ids is not None
-        tokens = token_ids.tolist()
+        tokens = token_ids.tolist() if best is None else _greedy_codes(token_ids, best)
         _raise_for_missing(tokens, self._vocab_size)
         draws: list[Draw] = [(token, None, []) for token in tokens]
         if logprobs is None or top_ids is None or top_logprobs is None:
@@ -79,6 +80,18 @@ class PendingDraws:
         for j, (r, n) in enumerate(rows):
             draws[r] = (tokens[r], lps[j], list(zip(ids[j][:n], tops[j][:n], strict=True)))
         return draws
+
+
+def _greedy_codes(argmax: torch.Tensor, best: torch.Tensor) -> list[int]:
+    """Argmax ids with the codes of rows that got no token, read from each row's largest logit: NaN or
+    ``+inf`` (NaN propagates through the max) -> ``NON_FINITE``, ``-inf`` -> ``NOTHING``."""
+    tokens: list[int] = argmax.tolist()
+    maxima = best.float().numpy()
+    if np.isfinite(maxima).all():
+        return tokens
+    for row in np.flatnonzero(~np.isfinite(maxima)):
+        tokens[row] = NOTHING if maxima[row] == -np.inf else NON_FINITE
+    return tokens
 
 
 def _raise_for_missing(tokens: list[int], vocab: int) -> None:

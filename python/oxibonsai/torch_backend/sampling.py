@@ -281,6 +281,9 @@ class SampleResult:
     logprobs: torch.Tensor | None  # float32 [L]: the raw logprob of the row's token
     top_ids: torch.Tensor | None  # int64 [L, N]: highest raw logprobs first, ties to the lower id
     top_logprobs: torch.Tensor | None  # float32 [L, N]
+    # float [R]: each row's largest logit, where the host tells the rows with no token (the -1 and -2
+    # above) from it and ``token_ids`` holds plain argmaxes (``greedy_sample``: fewer launches)
+    best: torch.Tensor | None = None
 
     def to_host(self, batch: SamplingBatch) -> list[Draw]:
         """Per row what ``_core.Sampler.sample`` returns: ``(token, raw logprob or None, [(id, raw
@@ -292,20 +295,19 @@ class SampleResult:
         self, vocab_size: int, logprob_rows: Sequence[int] = (), logprob_counts: Sequence[int] = ()
     ) -> PendingDraws:
         """Starts the copies to the host without waiting for the device (see ``PendingDraws``)."""
-        copy = HostCopy([self.token_ids, self.logprobs, self.top_ids, self.top_logprobs])
+        copy = HostCopy([self.token_ids, self.logprobs, self.top_ids, self.top_logprobs, self.best])
         return PendingDraws(copy, vocab_size, tuple(logprob_rows), tuple(logprob_counts))
 
 
 def greedy_sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampleResult | None:
     """The result of a batch whose every row is plain greedy (temperature 0 or top-k 1; no penalty, no
-    banned id, no logprobs), what ``sample`` gives it, from one max over the vocabulary and a few
-    elementwise kernels, with no ``SamplingBatch`` built; None for any other batch."""
+    banned id, no logprobs), what ``sample`` gives it, from one max over the vocabulary (one launch),
+    with no ``SamplingBatch`` built: the host reads the rows that got no token from the maxima it
+    copies too. None for any other batch."""
     if not all(_plain_greedy(r) for r in rows):
         return None
     best, index = logits.max(dim=-1)  # NaN propagates; ties go to the lower id
-    bad = best.isnan() | (best == float("inf"))
-    code = torch.where(bad, NON_FINITE, torch.where(best == float("-inf"), NOTHING, index))
-    return SampleResult(code, None, None, None)
+    return SampleResult(index, None, None, None, best)
 
 
 def _plain_greedy(row: SampleRow) -> bool:
