@@ -1,5 +1,5 @@
 """``DeviceHistories``: each running request's token history as rows on the device, kept across steps,
-for the penalties of device sampling (``sampling.SamplingBatch``).
+for the penalties of device sampling (``sampling_batch.SamplingBatch``).
 
 A request gets a slot the first step it samples with a repetition, frequency or presence penalty: its
 ``seen`` row (bool ``[V]``: in the prompt or the output) and ``counts`` row (float32 ``[V]``:
