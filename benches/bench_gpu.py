@@ -34,7 +34,9 @@ the lead builds ``.device/`` here first (it carries the native module and pure-P
     # device tool: run(carry=[".device"], timeout_s=480,
     #                  command="bash .device/run.sh python3 benches/bench_gpu.py --out $OUT/gpu.json")
     python benches/bench_gpu.py --smoke --out /tmp/gpu-smoke.json   # here, on the CPU
-"""
+
+``scripts/gpu_check.sh`` runs this within a budget between the CUDA-only tests and the whole torch test
+suite, all in one device command (its header says how)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The whole GPU check in one device command, sized to the device time a session gets (15 minutes,
+# start-up included; one command at most 10): the CUDA-only tests first (pinned copies, graphs, the
+# inline-PTX kernels against their twins, the side-stream tier copies: a minute or two), then
+# benches/bench_gpu.py within a budget (every figure of issue 23 and its correctness flags), then the
+# whole torch test suite on the GPU with what is left. Each part writes its log (and the bench its JSON)
+# under $OUT; the summary at the end (what the device tool's output_tail shows) gives each part's exit
+# status, the bench's table and the tests' last lines.
+#
+# Here: bash scripts/device_bundle.sh
+# Then, with the device tool:
+#   run(carry=[".device"], timeout_s=560, command="bash .device/run.sh bash scripts/gpu_check.sh 520")
+# Its argument is the seconds the three parts may take together (default 520).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+total=${1:-520}
+out=${OUT:-/tmp/oxibonsai-gpu-check}
+mkdir -p "$out"
+start=$SECONDS
+left() { echo $((total - (SECONDS - start))); }
+status=()
+
+part() {  # part NAME SECONDS COMMAND...: runs COMMAND under a timeout, its output to $out/NAME.log
+    local name=$1 seconds=$2
+    shift 2
+    if ((seconds < 20)); then
+        status+=("$name: skipped (${seconds}s left)")
+        return
+    fi
+    echo "[$((SECONDS - start)) s] $name (at most ${seconds}s)"
+    timeout --kill-after=10 "$seconds" "$@" >"$out/$name.log" 2>&1
+    status+=("$name: exit $? after $((SECONDS - start)) s")
+}
+
+gpu_only=(tests/torch_backend/test_pending.py tests/torch_backend/test_decode_graphs.py
+          tests/torch_backend/test_q1_exact.py tests/torch_backend/test_q1_fast.py
+          tests/torch_backend/test_kv_pool.py)
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$out/nvidia-smi.txt" 2>&1
+part tests-cuda-first 150 python3 -m pytest -q -rs -p no:cacheprovider "${gpu_only[@]}"
+bench_s=$(( $(left) * 70 / 100 ))
+part bench $((bench_s + 60)) python3 benches/bench_gpu.py --budget-s "$bench_s" --out "$out/gpu.json"
+part tests-torch "$(( $(left) - 10 ))" python3 -m pytest -q -rs -p no:cacheprovider tests/torch_backend
+
+echo "== summary"
+cat "$out/nvidia-smi.txt"
+printf '%s\n' "${status[@]}"
+echo "== bench"
+tail -n 40 "$out/bench.log" 2>/dev/null
+for name in tests-cuda-first tests-torch; do
+    echo "== $name"
+    grep -E "^(FAILED|ERROR)" "$out/$name.log" 2>/dev/null | head -n 20
+    tail -n 3 "$out/$name.log" 2>/dev/null
+done
