@@ -126,7 +126,7 @@ def test_a_request_aborted_while_its_step_runs_gets_no_more_output_and_frees_its
     assert stats["free_blocks"] == stats["capacity_blocks"]
 
 
-def test_a_step_in_flight_for_aborted_requests_is_taken_before_the_next_one(tiny_model, rng):
+def test_a_step_in_flight_when_the_last_request_is_aborted_is_taken_at_once(tiny_model, rng):
     llm = ob.LLM(tiny_model, max_model_len=256, max_num_seqs=4, enable_prefix_caching=False)
     engine = llm._engine
     params = ob.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -137,8 +137,11 @@ def test_a_step_in_flight_for_aborted_requests_is_taken_before_the_next_one(tiny
         engine.add_request(f"gone-{i}", None, prompt, params)
     engine.step()
     engine.step()
+    assert engine._launched is not None, "a step is in flight between the calls"
     engine.abort_all()
-    assert engine._launched is not None and not engine.has_unfinished()
+    assert engine._launched is None and not engine.has_unfinished(), "the step in flight was taken"
+    stats = llm.cache_stats()
+    assert stats["free_blocks"] == stats["capacity_blocks"]
     engine.add_request("new", None, prompt, params, stream=True)
     outputs = []
     while engine.has_unfinished():

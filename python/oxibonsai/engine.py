@@ -248,11 +248,30 @@ class Engine:
         if handle is None:
             return False
         self._finish(self._requests[handle], "abort")
+        self._settle_if_idle()
         return True
 
     def abort_all(self) -> None:
         for r in list(self._requests.values()):
             self._finish(r, "abort")
+        self._settle_if_idle()
+
+    def _settle_if_idle(self) -> None:
+        """Once no request is left, takes a step still in flight (its draws all dropped) and forgets a
+        failed launch: the scheduler records the step (its tier copies complete, so no block stays
+        held) now rather than at a next call that may never come. A step that fails now is dropped,
+        as the step after it would have been."""
+        if self._requests:
+            return
+        self._launch_error = None
+        launched, self._launched = self._launched, None
+        if launched is None:
+            return
+        plan, _, pending = launched
+        try:
+            self._sched.update(plan, [token for token, _, _ in pending.draws()])
+        except Exception:  # nothing is left that it could affect; the next step is planned afresh
+            pass
 
     def step(self) -> list[RequestOutput]:
         """Runs one step and takes its tokens; returns the outputs of requests that finished and of
@@ -264,7 +283,8 @@ class Engine:
         before the device has run the step (``async_output``), the next step is launched between the
         halves, so the device computes it while the host does this step's output work; the requests
         that ended are out of it, so it computes nothing that is thrown away. A request added after
-        that then starts a step later, and a failure of that launch is raised by the next call."""
+        that then starts a step later, and a failure of that launch is raised by the next call (or
+        forgotten, with the step in flight taken, once the last request is aborted)."""
         if self._launch_error is not None:
             error, self._launch_error = self._launch_error, None
             raise error

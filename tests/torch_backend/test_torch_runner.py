@@ -170,6 +170,30 @@ def test_a_request_arriving_beside_decodes_starts_on_its_prefetched_prefix(
     assert stats["free_blocks"] + stats["idle_blocks"] == 10, "a device block leaked"
 
 
+def test_aborting_the_last_request_settles_a_step_in_flight_with_its_prefetches(tiny_model, rng, monkeypatch):
+    """With the output work overlapping the next step (``OXIBONSAI_ASYNC_OUTPUT=1``), a step is in
+    flight between two calls; aborting the last request takes it at once, so the blocks its prefetch
+    copies hold until they complete come back then, not at a next step that may never come."""
+    monkeypatch.setenv("OXIBONSAI_ASYNC_OUTPUT", "1")
+    llm = torch_llm(tiny_model, kv_cache_dtype="f32", kv_cache_blocks=10, host_kv_cache_blocks=32)
+    vocab = llm.config["vocab"]
+    a = random_ids(rng, vocab, 49)
+    llm.generate(a, GREEDY)
+    llm.generate(random_ids(rng, vocab, 155), GREEDY)  # pushes A's three blocks to the host tier
+    engine = llm._engine
+    decode = ob.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    engine.add_request("decoder", None, random_ids(rng, vocab, 8), decode)
+    engine.step()
+    engine.add_request("a", None, a, GREEDY)
+    engine.step()  # launches the step that prefetches A's prefix beside the decoder
+    assert engine._launched is not None and llm.cache_stats()["prefetched_blocks"] == 3
+    engine.abort_all()
+    stats = llm.cache_stats()
+    assert engine._launched is None
+    assert stats["free_blocks"] + stats["idle_blocks"] == 10, "a block stayed held"
+    assert engine._sched.check() is None
+
+
 def test_async_llm_streams_on_the_torch_runner(tiny_model, torch_uncached, rng):
     import asyncio
 
