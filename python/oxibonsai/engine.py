@@ -359,8 +359,7 @@ class Engine:
             return False
         token = draw[0]
         self._append(r, token)
-        if self._is_stop_token(r, token):
-            r.stop_reason = None if token in self._tokenizer.stop_token_ids else token
+        if self._stops_on_token(r, token):
             self._finish(r, "stop")
         elif len(r.output_ids) >= r.max_new:
             self._finish(r, "length")
@@ -387,8 +386,7 @@ class Engine:
         """Appends a sampled token and finishes the request on a stop token, stop string or length."""
         self._append(r, token)
         self._record_logprobs(r, token, logprob, top)
-        if self._is_stop_token(r, token):
-            r.stop_reason = None if token in self._tokenizer.stop_token_ids else token
+        if self._stops_on_token(r, token):
             self._finish(r, "stop", flush=True)
             return
         emitted, stopped = r.stops.feed(r.detok.add(token))
@@ -399,10 +397,16 @@ class Engine:
         elif len(r.output_ids) >= r.max_new:
             self._finish(r, "length", flush=True)
 
-    def _is_stop_token(self, r: _Request, token: int) -> bool:
+    def _stops_on_token(self, r: _Request, token: int) -> bool:
+        """Whether ``token`` ends the request (its stop ids, or the tokenizer's unless ``ignore_eos``);
+        if so, records its ``stop_reason`` (None for the tokenizer's)."""
         if token in (r.params.stop_token_ids or []):
+            r.stop_reason = None if token in self._tokenizer.stop_token_ids else token
             return True
-        return not r.params.ignore_eos and token in self._tokenizer.stop_token_ids
+        if not r.params.ignore_eos and token in self._tokenizer.stop_token_ids:
+            r.stop_reason = None
+            return True
+        return False
 
     def _record_logprobs(
         self, r: _Request, token: int, logprob: float | None, top: list[tuple[int, float]]
