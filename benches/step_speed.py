@@ -46,7 +46,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--kv-cache-dtype", default="auto")
     args = parser.parse_args()
-    model = _core.Model(args.model, max_model_len=1024, kv_cache_dtype=args.kv_cache_dtype)
+    model = _core.Model(args.model, max_model_len=None, kv_cache_dtype=args.kv_cache_dtype)
+    if max(args.contexts) + args.steps > model.max_model_len:
+        parser.error(f"--contexts plus --steps must fit the model's context ({model.max_model_len})")
     rng = np.random.default_rng()
     measure(model, 8, 2, rng)  # warm-up: packs the LUT weights, touches the pages
     print("| threads | context | prefill tok/s | decode tok/s |\n|--:|--:|--:|--:|")

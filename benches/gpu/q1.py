@@ -136,21 +136,23 @@ def exact_check(x: torch.Tensor, w: Q1Weight, device: torch.device) -> dict[str,
 
 
 def exact_sweep(x: torch.Tensor, ours: list[Q1Weight], plan: Plan, device: torch.device) -> dict[str, Any]:
-    """One activation row: the quantization's time, then the exact matmul's (already quantized) in each
-    GEMV form and split, for tuning ``q1_exact``'s defaults on the GPU; ``sweep_default`` names the form
-    the op picks."""
+    """One activation row, or four: the quantization's time, then the exact matmul's (already quantized)
+    in each GEMV form and split (K split inside programs, "gemv_split", or over them, "gemv"), for
+    tuning ``q1_exact``'s defaults on the GPU; ``sweep_default`` names the form the op picks."""
     from oxibonsai.torch_backend.ops import q1_exact
 
-    if x.shape[0] != 1:
+    m, groups = x.shape[0], ours[0].cols // 128
+    if m not in (1, 4):
         return {}
-    groups = ours[0].cols // 128
-    forms = [("gemv1", s) for s in (2, 4, 8, 16) if s <= groups] + [("gemv", s) for s in (1, 4, None)]
+    inside = (2, 4, 8, 16) if m == 1 else (4, 16)
+    over = (1, 4, None) if m == 1 else (None,)
+    forms = [("gemv_split", s) for s in inside if s <= groups] + [("gemv", s) for s in over]
     acts = q1_exact.quantize(x)
     times = {"quantize": time_calls([partial(q1_exact.quantize, x)], device, plan.reps)["ms"]}
     for kernel, split in forms:
         calls = [partial(q1_exact.linear_quantized, acts, w, kernel=kernel, split_k=split) for w in ours]
         times[f"{kernel}/{split or 'auto'}"] = time_calls(calls, device, plan.reps)["ms"]
-    default = q1_exact._default_kernel(1, ours[0].rows, groups, device)
+    default = q1_exact._default_kernel(m, ours[0].rows, groups, device)
     return {"sweep_ms": times, "sweep_default": default}
 
 

@@ -228,8 +228,8 @@ def gemv_cost(launch: Launch, loop: int, threads: int) -> float | None:
     c = launch.constexprs
     if launch.fn.__name__ in ("_gemv_kernel", "_fast_gemv_kernel"):
         rows = c["BLOCK_N"] * c["BLOCK_M"]
-    elif launch.fn.__name__ == "_gemv_one_row_kernel":
-        rows = c["BLOCK_N"] * c["SPLITS"]
+    elif launch.fn.__name__ == "_gemv_split_kernel":
+        rows = c["BLOCK_N"] * c["SPLITS"] * c["BLOCK_M"]
     else:
         return None
     return loop * threads / (rows * 128 * (2 if c["GATED"] else 1)) if loop else None

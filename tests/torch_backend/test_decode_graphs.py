@@ -97,6 +97,22 @@ def test_padding_rows_follow_the_rules(rng):
     assert inputs.logits_indices.tolist() == list(range(bucket))
 
 
+def test_a_bucket_reads_only_the_words_its_step_copies(rng):
+    max_blocks, max_batch = int(rng.integers(1, 9)), 16
+    layout = _Layout(max_batch, max_blocks)
+    for bucket in decode_buckets(max_batch):
+        n = int(rng.integers(1, bucket + 1))
+        buffer = rng.integers(-(2**31), 2**31, layout.words, dtype=np.int64).astype(np.int32)
+        layout.constants(buffer)
+        layout.fill(buffer, random_decode_step(rng, n, 200, max_blocks, max_batch * (max_blocks + 1)), bucket)
+        stale = buffer.copy()
+        stale[layout.used_words(bucket) :] = 12345  # what a copy of the used words leaves on the device
+        want, got = (layout.device_batch(torch.from_numpy(b), bucket) for b in (buffer, stale))
+        for field in ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens",
+                      "block_tables", "logits_indices", "decode_from", "decode_rows"):  # fmt: skip
+            assert torch.equal(getattr(got, field), getattr(want, field)), (bucket, field)
+
+
 def test_only_plain_decode_steps_fit(tiny_model, rng):
     model = TorchQwen3.from_gguf(tiny_model, "cpu", ops=ref_torch)
     pool = model.new_kv_pool(64)

@@ -78,15 +78,15 @@ def test_a_non_finite_value_gives_a_nan_scale_and_a_nan_row(rng, bad):
         assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2]]).all()
 
 
-@pytest.mark.parametrize("kernel", ["gemv", "gemv1", "gemm"])
+@pytest.mark.parametrize("kernel", ["gemv", "gemv_split", "gemm"])
 def test_the_matmul_equals_the_cpu_engine_bit_for_bit(rng, kernel):
     for _ in range(3):
-        m, rows, k = int(rng.integers(1, 20)), int(rng.choice([40, 96, 136])), 128 * int(rng.integers(1, 9))
-        m = 1 if kernel == "gemv1" else m
+        m = int(rng.integers(1, 20 if kernel == "gemm" else 9))
+        rows, k = int(rng.choice([40, 96, 136])), 128 * int(rng.integers(1, 9))
         matrix, w = random_matrix(rng, rows, k)
         x = activations(rng, m, k)
         acts = q1_exact().quantize(on_device(x))
-        split_k = int(rng.choice([1, 2, 4, 8, 16])) if kernel == "gemv1" else int(rng.integers(1, 4))
+        split_k = int(rng.choice([1, 2, 4, 8, 16])) if kernel == "gemv_split" else int(rng.integers(1, 4))
         got = q1_exact().linear_quantized(acts, w, kernel=kernel, split_k=split_k, asm=False)
         assert np.array_equal(got.cpu().numpy(), matrix.matmul(x).reshape(m, rows)), (m, rows, k, split_k)
 
@@ -117,8 +117,8 @@ def test_the_fused_linear_matches_float64_and_every_kernel_gives_its_bits(rng):
         assert np.abs(got.cpu().numpy() - want).max() <= EXACT_TOL * np.abs(want).max()
         acts = q1_exact().quantize(on_device(x), on_device(norm), EPS)
         args = {"residual": on_device(residual), "gated": gated, "asm": False}
-        one_row = [("gemv1", 1), ("gemv1", 4)] if m == 1 else []
-        for kernel, split_k in [("gemv", 1), ("gemv", 2), ("gemv", 3), ("gemm", None), *one_row]:
+        gemvs = [("gemv", 1), ("gemv", 3), ("gemv_split", 1), ("gemv_split", 4)] if m <= 8 else []
+        for kernel, split_k in [("gemm", None), *gemvs]:
             again = q1_exact().linear_quantized(acts, w, kernel=kernel, split_k=split_k, **args)
             assert torch.equal(again, got), (kernel, split_k)
 
@@ -140,11 +140,12 @@ def test_kernel_choices_are_checked(rng):
     acts = q1_exact().quantize(on_device(activations(rng, 2, 256)))
     with pytest.raises(ValueError, match="one of"):
         q1_exact().linear_quantized(acts, w, kernel="gemv2")
-    with pytest.raises(ValueError, match="one activation row"):
-        q1_exact().linear_quantized(acts, w, kernel="gemv1")
-    one = q1_exact().quantize(on_device(activations(rng, 1, 256)))
     with pytest.raises(ValueError, match="power of 2"):
-        q1_exact().linear_quantized(one, w, kernel="gemv1", split_k=3)
+        q1_exact().linear_quantized(acts, w, kernel="gemv_split", split_k=3)
+    nine = q1_exact().quantize(on_device(activations(rng, 9, 256)))
+    for kernel in ("gemv", "gemv_split"):
+        with pytest.raises(ValueError, match="up to 8 activation rows"):
+            q1_exact().linear_quantized(nine, w, kernel=kernel)
 
 
 def test_arithmetic_choice_in_the_triton_op_set(monkeypatch):
@@ -163,7 +164,7 @@ def test_arithmetic_choice_in_the_triton_op_set(monkeypatch):
 def test_the_dp4a_ptx_equals_its_twin_and_the_cpu_engine(rng):
     assert q1_exact().asm_matches_twin(torch.cuda.current_device())
     matrix, w = random_matrix(rng, 4096, 2048)
-    for m, kernel in ((1, "gemv"), (1, "gemv1"), (2, "gemv"), (8, "gemv")):
+    for m, kernel in ((1, "gemv"), (1, "gemv_split"), (2, "gemv"), (3, "gemv_split"), (8, "gemv_split")):
         x = activations(rng, m, 2048)
         acts = q1_exact().quantize(on_device(x))
         got = q1_exact().linear_quantized(acts, w, asm=True, kernel=kernel)

@@ -22,10 +22,11 @@ one weight word's bits ``j, j + 8, j + 16, j + 24`` (``(word >> j) & 0x01010101`
   each, and per activation row two ``dp4a`` (high and low plane) add them; about 1.4 SASS instructions
   per weight at one row (``benches/gpu/sass.py``). ``ASM`` picks the inline-PTX ``dp4a`` or its
   plain-Triton twin, which gives the same integers and runs in the interpreter. A matrix with too few
-  rows to fill the GPU splits K: for one activation row inside each program (``_gemv_one_row_kernel``:
-  the lanes store each group's integer sums, a barrier, then the program adds the groups in order),
-  for more over programs with a second kernel adding the groups (``_combine_kernel``). The SwiGLU of a
-  gate|up matrix and the residual add run in the program that adds the groups.
+  rows to fill the GPU splits K inside each program ("gemv_split", ``_gemv_split_kernel``: each lane
+  takes one (split, weight row) pair for every activation row, stores each group's integer sums, a
+  barrier, then the program adds the groups in order), or, for comparison, over programs with a second
+  kernel adding the groups (``_combine_kernel``). The SwiGLU of a gate|up matrix and the residual add
+  run in the program that adds the groups.
 - the GEMM (larger M, prefill): each sign word becomes a 32 x BLOCK_N tile of 0/1 bytes and both
   planes go through int8 ``tl.dot`` (integer tensor cores on a GPU, exact), gate and up rows of a
   gate|up matrix in the same program, the epilogue in the same code as the GEMV's (``_finish``).
@@ -46,16 +47,16 @@ from oxibonsai.torch_backend.ops.q1_exact_kernels import (
     _combine_kernel,
     _gemm_kernel,
     _gemv_kernel,
-    _gemv_one_row_kernel,
+    _gemv_split_kernel,
     _quantize_kernel,
 )
 from oxibonsai.torch_backend.ops.q1_triton import check_fused, gemm_block_m, multiprocessors
 from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight
 
 GEMV_MAX_M = 8
-KERNELS = ("gemv", "gemv1", "gemm")
+KERNELS = ("gemv", "gemv_split", "gemm")
 GEMM_BLOCK_N = 64  # weight rows of a GEMM tile (32 and 32 for gate|up)
-ONE_ROW_TILE = 256  # splits x weight rows of a one-row GEMV program: one pair per thread, 8 warps
+SPLIT_TILE = 256  # splits x weight rows of a "gemv_split" program: one pair per thread, 8 warps
 PROGRAMS_PER_SM = 4  # the GEMV splits K until it has this many 4-warp programs per SM
 NO_FUSION = {"enable_fp_fusion": False}
 
@@ -152,10 +153,10 @@ def linear_quantized(
     kernel: str | None = None,
     split_k: int | None = None,
 ) -> torch.Tensor:
-    """Quantized rows times W with the epilogue. ``kernel`` (one of ``KERNELS``; by default "gemv1" for
-    one row of a matrix too small to fill the GPU, "gemv" up to ``GEMV_MAX_M`` rows, "gemm" above) and
-    ``split_k`` (the GEMV's K splits over programs, or "gemv1"'s inside a program) exist for tests:
-    every choice gives the same bits."""
+    """Quantized rows times W with the epilogue. ``kernel`` (one of ``KERNELS``; by default, up to
+    ``GEMV_MAX_M`` rows, "gemv_split" for a matrix too small to fill the GPU and "gemv" otherwise,
+    "gemm" above) and ``split_k`` (the GEMV's K splits over programs, or "gemv_split"'s inside a
+    program) exist for tests and tuning: every choice gives the same bits."""
     m = acts.rows
     out_rows = w.rows // 2 if gated else w.rows
     out = torch.empty(m, out_rows, dtype=torch.float32, device=acts.planes.device)
@@ -171,10 +172,10 @@ def linear_quantized(
         _gemm(acts, w, residual, gated, out)
         return out
     asm = _asm_ok(acts.planes.device) if asm is None else asm
-    if kernel == "gemv1":
-        if m != 1:
-            raise ValueError(f"the 'gemv1' kernel takes one activation row, got {m}")
-        _gemv_one_row(acts, w, residual, gated, out, asm, split_k or _one_row_splits(w.cols // QK))
+    if kernel != "gemm" and m > GEMV_MAX_M:
+        raise ValueError(f"the {kernel!r} kernel takes up to {GEMV_MAX_M} activation rows, got {m}")
+    if kernel == "gemv_split":
+        _gemv_split(acts, w, residual, gated, out, asm, split_k or _program_splits(w.cols // QK))
     else:
         _gemv(acts, w, residual, gated, out, asm, split_k)
     return out
@@ -220,16 +221,16 @@ def _gemv(
 def _default_kernel(m: int, out_rows: int, groups: int, device: torch.device) -> str:
     if m > GEMV_MAX_M:
         return "gemm"
-    split = m == 1 and _default_split_k(triton.cdiv(out_rows, gemv_rows(1, False)), groups, device) > 1
-    return "gemv1" if split else "gemv"
+    tiles = triton.cdiv(out_rows, gemv_rows(int(triton.next_power_of_2(m)), False))
+    return "gemv_split" if _default_split_k(tiles, groups, device) > 1 else "gemv"
 
 
-def _one_row_splits(groups: int) -> int:
-    """K splits inside a one-row GEMV program: up to 16, a power of 2, at most the groups."""
+def _program_splits(groups: int) -> int:
+    """K splits inside a "gemv_split" program: up to 16, a power of 2, at most the groups."""
     return min(16, 1 << (groups.bit_length() - 1))
 
 
-def _gemv_one_row(
+def _gemv_split(
     acts: QuantizedRows,
     w: Q1Weight,
     residual: torch.Tensor | None,
@@ -238,19 +239,20 @@ def _gemv_one_row(
     asm: bool,
     splits: int,
 ) -> None:
-    if splits & (splits - 1) or not 1 <= splits <= ONE_ROW_TILE // 16:
-        raise ValueError(f"the one-row GEMV splits K in a power of 2 to {ONE_ROW_TILE // 16}, got {splits}")
-    out_rows, groups = out.shape[1], w.cols // QK
-    block_n = ONE_ROW_TILE // splits
-    ones = torch.empty(groups, w.rows, dtype=torch.int32, device=out.device)
+    if splits & (splits - 1) or not 1 <= splits <= SPLIT_TILE // 16:
+        raise ValueError(f"'gemv_split' splits K in a power of 2 to {SPLIT_TILE // 16}, got {splits}")
+    m, out_rows = out.shape
+    groups, block_n = w.cols // QK, SPLIT_TILE // splits
+    ones = torch.empty(groups, m, w.rows, dtype=torch.int32, device=out.device)
     words = acts.planes.view(torch.int32)
     residual_or_out = residual if residual is not None else out
-    _gemv_one_row_kernel[(triton.cdiv(out_rows, block_n),)](
+    _gemv_split_kernel[(triton.cdiv(out_rows, block_n),)](
         words, acts.scales, acts.sums, w.signs, w.scales, residual_or_out, out, ones,
-        out_rows, w.cols, out_rows, triton.cdiv(groups, splits),
-        words.stride(0), w.signs.stride(0), w.scales.stride(0), ones.stride(0),
-        BLOCK_N=block_n, SPLITS=splits, GATED=gated, RESIDUAL=residual is not None, ASM=asm,
-        num_warps=ONE_ROW_TILE // 32, **NO_FUSION,
+        m, out_rows, w.cols, out_rows, triton.cdiv(groups, splits),
+        words.stride(0), words.stride(1), acts.scales.stride(0), w.signs.stride(0), w.scales.stride(0),
+        residual_or_out.stride(0), out.stride(0), ones.stride(0), ones.stride(1),
+        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, SPLITS=splits, GATED=gated,
+        RESIDUAL=residual is not None, ASM=asm, num_warps=SPLIT_TILE // 32, **NO_FUSION,
     )  # fmt: skip
 
 
@@ -310,7 +312,8 @@ def asm_matches_twin(device_index: int) -> bool:
             rows=96,
             cols=512,
         )
-        cases = ((1, False, "gemv"), (1, True, "gemv1"), (3, True, "gemv"), (8, False, "gemv"))
+        cases = ((1, False, "gemv"), (1, True, "gemv_split"), (3, True, "gemv"), (5, False, "gemv_split"),
+                 (8, False, "gemv"))  # fmt: skip
         for m, gated, kernel in cases:
             acts = quantize((torch.randn(m, 512, generator=gen) * 3).to(device))
             residual = torch.randn(m, 48 if gated else 96, generator=gen).to(device)

@@ -1,8 +1,8 @@
 """The Triton kernels of the exact-integer Q1 linear (``q1_exact``, which owns their launches and
 documents the arithmetic): the activation quantization, the GEMV in its three forms (plain, K split
-over programs with ``_combine_kernel``, one activation row with K split inside the program) and the
-int8 GEMM. Each adds a matrix's 128-weight blocks in the CPU engine's order; every float operation is
-written out (the launches turn contraction off), so a row's bits never depend on the kernel."""
+over programs with ``_combine_kernel``, K split inside each program) and the int8 GEMM. Each adds a
+matrix's 128-weight blocks in the CPU engine's order; every float operation is written out (the
+launches turn contraction off), so a row's bits never depend on the kernel."""
 
 from __future__ import annotations
 
@@ -114,14 +114,13 @@ def _finish(y, up, residual, GATED: tl.constexpr, RESIDUAL: tl.constexpr):
 
 
 @triton.jit
-def _ones(planes_ptr, signs_ptr, act_pairs, word_at, word_mask, stride_pp,
-          R: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
-    """int32 ``[R, BLOCK_N]``: ``sum q`` over the set bits of one 128-group, for the weight rows whose
-    group starts at sign word ``word_at`` (``[1 or R, BLOCK_N]``, loaded where ``word_mask``) and the
-    activation rows whose group starts at int64 ``act_pairs`` (``[R, 1]``) of the high plane, the low
-    plane ``stride_pp`` words on (planes read two words a load)."""
-    high = tl.zeros([R, BLOCK_N], dtype=tl.int32)
-    low = tl.zeros([R, BLOCK_N], dtype=tl.int32)
+def _ones(planes_ptr, signs_ptr, act_pairs, word_at, word_mask, stride_pp, zeros, ASM: tl.constexpr):
+    """int32 tile shaped like ``zeros``: ``sum q`` over the set bits of one 128-group, for the weight
+    rows whose group starts at sign word ``word_at`` (loaded where ``word_mask``) and the activation
+    rows whose group starts at int64 ``act_pairs`` of the high plane, the low plane ``stride_pp``
+    words on (planes read two words a load); ``word_at`` and ``act_pairs`` broadcast to the tile."""
+    high = zeros
+    low = zeros
     pairs = planes_ptr.to(tl.pointer_type(tl.int64))
     for w in tl.static_range(4):
         word = tl.load(signs_ptr + word_at + w, mask=word_mask, other=0)
@@ -155,17 +154,16 @@ def _gemv_kernel(
     last = tl.minimum(first + groups_per_split, K // 128)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    zeros = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
     for g in range(first, last):
         act_pairs = (offs_m * (stride_pm // 2) + g * 16)[:, None]  # the planes hold BLOCK_M rows
         word_at = (offs_n * stride_sn + g * 4)[None, :]
         words_mask = mask_n[None, :]
-        ones = _ones(planes_ptr, signs_ptr, act_pairs, word_at, words_mask, stride_pp, BLOCK_M, BLOCK_N, ASM)
+        ones = _ones(planes_ptr, signs_ptr, act_pairs, word_at, words_mask, stride_pp, zeros, ASM)
         ones_up = ones
         if GATED:
             up_at = word_at + up_offset * stride_sn
-            ones_up = _ones(
-                planes_ptr, signs_ptr, act_pairs, up_at, words_mask, stride_pp, BLOCK_M, BLOCK_N, ASM
-            )
+            ones_up = _ones(planes_ptr, signs_ptr, act_pairs, up_at, words_mask, stride_pp, zeros, ASM)
         if SPLIT:
             at = ones_ptr + g * stride_og + offs_m[:, None] * stride_on + offs_n[None, :]
             tl.store(at, ones, mask=mask_m[:, None] & mask_n[None, :])
@@ -182,50 +180,75 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _gemv_one_row_kernel(
+def _gemv_split_kernel(
     planes_ptr, ascales_ptr, asums_ptr, signs_ptr, wscales_ptr, residual_ptr, out_ptr, ones_ptr,
-    N, K, up_offset, groups_per_split,
-    stride_pp, stride_sn, stride_dn, stride_og,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-    ASM: tl.constexpr,
+    M, N, K, up_offset, groups_per_split,
+    stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_rm, stride_om, stride_og, stride_on,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, GATED: tl.constexpr,
+    RESIDUAL: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
-    """One activation row, rows ``n`` of program ``program_id(0)``, with K split inside the program: the
-    ``[SPLITS, BLOCK_N]`` tile's row ``s`` takes groups ``s * groups_per_split`` onwards and stores each
-    group's integer sums at ``ones[g, n]``; after a barrier the program adds every group in order. For
-    matrices with too few rows to fill the GPU, one launch instead of the split GEMV's two."""
+    """Rows ``n`` of program ``program_id(0)`` for every activation row ``m``, with K split inside the
+    program: the ``[SPLITS, BLOCK_N]`` tile's row ``s`` takes groups ``s * groups_per_split`` onwards
+    (every activation row in the same thread, as in ``_gemv_kernel``) and stores each group's integer
+    sums at ``ones[g, m, n]``; after a barrier the program adds every group in order. For matrices with
+    too few rows to fill the GPU, one launch instead of the split GEMV's two."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
+    mask_m = offs_m < M
     groups = K // 128
-    split = tl.arange(0, SPLITS)[:, None]
-    mask = (split < SPLITS) & mask_n[None, :]
+    split = tl.arange(0, SPLITS)[None, :, None]
+    rows_n = offs_n[None, None, :]
+    rows_m = offs_m[:, None, None]
+    mask = (split < SPLITS) & (rows_n < N)  # [1, SPLITS, BLOCK_N]
+    zeros = tl.zeros([BLOCK_M, SPLITS, BLOCK_N], dtype=tl.int32)
     for j in range(groups_per_split):
         g = split * groups_per_split + j
-        valid = mask & (g < groups)
+        valid = mask & (g < groups) & (rows_m < M)
         g = tl.minimum(g, groups - 1)  # past the end: a real group's loads, never stored
-        word_at = offs_n[None, :] * stride_sn + g * 4
-        at = ones_ptr + g * stride_og + offs_n[None, :]
-        ones = _ones(planes_ptr, signs_ptr, g * 16, word_at, mask, stride_pp, SPLITS, BLOCK_N, ASM)
-        tl.store(at, ones, mask=valid)
-        if GATED:
+        word_at = rows_n * stride_sn + g * 4
+        act_pairs = rows_m * (stride_pm // 2) + g * 16  # the planes hold BLOCK_M rows
+        at = ones_ptr + g * stride_og + rows_m * stride_on + rows_n
+        ones = _ones(planes_ptr, signs_ptr, act_pairs, word_at, mask, stride_pp, zeros, ASM)
+        if BLOCK_M >= 8:  # the store ends the activation loads' lives: fewer registers, more loads
+            tl.store(at, ones, mask=valid)
+        if GATED:  # otherwise before any store, so the up rows reuse the activation loads
             up_at = word_at + up_offset * stride_sn
-            ones_up = _ones(planes_ptr, signs_ptr, g * 16, up_at, mask, stride_pp, SPLITS, BLOCK_N, ASM)
+            ones_up = _ones(planes_ptr, signs_ptr, act_pairs, up_at, mask, stride_pp, zeros, ASM)
             tl.store(at + up_offset, ones_up, mask=valid)
+        if BLOCK_M < 8:
+            tl.store(at, ones, mask=valid)
     tl.debug_barrier()  # the program's stores are visible to all its threads
-    offs_m = tl.arange(0, 1)
-    mask_m = offs_m < 1
-    acc = tl.zeros([1, BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+    acc, acc_up = _combine_groups(
+        ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n, groups, up_offset,
+        stride_am, stride_dn, stride_og, stride_on, BLOCK_M, BLOCK_N, GATED,
+    )  # fmt: skip
+    _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
+               GATED, RESIDUAL)  # fmt: skip
+
+
+@triton.jit
+def _combine_groups(
+    ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n, groups, up_offset,
+    stride_am, stride_dn, stride_og, stride_on,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr,
+):  # fmt: skip
+    """The accumulators of a ``[BLOCK_M, BLOCK_N]`` tile from every group's integer sums
+    ``ones[g, m, n]``, added in order."""
+    mask = mask_m[:, None] & mask_n[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for g in range(0, groups):
-        at = ones_ptr + g * stride_og + offs_n[None, :]
-        ones = tl.load(at, mask=mask_n[None, :], other=0)
+        at = ones_ptr + g * stride_og + offs_m[:, None] * stride_on + offs_n[None, :]
+        ones = tl.load(at, mask=mask, other=0)
         ones_up = ones
         if GATED:
-            ones_up = tl.load(at + up_offset, mask=mask_n[None, :], other=0)
+            ones_up = tl.load(at + up_offset, mask=mask, other=0)
         acc, acc_up = _combine_group(
             acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n,
-            g, up_offset, 0, stride_dn, GATED,
+            g, up_offset, stride_am, stride_dn, GATED,
         )  # fmt: skip
-    _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, 0, 0, GATED, RESIDUAL)
+    return acc, acc_up
 
 
 @triton.jit
@@ -269,19 +292,10 @@ def _combine_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
     mask_m = offs_m < M
-    mask = mask_m[:, None] & mask_n[None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for g in range(0, K // 128):
-        at = ones_ptr + g * stride_og + offs_m[:, None] * stride_on + offs_n[None, :]
-        ones = tl.load(at, mask=mask, other=0)
-        ones_up = ones
-        if GATED:
-            ones_up = tl.load(at + up_offset, mask=mask, other=0)
-        acc, acc_up = _combine_group(
-            acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n,
-            g, up_offset, stride_am, stride_dn, GATED,
-        )  # fmt: skip
+    acc, acc_up = _combine_groups(
+        ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n, K // 128, up_offset,
+        stride_am, stride_dn, stride_og, stride_on, BLOCK_M, BLOCK_N, GATED,
+    )  # fmt: skip
     _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
                GATED, RESIDUAL)  # fmt: skip
 
