@@ -13,6 +13,7 @@ the loop covers).
 
     python benches/gpu/sass.py --model 1.7b            # the table
     python benches/gpu/sass.py --model tiny --check    # exit 1 if a kernel fails to compile or spills
+    SASS_TOP_OPS=40 python benches/gpu/sass.py ...     # more of each kernel's loop opcodes (default 5)
 
 It must run without ``TRITON_INTERPRET`` (the interpreter has no compiler); the test suite runs the
 ``--check`` form in a subprocess."""
@@ -267,7 +268,7 @@ def main() -> None:
             continue
         failures += k.spills > 0
         cost = f"{k.per_weight_row:.2f}" if k.per_weight_row is not None else "-"
-        top = ", ".join(f"{op} {n}" for op, n in k.ops.most_common(5))
+        top = ", ".join(f"{op} {n}" for op, n in k.ops.most_common(int(os.environ.get("SASS_TOP_OPS", "5"))))
         row = f"{k.name:<32} {k.registers:>4} {k.spills:>5} {k.loop:>5} {cost:>6} {k.count:>5}"
         print(f"{row}  {k.constexprs}; {top}")
     print(f"{len(launches)} launches compiled for sm_{args.arch}, {failures} failed or spilled")
