@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU check in one device command, sized to the device time a session gets (15 minutes,
-# start-up included; one command at most 10): the CUDA-only tests first (pinned copies, graphs, the
-# inline-PTX kernels against their twins, the side-stream tier copies: a minute or two), then
+# start-up included; one command at most 10): the CUDA-only tests first (PDL, pinned copies, graphs,
+# the inline-PTX kernels against their twins, the side-stream tier copies: a minute or two), then
 # benches/bench_gpu.py within a budget (every figure of issue 23 and its correctness flags), then the
 # whole torch test suite on the GPU with what is left. Each part writes its log (and the bench its JSON)
 # under $OUT; the summary at the end (what the device tool's output_tail shows) gives each part's exit
@@ -32,9 +32,9 @@ part() {  # part NAME SECONDS COMMAND...: runs COMMAND under a timeout, its outp
     status+=("$name: exit $? after $((SECONDS - start)) s")
 }
 
-gpu_only=(tests/torch_backend/test_pending.py tests/torch_backend/test_decode_graphs.py
-          tests/torch_backend/test_q1_exact.py tests/torch_backend/test_q1_fast.py
-          tests/torch_backend/test_kv_pool.py)
+gpu_only=(tests/torch_backend/test_pdl.py tests/torch_backend/test_pending.py
+          tests/torch_backend/test_decode_graphs.py tests/torch_backend/test_q1_exact.py
+          tests/torch_backend/test_q1_fast.py tests/torch_backend/test_kv_pool.py)
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$out/nvidia-smi.txt" 2>&1
 part tests-cuda-first 150 python3 -m pytest -q -rs -p no:cacheprovider "${gpu_only[@]}"
 bench_s=$(( $(left) * 70 / 100 ))

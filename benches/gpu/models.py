@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable
 from functools import partial
@@ -18,6 +19,7 @@ from oxibonsai.torch_backend.batch import BLOCK_TOKENS, DeviceBatch, StepBatch
 from oxibonsai.torch_backend.graphs import DecodeGraphs
 from oxibonsai.torch_backend.kv_pool import KvPool
 from oxibonsai.torch_backend.model import TorchQwen3
+from oxibonsai.torch_backend.ops import pdl
 from oxibonsai.torch_backend.ops.dispatch import OP_NAMES, ops_for
 from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
 from oxibonsai.torch_backend.weights import DenseWeight, LayerWeights, Qwen3Weights, fused_layer
@@ -102,7 +104,7 @@ def model_record(spec: ModelSpec, plan: Plan, device: torch.device, budget: Budg
     pool = KvPool(spec.config.n_layers, max(plan.batches) * per_seq, spec.config.n_kv_heads,
                   spec.config.head_dim, torch.float16, device)  # fmt: skip
     pool.data.normal_()
-    ours = run_phases(TorchQwen3(spec.config, weights, ops), pool, plan, device, budget)
+    ours = run_phases(TorchQwen3(spec.config, weights, ops), pool, plan, device, budget, compare_pdl=True)
     dense_weights = None if budget.over() else half_dense(weights)
     b2 = [] if dense_weights is None else run_phases(TorchQwen3(spec.config, dense_weights, ops), pool,
                                                      plan, device, budget)  # fmt: skip
@@ -119,7 +121,10 @@ def blocks_for(tokens: int) -> int:
     return -(-tokens // BLOCK_TOKENS)
 
 
-def run_phases(model: TorchQwen3, pool: KvPool, plan: Plan, device: torch.device, budget: Budget) -> list:
+def run_phases(
+    model: TorchQwen3, pool: KvPool, plan: Plan, device: torch.device, budget: Budget,
+    compare_pdl: bool = False,
+) -> list:  # fmt: skip
     rng = np.random.default_rng(SEED)
     out = []
     for batch in plan.batches:
@@ -127,7 +132,7 @@ def run_phases(model: TorchQwen3, pool: KvPool, plan: Plan, device: torch.device
         if budget.over():
             out.append({**label, **budget.skipped()})
             continue
-        out.append(guarded(partial(decode_rate, model, pool, batch, plan, device, rng), **label))
+        out.append(guarded(partial(decode_rate, model, pool, batch, plan, device, rng, compare_pdl), **label))
     label = {"phase": "prefill", "batch": 1, "tokens": plan.prefill_tokens}
     out.append({**label, **budget.skipped()} if budget.over() else
                guarded(partial(prefill_rate, model, pool, plan, device, rng), **label))  # fmt: skip
@@ -135,10 +140,12 @@ def run_phases(model: TorchQwen3, pool: KvPool, plan: Plan, device: torch.device
 
 
 def decode_rate(
-    model: TorchQwen3, pool: KvPool, batch: int, plan: Plan, device: torch.device, rng: np.random.Generator
-) -> dict[str, Any]:
+    model: TorchQwen3, pool: KvPool, batch: int, plan: Plan, device: torch.device, rng: np.random.Generator,
+    compare_pdl: bool,
+) -> dict[str, Any]:  # fmt: skip
     """Eager steps, then the same steps through ``DecodeGraphs`` (captured on CUDA; padded eager steps
-    elsewhere), with the last step's logits compared bit for bit."""
+    elsewhere), with the last step's logits compared bit for bit; with ``compare_pdl``, where the
+    kernels launch with PDL, the graphs once more with it off."""
     steps = plan.warmup + plan.decode_steps
     per_seq = blocks_for(plan.context + steps + 1)
     tables = rng.permutation(pool.num_blocks)[: batch * per_seq].reshape(batch, per_seq).tolist()
@@ -154,13 +161,45 @@ def decode_rate(
     graph_seconds = timed_calls([partial(graphs.run, p) for p in plans], plan.warmup, device)
     eager_logits = model.forward(batches[-1], pool)
     graph_logits = graphs.run(plans[-1])
+    graph_tok_s = batch * plan.decode_steps / graph_seconds
+    without = {}
+    if compare_pdl:
+        without = graphs_without_pdl(model, pool, plans, per_seq, plan.warmup, device, eager_logits)
     return {"tok_s": batch * plan.decode_steps / seconds, "step_ms": seconds / plan.decode_steps * 1e3,
-            "steps": plan.decode_steps, "graph_tok_s": batch * plan.decode_steps / graph_seconds,
+            "steps": plan.decode_steps, "graph_tok_s": graph_tok_s,
             "graph_step_ms": graph_seconds / plan.decode_steps * 1e3,
             "graph_vs_eager": seconds / graph_seconds,
             "graph_captured": graphs.replays > 0,
             "graph_logits_equal": bool(torch.equal(graph_logits, eager_logits)),
-            "graph_logits_max_abs_diff": float((graph_logits - eager_logits).abs().max())}  # fmt: skip
+            "graph_logits_max_abs_diff": float((graph_logits - eager_logits).abs().max()),
+            "pdl": pdl.enabled(device), **without,
+            "pdl_gain": ratio(graph_tok_s, without.get("no_pdl_graph_tok_s"))}  # fmt: skip
+
+
+def graphs_without_pdl(
+    model: TorchQwen3, pool: KvPool, plans: list[StepBatch], per_seq: int, warmup: int, device: torch.device,
+    eager_logits: torch.Tensor,
+) -> dict[str, Any]:  # fmt: skip
+    """Where the kernels launch with PDL: the same graph steps captured with it off (``pdl.ENV_VAR``),
+    their tok/s and whether the last step's logits are eager's (PDL on) bit for bit."""
+    if not pdl.enabled(device):
+        return {}
+    saved = os.environ.get(pdl.ENV_VAR)
+    os.environ[pdl.ENV_VAR] = "0"
+    try:
+        graphs = DecodeGraphs(
+            model, pool, max_num_seqs=plans[0].num_seqs, max_model_len=per_seq * BLOCK_TOKENS, capture=True
+        )
+        seconds = timed_calls([partial(graphs.run, p) for p in plans], warmup, device)
+        logits = graphs.run(plans[-1])
+    finally:
+        if saved is None:
+            del os.environ[pdl.ENV_VAR]
+        else:
+            os.environ[pdl.ENV_VAR] = saved
+    steps = len(plans) - warmup
+    return {"no_pdl_graph_tok_s": plans[0].num_seqs * steps / seconds,
+            "no_pdl_logits_equal": bool(torch.equal(logits, eager_logits))}  # fmt: skip
 
 
 def prefill_rate(

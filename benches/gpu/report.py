@@ -41,7 +41,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                      f"{fmt(micros(r.get('float_ms'))):>9} {r.get('equals_cpu_engine', '-')!s:>5} "
                      f"{problem(r)}")  # fmt: skip
     lines.append(f"model {'name':<13} {'phase':<8} {'batch':>5} {'tok/s':>10} {'B2 tok/s':>10} {'xB2':>6} "
-                 f"{'graph':>10} {'xeager':>6} {'B2 graph':>10} {'xB2':>6} {'same':>5}")  # fmt: skip
+                 f"{'graph':>10} {'xeager':>6} {'B2 graph':>10} {'xB2':>6} {'same':>5} {'no PDL':>10} "
+                 f"{'xPDL':>5}")  # fmt: skip
     for m in report.get("decode", {}).get("models", []):
         for r in m.get("results", [{"phase": "-", "batch": "-"}]):
             lines.append(f"      {m['model']:<13} {r['phase']:<8} {r['batch']:>5} "
@@ -49,8 +50,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                          f"{fmt(r.get('speedup_vs_b2'), '.2f'):>6} {fmt(r.get('graph_tok_s')):>10} "
                          f"{fmt(r.get('graph_vs_eager'), '.2f'):>6} {fmt(r.get('b2_graph_tok_s')):>10} "
                          f"{fmt(r.get('graph_speedup_vs_b2'), '.2f'):>6} "
-                         f"{r.get('graph_logits_equal', '-')!s:>5} "
-                         f"{problem(m) or problem(r)}")  # fmt: skip
+                         f"{r.get('graph_logits_equal', '-')!s:>5} {fmt(r.get('no_pdl_graph_tok_s')):>10} "
+                         f"{fmt(r.get('pdl_gain'), '.2f'):>5} {problem(m) or problem(r)}")  # fmt: skip
     e = report.get("engine", {})
     v = e.get("vs_native_cpu", {})
     lines.append(f"engine: logits vs the native CPU runner: median rel L2 "

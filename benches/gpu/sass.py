@@ -12,7 +12,7 @@ ALU cost: the loop body's instructions per thread, times the threads, over the w
 the loop covers).
 
     python benches/gpu/sass.py --model 1.7b            # the table
-    python benches/gpu/sass.py --model tiny --check    # exit 1 if a kernel fails to compile or spills
+    python benches/gpu/sass.py --model tiny --check    # exit 1: a compile error, a spill, a PDL race
     SASS_TOP_OPS=40 python benches/gpu/sass.py ...     # more of each kernel's loop opcodes (default 5)
 
 It must run without ``TRITON_INTERPRET`` (the interpreter has no compiler); the test suite runs the
@@ -53,6 +53,7 @@ TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", t
          torch.int64: "i64", torch.bool: "i1", torch.uint8: "u8", torch.int8: "i8"}  # fmt: skip
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 H100_SMS = 132
+OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion", "launch_pdl")  # launch options a launch may set
 
 
 @dataclass
@@ -62,7 +63,7 @@ class Launch:
     fn: JITFunction
     signature: dict[str, str]
     constexprs: dict[str, Any]
-    options: dict[str, int]  # num_warps, num_stages, enable_fp_fusion where the launch set them
+    options: dict[str, int]  # num_warps, num_stages, enable_fp_fusion, launch_pdl where the launch set them
     attrs: dict[tuple[int, ...], list[list[Any]]] = field(default_factory=dict)  # divisibility hints
     count: int = 1
     key: tuple[Any, ...] = field(default=())
@@ -80,7 +81,7 @@ def recording() -> Iterator[dict[tuple[Any, ...], Launch]]:
         names = [param.name for param in self.params if param.is_constexpr]
         constexprs = {n: values[n] for n in names}
         signature = {n: "constexpr" if n in constexprs else type_of(values[n]) for n in self.arg_names}
-        options = {k: kwargs[k] for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in kwargs}
+        options = {k: kwargs[k] for k in OPTIONS if k in kwargs}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(self.arg_names)
                  if n not in constexprs and aligned(values.get(n))}  # fmt: skip
         key = (
@@ -122,15 +123,17 @@ def type_of(value: Any) -> str:
 
 @contextmanager
 def as_on_a_gpu(multiprocessors: int) -> Iterator[None]:
-    """The wrappers' device-dependent choices (attention precision and splits, the GEMV's split-K) made
-    as on a CUDA device with ``multiprocessors`` SMs, for tensors on ``meta``."""
-    from oxibonsai.torch_backend.ops import attn_triton, q1_exact, q1_fast, q1_triton
+    """The wrappers' device-dependent choices (attention precision and splits, the GEMV's split-K,
+    programmatic dependent launch) made as on a CUDA device with ``multiprocessors`` SMs (sm_90), for
+    tensors on ``meta``."""
+    from oxibonsai.torch_backend.ops import attn_triton, pdl, q1_exact, q1_fast, q1_triton
 
     def split_k(per_sm: int, tiles: int, groups: int) -> int:
         return max(1, min(groups, per_sm * multiprocessors // max(tiles, 1)))
 
     patches = [
         (attn_triton, "_on_gpu", lambda device: True),
+        (pdl, "enabled", lambda device: pdl.triton_has_pdl()),
         (q1_fast, "_asm_ok", lambda device: True),
         (q1_exact, "_asm_ok", lambda device: True),
         (q1_triton, "_default_split_k", lambda tiles, groups, device: split_k(2, tiles, groups)),
@@ -180,6 +183,7 @@ class Compiled:
     loop: int
     ops: collections.Counter[str]
     per_weight_row: float | None
+    waits_first: bool = True  # launched with PDL: griddepcontrol.wait (ACQBULK) precedes any memory access
 
 
 def compile_launch(launch: Launch, arch: int) -> Compiled:
@@ -194,8 +198,21 @@ def compile_launch(launch: Launch, arch: int) -> Compiled:
     ops = collections.Counter(opcode(i) for i in body)
     spills = sum(1 for _, i in instrs if re.search(r"\b(STL|LDL)\b", i))
     threads = 32 * kernel.metadata.num_warps
+    waits = waits_first([i for _, i in instrs]) if launch.options.get("launch_pdl") else True
     return Compiled(launch.fn.__name__, launch.constexprs, launch.count, registers, spills, len(body), ops,
-                    gemv_cost(launch, len(body), threads))  # fmt: skip
+                    gemv_cost(launch, len(body), threads), waits)  # fmt: skip
+
+
+def waits_first(instrs: list[str]) -> bool:
+    """Whether the grid-dependency wait (``griddepcontrol.wait``: ACQBULK) comes before the first global
+    or shared memory access, as a kernel launched with PDL needs."""
+    memory = re.compile(r"^(@!?U?P\d+\s+)?(LDG|STG|LDGSTS|LDS|STS|ATOMG?|RED|UTMALDG|UBLKCP)\b")
+    for ins in instrs:
+        if opcode(ins) == "ACQBULK":
+            return True
+        if memory.match(ins):
+            return False
+    return False
 
 
 def disassemble(cubin: bytes, what: str) -> str:
@@ -266,12 +283,15 @@ def main() -> None:
             failures += 1
             print(f"{launch.fn.__name__:<32} FAILED {launch.constexprs}: {type(e).__name__}: {e}")
             continue
-        failures += k.spills > 0
+        failures += k.spills > 0 or not k.waits_first
+        if not k.waits_first:
+            print(f"{k.name:<32} touches memory before its grid-dependency wait (PDL) {k.constexprs}")
         cost = f"{k.per_weight_row:.2f}" if k.per_weight_row is not None else "-"
         top = ", ".join(f"{op} {n}" for op, n in k.ops.most_common(int(os.environ.get("SASS_TOP_OPS", "5"))))
         row = f"{k.name:<32} {k.registers:>4} {k.spills:>5} {k.loop:>5} {cost:>6} {k.count:>5}"
         print(f"{row}  {k.constexprs}; {top}")
-    print(f"{len(launches)} launches compiled for sm_{args.arch}, {failures} failed or spilled")
+    print(f"{len(launches)} launches compiled for sm_{args.arch}, {failures} failed, spilled or touched "
+          "memory before the PDL wait")  # fmt: skip
     if args.check and failures:
         raise SystemExit(1)
 

@@ -38,6 +38,8 @@ import triton
 import triton.language as tl
 
 from oxibonsai.torch_backend import batch
+from oxibonsai.torch_backend.ops import pdl
+from oxibonsai.torch_backend.ops.pdl import grid_dependency
 from oxibonsai.torch_backend.ops.q1_exact import NO_FUSION, QK, QuantizedRows, linear_quantized, quantize
 from oxibonsai.torch_backend.ops.q1_exact_kernels import _store_block
 from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
@@ -100,9 +102,11 @@ def _decode_kernel(
     stride_mt, stride_mh, stride_ms,
     GROUP: tl.constexpr, PAGE: tl.constexpr, MAX_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """Partial output and log-sum-exp of split ``program_id(2)`` for the heads of one KV head, for
     decode item ``program_id(0)``."""
+    grid_dependency(PDL)
     item, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     row, seq, kv_len = _decode_row(decode_rows_ptr, qsl_ptr, seq_lens_ptr, item)
     per_split = tl.cdiv(tl.cdiv(kv_len, MAX_SPLITS), BLOCK_N) * BLOCK_N
@@ -141,11 +145,12 @@ def _decode_kernel(
 def _merge_kernel(
     mid_o_ptr, mid_lse_ptr, decode_rows_ptr, out_ptr, planes_ptr, scales_ptr, sums_ptr,
     head_dim, stride_mt, stride_mh, stride_ms, stride_ot, stride_oh, stride_pp, stride_pm, stride_sm,
-    MAX_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, QUANTIZE: tl.constexpr,
+    MAX_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, QUANTIZE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """``out[row, head]`` from the splits of decode item ``program_id(0)``, head ``program_id(1)``; with
     ``QUANTIZE`` (``head_dim`` 128: one head is one block of the O projection's activations) that
     block of the row quantized into ``q1_exact.QuantizedRows`` instead."""
+    grid_dependency(PDL)
     item, head = tl.program_id(0), tl.program_id(1)
     row = tl.load(decode_rows_ptr + 2 * item)
     splits = tl.arange(0, MAX_SPLITS)
@@ -170,8 +175,10 @@ def _prefill_kernel(
     stride_ot, stride_oh,
     GROUP: tl.constexpr, PAGE: tl.constexpr, Q_PER_TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """Causal attention of ``Q_PER_TILE`` prompt rows (times ``GROUP`` heads) of one sequence."""
+    grid_dependency(PDL)
     seq, tile, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     row0, first_decode, end, kv_len = _sequence_rows(qsl_ptr, seq_lens_ptr, decode_from_ptr, seq)
     prompt_rows = first_decode - row0
@@ -365,7 +372,7 @@ def _decode(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         GROUP=group, PAGE=k_cache.shape[1], MAX_SPLITS=splits,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=_block_d(head_dim),
-        BLOCK_N=DECODE_BLOCK_N, PRECISION=precision,
+        BLOCK_N=DECODE_BLOCK_N, PRECISION=precision, **pdl.launch(q.device),
     )  # fmt: skip
     quantize = isinstance(out, QuantizedRows)
     planes, scales, sums = (out.planes, out.scales, out.sums) if quantize else (mid_o, mid_lse, mid_lse)
@@ -376,7 +383,7 @@ def _decode(
         mid_o, mid_lse, rows.decode_rows, float_out, planes, scales, sums,
         head_dim, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), float_out.stride(0),
         float_out.stride(1), planes.stride(0), planes.stride(1), scales.stride(0),
-        MAX_SPLITS=splits, BLOCK_D=_block_d(head_dim), QUANTIZE=quantize, **NO_FUSION,
+        MAX_SPLITS=splits, BLOCK_D=_block_d(head_dim), QUANTIZE=quantize, **pdl.launch(q.device), **NO_FUSION,
     )  # fmt: skip
 
 
@@ -403,6 +410,7 @@ def _prefill(
         GROUP=group, PAGE=k_cache.shape[1], Q_PER_TILE=q_per_tile,
         BLOCK_M=block_m, BLOCK_D=_block_d(head_dim), BLOCK_N=PREFILL_BLOCK_N, PRECISION=precision,
         num_warps=4 if precision == "ieee" else 8,  # sm_90: tf32 spills nothing at 8, ieee less at 4
+        **pdl.launch(q.device),
     )  # fmt: skip
 
 

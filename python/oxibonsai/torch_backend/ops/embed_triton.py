@@ -11,12 +11,17 @@ import torch
 import triton
 import triton.language as tl
 
+from oxibonsai.torch_backend.ops import pdl
+from oxibonsai.torch_backend.ops.pdl import grid_dependency
 from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight
 
 
 @triton.jit
-def _embedding_kernel(ids_ptr, signs_ptr, scales_ptr, out_ptr, stride_s, stride_d, stride_o):
+def _embedding_kernel(
+    ids_ptr, signs_ptr, scales_ptr, out_ptr, stride_s, stride_d, stride_o, PDL: tl.constexpr
+):
     """Block ``program_id(1)`` of the row of token ``program_id(0)``."""
+    grid_dependency(PDL)
     token, block = tl.program_id(0), tl.program_id(1)
     row = tl.load(ids_ptr + token).to(tl.int64)
     cols = tl.arange(0, 128)
@@ -34,6 +39,7 @@ def embedding(ids: torch.Tensor, w: Q1Weight) -> torch.Tensor:
     out = torch.empty(ids.shape[0], w.cols, dtype=torch.float32, device=w.signs.device)
     if ids.shape[0]:
         _embedding_kernel[(ids.shape[0], w.cols // QK)](
-            ids, w.signs, w.scales, out, w.signs.stride(0), w.scales.stride(0), out.stride(0)
-        )
+            ids, w.signs, w.scales, out, w.signs.stride(0), w.scales.stride(0), out.stride(0),
+            **pdl.launch(out.device),
+        )  # fmt: skip
     return out

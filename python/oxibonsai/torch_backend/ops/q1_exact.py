@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from oxibonsai.torch_backend.ops import pdl
 from oxibonsai.torch_backend.ops.q1_exact_kernels import (
     _combine_kernel,
     _gemm_kernel,
@@ -105,7 +106,7 @@ def quantize(x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 0.0
             x, norm if norm is not None else x, acts.planes, acts.scales, acts.sums,
             k, eps,
             x.stride(0), acts.planes.stride(0), acts.planes.stride(1), acts.scales.stride(0),
-            NORM=norm is not None, **NO_FUSION,
+            NORM=norm is not None, **pdl.launch(x.device), **NO_FUSION,
         )  # fmt: skip
     return acts
 
@@ -206,7 +207,7 @@ def _gemv(
         words.stride(0), words.stride(1), acts.scales.stride(0), w.signs.stride(0), w.scales.stride(0),
         residual_or_out.stride(0), out.stride(0), ones.stride(0) if split_k > 1 else 0, ones.stride(-2),
         BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None, SPLIT=split_k > 1,
-        ASM=asm, **_gemv_options(block_m),
+        ASM=asm, **pdl.launch(out.device), **_gemv_options(block_m),
     )  # fmt: skip
     if split_k > 1:
         _combine_kernel[(n_tiles,)](
@@ -214,7 +215,8 @@ def _gemv(
             m, out_rows, w.cols, out_rows,
             acts.scales.stride(0), w.scales.stride(0), residual_or_out.stride(0), out.stride(0),
             ones.stride(0), ones.stride(1),
-            BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None, **NO_FUSION,
+            BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None,
+            **pdl.launch(out.device), **NO_FUSION,
         )  # fmt: skip
 
 
@@ -252,7 +254,8 @@ def _gemv_split(
         words.stride(0), words.stride(1), acts.scales.stride(0), w.signs.stride(0), w.scales.stride(0),
         residual_or_out.stride(0), out.stride(0), ones.stride(0), ones.stride(1),
         BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, SPLITS=splits, GATED=gated,
-        RESIDUAL=residual is not None, ASM=asm, num_warps=SPLIT_TILE // 32, **NO_FUSION,
+        RESIDUAL=residual is not None, ASM=asm, num_warps=SPLIT_TILE // 32, **pdl.launch(out.device),
+        **NO_FUSION,
     )  # fmt: skip
 
 
@@ -290,7 +293,7 @@ def _gemm(
         acts.planes.stride(0), acts.planes.stride(1), acts.scales.stride(0), w.signs.stride(0),
         w.scales.stride(0), residual_or_out.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None,
-        num_warps=8 if block_m * GEMM_BLOCK_N >= 64 * 64 else 4, **NO_FUSION,
+        num_warps=8 if block_m * GEMM_BLOCK_N >= 64 * 64 else 4, **pdl.launch(out.device), **NO_FUSION,
     )  # fmt: skip
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from oxibonsai.torch_backend.ops.pdl import grid_dependency
+
 L1_FIXED = tl.constexpr(65536.0)  # act.rs: fixed-point resolution of the L1 estimate
 L1_BUDGET = tl.constexpr(32575.0)  # act.rs: the L1 budget a block's scale targets
 MIN_AMAX = tl.constexpr(2.0**-96)  # act.rs: blocks whose largest magnitude is below this quantize to 0
@@ -23,9 +25,10 @@ def _quantize_kernel(
     x_ptr, norm_ptr, planes_ptr, scales_ptr, sums_ptr,
     K, eps,
     stride_xm, stride_pp, stride_pm, stride_sm,
-    NORM: tl.constexpr,
+    NORM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Row ``program_id(0)`` of ``x`` (times its RMSNorm when ``NORM``) into ``QuantizedRows``."""
+    grid_dependency(PDL)
     m = tl.program_id(0)
     cols = tl.arange(0, 128)
     row = x_ptr + m * stride_xm
@@ -140,12 +143,13 @@ def _gemv_kernel(
     M, N, K, up_offset, groups_per_split,
     stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_rm, stride_om, stride_og, stride_on,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-    SPLIT: tl.constexpr, ASM: tl.constexpr,
+    SPLIT: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Rows ``n`` of program ``program_id(0)`` for every activation row ``m``, ``planes`` read as int32
     words; with ``GATED`` also rows ``n + up_offset``. ``SPLIT``: the program covers the groups of
     split ``program_id(1)`` and stores each group's integer sums at ``ones[g, m, n]`` for
     ``_combine_kernel``; otherwise it covers every group, combines them and stores ``out[m, n]``."""
+    grid_dependency(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
@@ -185,13 +189,14 @@ def _gemv_split_kernel(
     M, N, K, up_offset, groups_per_split,
     stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_rm, stride_om, stride_og, stride_on,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, GATED: tl.constexpr,
-    RESIDUAL: tl.constexpr, ASM: tl.constexpr,
+    RESIDUAL: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Rows ``n`` of program ``program_id(0)`` for every activation row ``m``, with K split inside the
     program: the ``[SPLITS, BLOCK_N]`` tile's row ``s`` takes groups ``s * groups_per_split`` onwards
     (every activation row in the same thread, as in ``_gemv_kernel``) and stores each group's integer
     sums at ``ones[g, m, n]``; after a barrier the program adds every group in order. For matrices with
     too few rows to fill the GPU, one launch instead of the split GEMV's two."""
+    grid_dependency(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
@@ -285,9 +290,11 @@ def _combine_kernel(
     M, N, K, up_offset,
     stride_am, stride_dn, stride_rm, stride_om, stride_og, stride_on,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """The split GEMV's second half: every group's integer sums ``ones[g, m, n]`` combined in order, then
     the epilogue, for rows ``n`` of program ``program_id(0)``."""
+    grid_dependency(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
@@ -306,10 +313,12 @@ def _gemm_kernel(
     M, N, K, up_offset,
     stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_rm, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """``out[m, n]`` for one ``BLOCK_M x BLOCK_N`` tile, the epilogue included: per sign word a 0/1 byte
     tile ``[32, BLOCK_N]`` in the planes' dp4a order and two int8 ``tl.dot``s; with ``GATED`` the up
     rows ``n + up_offset`` too, on the same activation tiles."""
+    grid_dependency(PDL)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M

@@ -19,6 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+from oxibonsai.torch_backend.ops import pdl
+from oxibonsai.torch_backend.ops.pdl import grid_dependency
+
 
 @triton.jit
 def _norm_rope(
@@ -44,8 +47,10 @@ def _qk_norm_rope_write_kv_kernel(
     q_heads, kv_heads, head_dim, eps,
     stride_qkv, stride_cs, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     PAGE: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """Row ``program_id(0)``: write its normed, rotated q; store its k and v unless the slot is negative."""
+    grid_dependency(PDL)
     t = tl.program_id(0).to(tl.int64)
     half = head_dim // 2
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -162,5 +167,6 @@ def qk_norm_rope_write_kv(
         qkv.stride(0), cos_sin.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
         PAGE=k_cache.shape[1], BLOCK_HQ=triton.next_power_of_2(q_heads),
         BLOCK_HKV=triton.next_power_of_2(kv_heads), BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
+        **pdl.launch(qkv.device),
     )  # fmt: skip
     return q

@@ -1,0 +1,99 @@
+"""Programmatic dependent launch: the rule that keeps it correct (a kernel launched with the attribute
+waits for the kernel before it before touching memory), off where it cannot be used, and on a Hopper
+GPU the same logits with it as without."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from oxibonsai.torch_backend.ops import pdl  # noqa: E402
+
+OPS = Path(pdl.__file__).parent
+
+
+def jit_functions_with_pdl() -> list[tuple[str, ast.FunctionDef]]:
+    found = []
+    for path in sorted(OPS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(a.arg == "PDL" for a in node.args.args):
+                found.append((f"{path.name}:{node.name}", node))
+    return found
+
+
+def first_statement(fn: ast.FunctionDef) -> ast.stmt:
+    body = fn.body
+    docstring = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+    return body[1] if docstring else body[0]
+
+
+def test_every_kernel_with_a_pdl_switch_waits_before_anything_else():
+    kernels = [(name, fn) for name, fn in jit_functions_with_pdl() if fn.name != "grid_dependency"]
+    names = {name.split(":")[1] for name, _ in kernels}
+    expected = {"_embedding_kernel", "_quantize_kernel", "_gemv_kernel", "_gemv_split_kernel",
+                "_combine_kernel", "_gemm_kernel", "_qk_norm_rope_write_kv_kernel", "_decode_kernel",
+                "_merge_kernel", "_prefill_kernel", "_double_kernel"}  # fmt: skip
+    assert expected <= names, expected - names
+    for name, fn in kernels:
+        stmt = first_statement(fn)
+        call = stmt.value if isinstance(stmt, ast.Expr) else None
+        assert isinstance(call, ast.Call) and ast.unparse(call) == "grid_dependency(PDL)", name
+
+
+def test_only_the_pdl_module_sets_the_launch_attribute():
+    for path in sorted(OPS.parent.rglob("*.py")):
+        if path.name != "pdl.py":
+            assert "launch_pdl=" not in path.read_text(), path
+
+
+def test_launch_arguments_pair_the_switch_with_the_attribute(monkeypatch):
+    assert pdl.launch(torch.device("cpu")) == {"PDL": False}
+    monkeypatch.setattr(pdl, "enabled", lambda device: True)
+    assert pdl.launch(torch.device("cpu")) == {"PDL": True, "launch_pdl": True}
+
+
+def test_off_except_on_cuda_and_when_asked_off(monkeypatch):
+    assert not pdl.enabled(torch.device("cpu"))
+    assert not pdl.enabled(torch.device("meta"))
+    monkeypatch.setenv(pdl.ENV_VAR, "0")
+    assert not pdl.enabled(torch.device("cuda", 0))  # decided before any CUDA call
+
+
+def test_this_triton_can_launch_with_it():
+    assert pdl.triton_has_pdl()
+
+
+def hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+@pytest.mark.skipif(not hopper(), reason="PDL needs an NVIDIA GPU of compute capability 9.0 or later")
+def test_a_chain_of_pdl_kernels_reads_what_the_one_before_wrote():
+    device = torch.device("cuda", torch.cuda.current_device())
+    assert pdl.chain_works(device)
+    assert pdl.enabled(device)
+
+
+@pytest.mark.skipif(not hopper(), reason="PDL needs an NVIDIA GPU of compute capability 9.0 or later")
+def test_the_engine_gives_the_same_logits_and_tokens_with_and_without_pdl(tiny_model, rng, monkeypatch):
+    import oxibonsai as ob
+
+    args = {"runner": "torch", "max_model_len": 128, "max_num_seqs": 4}
+    vocab = ob.LLM(tiny_model, device="cpu", **args).config["vocab"]
+    prompts = [[int(t) for t in rng.integers(0, vocab, int(rng.integers(1, 40)))] for _ in range(3)]
+    params = [ob.SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in (9, 4, 16)]
+    runs = []
+    for setting in ("1", "0"):
+        monkeypatch.setenv(pdl.ENV_VAR, setting)
+        llm = ob.LLM(tiny_model, device="cuda", **args)
+        outputs = llm.generate(prompts, params)
+        runs.append(([o.outputs[0].token_ids for o in outputs], llm.logits(prompts[0])))
+        assert llm._runner.graphs.replays > 0  # type: ignore[attr-defined]
+    (tokens_on, logits_on), (tokens_off, logits_off) = runs
+    assert tokens_on == tokens_off
+    assert np.array_equal(logits_on, logits_off)
