@@ -224,22 +224,21 @@ def _gemv_split_kernel(
         if BLOCK_M < 8:
             tl.store(at, ones, mask=valid)
     tl.debug_barrier()  # the program's stores are visible to all its threads
-    acc, acc_up = _combine_groups(
-        ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n, groups, up_offset,
-        stride_am, stride_dn, stride_og, stride_on, BLOCK_M, BLOCK_N, GATED,
+    _combine_groups_and_store(
+        ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n,
+        groups, up_offset, stride_am, stride_dn, stride_og, stride_on, stride_rm, stride_om,
+        BLOCK_M, BLOCK_N, GATED, RESIDUAL,
     )  # fmt: skip
-    _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
-               GATED, RESIDUAL)  # fmt: skip
 
 
 @triton.jit
-def _combine_groups(
-    ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n, groups, up_offset,
-    stride_am, stride_dn, stride_og, stride_on,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr,
+def _combine_groups_and_store(
+    ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n,
+    groups, up_offset, stride_am, stride_dn, stride_og, stride_on, stride_rm, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
 ):  # fmt: skip
-    """The accumulators of a ``[BLOCK_M, BLOCK_N]`` tile from every group's integer sums
-    ``ones[g, m, n]``, added in order."""
+    """A ``[BLOCK_M, BLOCK_N]`` tile of ``out`` from every group's integer sums ``ones[g, m, n]``,
+    added in order, and the epilogue."""
     mask = mask_m[:, None] & mask_n[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -253,7 +252,8 @@ def _combine_groups(
             acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n,
             g, up_offset, stride_am, stride_dn, GATED,
         )  # fmt: skip
-    return acc, acc_up
+    _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
+               GATED, RESIDUAL)  # fmt: skip
 
 
 @triton.jit
@@ -299,12 +299,11 @@ def _combine_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
     mask_m = offs_m < M
-    acc, acc_up = _combine_groups(
-        ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n, K // 128, up_offset,
-        stride_am, stride_dn, stride_og, stride_on, BLOCK_M, BLOCK_N, GATED,
+    _combine_groups_and_store(
+        ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n,
+        K // 128, up_offset, stride_am, stride_dn, stride_og, stride_on, stride_rm, stride_om,
+        BLOCK_M, BLOCK_N, GATED, RESIDUAL,
     )  # fmt: skip
-    _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
-               GATED, RESIDUAL)  # fmt: skip
 
 
 @triton.jit
