@@ -184,6 +184,7 @@ class Compiled:
     ops: collections.Counter[str]
     per_weight_row: float | None
     waits_first: bool = True  # launched with PDL: griddepcontrol.wait (ACQBULK) precedes any memory access
+    early_prefetches: int = 0  # L2 prefetch hints (CCTL...PF2) before that wait
 
 
 def compile_launch(launch: Launch, arch: int) -> Compiled:
@@ -198,9 +199,21 @@ def compile_launch(launch: Launch, arch: int) -> Compiled:
     ops = collections.Counter(opcode(i) for i in body)
     spills = sum(1 for _, i in instrs if re.search(r"\b(STL|LDL)\b", i))
     threads = 32 * kernel.metadata.num_warps
-    waits = waits_first([i for _, i in instrs]) if launch.options.get("launch_pdl") else True
+    pdl = bool(launch.options.get("launch_pdl"))
+    waits = waits_first([i for _, i in instrs]) if pdl else True
+    early = prefetches_before_wait([i for _, i in instrs]) if pdl else 0
     return Compiled(launch.fn.__name__, launch.constexprs, launch.count, registers, spills, len(body), ops,
-                    gemv_cost(launch, len(body), threads), waits)  # fmt: skip
+                    gemv_cost(launch, len(body), threads), waits, early)  # fmt: skip
+
+
+def prefetches_before_wait(instrs: list[str]) -> int:
+    """L2 prefetch hints (``prefetch.global.L2``: CCTL ... PF2) issued before the grid-dependency wait."""
+    count = 0
+    for ins in instrs:
+        if opcode(ins) == "ACQBULK":
+            return count
+        count += opcode(ins) == "CCTL" and "PF2" in ins
+    return count
 
 
 def waits_first(instrs: list[str]) -> bool:
@@ -289,7 +302,8 @@ def main() -> None:
         cost = f"{k.per_weight_row:.2f}" if k.per_weight_row is not None else "-"
         top = ", ".join(f"{op} {n}" for op, n in k.ops.most_common(int(os.environ.get("SASS_TOP_OPS", "5"))))
         row = f"{k.name:<32} {k.registers:>4} {k.spills:>5} {k.loop:>5} {cost:>6} {k.count:>5}"
-        print(f"{row}  {k.constexprs}; {top}")
+        early = f"; {k.early_prefetches} L2 prefetches before the PDL wait" if k.early_prefetches else ""
+        print(f"{row}  {k.constexprs}; {top}{early}")
     print(f"{len(launches)} launches compiled for sm_{args.arch}, {failures} failed, spilled or touched "
           "memory before the PDL wait")  # fmt: skip
     if args.check and failures:

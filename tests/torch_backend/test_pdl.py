@@ -26,23 +26,47 @@ def jit_functions_with_pdl() -> list[tuple[str, ast.FunctionDef]]:
     return found
 
 
-def first_statement(fn: ast.FunctionDef) -> ast.stmt:
+PURE = {"tl.program_id", "tl.arange", "tl.minimum", "tl.maximum", "range", "tl.static_range"}
+HINTS = {"_prefetch_rows", "prefetch_l2"}  # ask L2 for weights: no value is read
+
+
+def calls(node: ast.AST) -> set[str]:
+    return {ast.unparse(c.func) for c in ast.walk(node) if isinstance(c, ast.Call)}
+
+
+def before_the_wait(fn: ast.FunctionDef) -> list[ast.stmt]:
+    """The statements of ``fn`` before its top-level ``grid_dependency(PDL)`` (a docstring dropped);
+    fails if it has none."""
     body = fn.body
-    docstring = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-    return body[1] if docstring else body[0]
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    for i, stmt in enumerate(body):
+        if isinstance(stmt, ast.Expr) and ast.unparse(stmt) == "grid_dependency(PDL)":
+            return body[:i]
+    raise AssertionError(f"{fn.name} never calls grid_dependency(PDL) at its top level")
 
 
-def test_every_kernel_with_a_pdl_switch_waits_before_anything_else():
-    kernels = [(name, fn) for name, fn in jit_functions_with_pdl() if fn.name != "grid_dependency"]
+def test_every_kernel_with_a_pdl_switch_waits_before_touching_memory():
+    kernels = [(name, fn) for name, fn in jit_functions_with_pdl()
+               if fn.name not in {"grid_dependency", *HINTS}]  # fmt: skip
     names = {name.split(":")[1] for name, _ in kernels}
     expected = {"_embedding_kernel", "_quantize_kernel", "_gemv_kernel", "_gemv_split_kernel",
                 "_combine_kernel", "_gemm_kernel", "_qk_norm_rope_write_kv_kernel", "_decode_kernel",
                 "_merge_kernel", "_prefill_kernel", "_double_kernel"}  # fmt: skip
     assert expected <= names, expected - names
     for name, fn in kernels:
-        stmt = first_statement(fn)
-        call = stmt.value if isinstance(stmt, ast.Expr) else None
-        assert isinstance(call, ast.Call) and ast.unparse(call) == "grid_dependency(PDL)", name
+        for stmt in before_the_wait(fn):  # index arithmetic and weight prefetch hints only
+            assert calls(stmt) <= PURE | HINTS, (name, ast.unparse(stmt))
+            assert isinstance(stmt, ast.Assign) or calls(stmt) & HINTS, (name, ast.unparse(stmt))
+
+
+def test_the_prefetch_hints_read_nothing():
+    hints = {fn.name: fn for _, fn in jit_functions_with_pdl() if fn.name in HINTS}
+    assert set(hints) == HINTS
+    for fn in hints.values():
+        assert calls(fn) <= PURE | HINTS | {"tl.inline_asm_elementwise"}, (fn.name, calls(fn))
+    asm = ast.unparse(hints["prefetch_l2"])
+    assert "prefetch.global.L2" in asm and "ld." not in asm
 
 
 def test_only_the_pdl_module_sets_the_launch_attribute():

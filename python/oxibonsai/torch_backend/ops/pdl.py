@@ -9,9 +9,11 @@ the next one may be scheduled, which the hardware does only once all of this ker
 started, so a waiting program never takes an SM slot from one of the kernel it waits on.
 
 Correctness rests on one rule this module keeps: a launch gets the PDL attribute (``launch_pdl``) only
-together with ``PDL=True``, with which the kernel's first statement is ``grid_dependency``, before any
-memory access. A kernel launched without it (torch's, the float op set's) is ordered as usual, and a
-PDL kernel after it still waits for it. Under CUDA graphs the attribute becomes a programmatic edge.
+together with ``PDL=True``, with which the kernel reaches ``grid_dependency`` before any memory
+access; before it a kernel only computes indices and may ask L2 for its weights (``prefetch_l2``, a
+hint that reads nothing), so the GEMVs' weights stream in while the kernel before them still runs. A
+kernel launched without the attribute (torch's, the float op set's) is ordered as usual, and a PDL
+kernel after it still waits for it. Under CUDA graphs the attribute becomes a programmatic edge.
 
 On by default on CUDA devices of compute capability 9.0 and later; ``OXIBONSAI_PDL=0`` turns it off
 (for comparisons: ``benches/bench_gpu.py`` times decode both ways)."""
@@ -38,6 +40,17 @@ def grid_dependency(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_l2(ptrs, PDL: tl.constexpr):
+    """With ``PDL``, asks L2 for the lines at ``ptrs`` (any shape): a hint that reads no value, so a
+    kernel may issue it before its grid-dependency wait, for data the kernel before it cannot be
+    writing (weights), whose loads after the wait then find it in L2."""
+    if PDL:
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+        )
 
 
 def enabled(device: torch.device) -> bool:

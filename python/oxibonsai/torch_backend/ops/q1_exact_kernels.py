@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from oxibonsai.torch_backend.ops.pdl import grid_dependency
+from oxibonsai.torch_backend.ops.pdl import grid_dependency, prefetch_l2
 
 L1_FIXED = tl.constexpr(65536.0)  # act.rs: fixed-point resolution of the L1 estimate
 L1_BUDGET = tl.constexpr(32575.0)  # act.rs: the L1 budget a block's scale targets
@@ -149,13 +149,16 @@ def _gemv_kernel(
     words; with ``GATED`` also rows ``n + up_offset``. ``SPLIT``: the program covers the groups of
     split ``program_id(1)`` and stores each group's integer sums at ``ones[g, m, n]`` for
     ``_combine_kernel``; otherwise it covers every group, combines them and stores ``out[m, n]``."""
-    grid_dependency(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
     mask_m = offs_m < M
     first = tl.program_id(1) * groups_per_split
     last = tl.minimum(first + groups_per_split, K // 128)
+    rows = tl.minimum(offs_n, N - 1)
+    _prefetch_rows(signs_ptr, wscales_ptr, rows, first, last - first, K // 128, up_offset, stride_sn,
+                   stride_dn, GATED, PDL)  # fmt: skip
+    grid_dependency(PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     zeros = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
@@ -196,12 +199,15 @@ def _gemv_split_kernel(
     (every activation row in the same thread, as in ``_gemv_kernel``) and stores each group's integer
     sums at ``ones[g, m, n]``; after a barrier the program adds every group in order. For matrices with
     too few rows to fill the GPU, one launch instead of the split GEMV's two."""
-    grid_dependency(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
     mask_m = offs_m < M
     groups = K // 128
+    first = tl.arange(0, SPLITS)[:, None] * groups_per_split
+    _prefetch_rows(signs_ptr, wscales_ptr, tl.minimum(offs_n, N - 1)[None, :], first, groups_per_split,
+                   groups, up_offset, stride_sn, stride_dn, GATED, PDL)  # fmt: skip
+    grid_dependency(PDL)
     split = tl.arange(0, SPLITS)[None, :, None]
     rows_n = offs_n[None, None, :]
     rows_m = offs_m[:, None, None]
@@ -229,6 +235,21 @@ def _gemv_split_kernel(
         groups, up_offset, stride_am, stride_dn, stride_og, stride_on, stride_rm, stride_om,
         BLOCK_M, BLOCK_N, GATED, RESIDUAL,
     )  # fmt: skip
+
+
+@triton.jit
+def _prefetch_rows(signs_ptr, wscales_ptr, rows, first, count, groups, up_offset, stride_sn, stride_dn,
+                   GATED: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    """With ``PDL``, asks L2 for weight rows ``rows``' sign words and scales of the ``count`` groups
+    from ``first`` (broadcast with ``rows``; clamped to the matrix), and the up rows' with ``GATED``:
+    one hint per 128-byte line of sign words (8 groups), and the first line of scales."""
+    if PDL:
+        for r in tl.static_range(2 if GATED else 1):
+            at = rows + r * up_offset
+            for g in range(0, count, 8):
+                group = tl.minimum(first + g, groups - 1)
+                prefetch_l2(signs_ptr + at * stride_sn + group * 4, PDL)
+            prefetch_l2(wscales_ptr + at * stride_dn + tl.minimum(first, groups - 1), PDL)
 
 
 @triton.jit
