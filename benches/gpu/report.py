@@ -31,7 +31,8 @@ def problem(record: dict[str, Any]) -> str:
 def table_lines(report: dict[str, Any]) -> list[str]:
     p = report.get("probe", {})
     lines = [f"probe: {p.get('name', p.get('device', '-'))}  D2D {fmt(p.get('d2d_gbps'))} GB/s  "
-             f"H2D {fmt(p.get('h2d_gbps'))}  D2H {fmt(p.get('d2h_gbps'))}  {problem(p)}"]  # fmt: skip
+             f"H2D {fmt(p.get('h2d_gbps'))}  D2H {fmt(p.get('d2h_gbps'))}  PDL {p.get('pdl', '-')}  "
+             f"{problem(p)}"]  # fmt: skip
     lines.append(f"q1 {'shape':<22} {'M':>4} {'us':>9} {'GB/s':>8} {'/B1':>6} {'xB2':>6} {'rel_err':>8} "
                  f"{'float us':>9} {'=cpu':>5}")  # fmt: skip
     for r in report.get("q1", {}).get("rows", []):

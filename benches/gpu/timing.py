@@ -139,9 +139,11 @@ def probe(plan: Plan, device: torch.device) -> dict[str, Any]:
     out: dict[str, Any] = {"torch": torch.__version__, "triton": package_version("triton"),
                            "python": platform.python_version(), "device": str(device)}  # fmt: skip
     if device.type == "cuda":
+        from oxibonsai.torch_backend.ops import pdl
+
         props = torch.cuda.get_device_properties(device)
         out |= {"name": props.name, "sms": props.multi_processor_count, "total_memory": props.total_memory,
-                "l2_bytes": getattr(props, "L2_cache_size", None)}  # fmt: skip
+                "l2_bytes": getattr(props, "L2_cache_size", None), "pdl": pdl.enabled(device)}  # fmt: skip
     src = torch.randint(0, 255, (plan.copy_bytes,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
