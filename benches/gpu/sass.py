@@ -49,76 +49,83 @@ from oxibonsai.torch_backend.model import TorchQwen3
 from oxibonsai.torch_backend.ops.dispatch import Q1_ARITHMETICS, triton_op_set
 
 MODELS = {"tiny": TINY_UNTIED, "1.7b": BONSAI_1P7B, "8b": BONSAI_8B}
-TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
-         torch.int64: "i64", torch.bool: "i1", torch.uint8: "u8", torch.int8: "i8"}  # fmt: skip
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 H100_SMS = 132
-OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion", "launch_pdl")  # launch options a launch may set
 
 
 @dataclass
 class Launch:
-    """One distinct launch: the kernel, its argument types and its constexprs."""
+    """One distinct launch as Triton's JIT would compile it for an NVIDIA GPU of ``ARCH``: the kernel, the
+    signature, constexprs, attributes and options its binder derives from the arguments (an int equal to
+    1 becomes a constexpr, a pointer or int divisible by 16 gets that hint), what ``triton.compile``
+    takes."""
 
     fn: JITFunction
     signature: dict[str, str]
-    constexprs: dict[str, Any]
-    options: dict[str, int]  # num_warps, num_stages, enable_fp_fusion, launch_pdl where the launch set them
-    attrs: dict[tuple[int, ...], list[list[Any]]] = field(default_factory=dict)  # divisibility hints
+    constexprs: dict[str, Any]  # by name, for reading: the kernel's constexpr parameters
+    source_constexprs: dict[tuple[int, ...], Any]  # by argument path, as the JIT passes them
+    attrs: dict[tuple[int, ...], Any]
+    options: dict[str, Any]  # every compile option (the launch's and the backend's defaults)
     count: int = 1
     key: tuple[Any, ...] = field(default=())
 
 
+ARCH = 90  # the lent GPUs (H100, H200): sm_90
+
+
+class _Pointer:
+    """What the JIT's specialization reads of a tensor argument: its dtype and whether its address is
+    16-byte aligned (a fresh allocation is; a view may not be), from a tensor on ``meta``."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.dtype = t.dtype
+        self._address = t.storage_offset() * t.element_size()
+
+    def data_ptr(self) -> int:
+        return self._address
+
+
+def runtime_view(fn: JITFunction, args: tuple[Any, ...], kwargs: dict[str, Any], arch: int = ARCH) -> Launch:
+    """The launch ``fn[grid](*args, **kwargs)`` as the JIT's own binder sees it on sm_``arch``."""
+    from triton import knobs
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    backend = make_backend(GPUTarget("cuda", arch, 32))
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    kwargs = {**kwargs, "debug": kwargs.get("debug", fn.debug) or knobs.runtime.debug,
+              "instrumentation_mode": knobs.compilation.instrumentation_mode}  # fmt: skip
+    if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):  # Triton 3.9 (not 3.6) passes it too
+        kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    args = tuple(_Pointer(a) if isinstance(a, torch.Tensor) else a for a in args)
+    kwargs = {k: _Pointer(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    named = {p.name: bound[p.name] for p in fn.params if p.is_constexpr}
+    return Launch(fn, signature, named, constexprs, attrs, dict(options.__dict__))
+
+
 @contextmanager
 def recording() -> Iterator[dict[tuple[Any, ...], Launch]]:
-    """Replaces every kernel launch by a record of its signature (nothing runs)."""
+    """Replaces every kernel launch by a record of what the JIT would compile for it (nothing runs)."""
     launches: dict[tuple[Any, ...], Launch] = {}
     original = JITFunction.run
 
     def record(self: JITFunction, *args: Any, grid: Any = None, warmup: bool = False, **kwargs: Any) -> None:
-        values = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
-        values = {k: v for k, v in values.items() if k in self.arg_names}
-        names = [param.name for param in self.params if param.is_constexpr]
-        constexprs = {n: values[n] for n in names}
-        signature = {n: "constexpr" if n in constexprs else type_of(values[n]) for n in self.arg_names}
-        options = {k: kwargs[k] for k in OPTIONS if k in kwargs}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(self.arg_names)
-                 if n not in constexprs and aligned(values.get(n))}  # fmt: skip
-        key = (
-            self.__name__,
-            *(tuple(sorted(d.items())) for d in (signature, constexprs, options)),
-            tuple(attrs),
-        )
+        launch = runtime_view(self, args, kwargs)
+        parts = (launch.signature, launch.source_constexprs, launch.attrs, launch.options)
+        key = (self.__name__, *(repr(sorted(d.items())) for d in parts))
         if key in launches:
             launches[key].count += 1
         else:
-            launches[key] = Launch(self, signature, constexprs, options, attrs, key=key)
+            launch.key = key
+            launches[key] = launch
 
     JITFunction.run = record  # type: ignore[method-assign]
     try:
         yield launches
     finally:
         JITFunction.run = original  # type: ignore[method-assign]
-
-
-def aligned(value: Any) -> bool:
-    """Whether Triton's JIT would mark the argument divisible by 16 (a tensor's address, taking a fresh
-    allocation as aligned, or an integer's value), which lets it vectorize loads."""
-    if isinstance(value, torch.Tensor):
-        return value.storage_offset() * value.element_size() % 16 == 0
-    return isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0
-
-
-def type_of(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return "*" + TYPES[value.dtype]
-    if isinstance(value, bool):
-        return "i1"
-    if isinstance(value, int):
-        return "i32" if -(2**31) <= value < 2**31 else "i64"
-    if isinstance(value, float):
-        return "fp32"
-    raise TypeError(f"no Triton type for {type(value).__name__}")
 
 
 @contextmanager
@@ -188,14 +195,11 @@ class Compiled:
 
 
 def compile_launch(launch: Launch, arch: int) -> Compiled:
-    src = ASTSource(
-        fn=launch.fn, signature=launch.signature, constexprs=launch.constexprs, attrs=launch.attrs
-    )
-    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=launch.options)
+    kernel = compile_exactly(launch, arch)
     text = disassemble(kernel.asm["cubin"], "-sass")
     registers = int(re.search(r"REG:(\d+)", disassemble(kernel.asm["cubin"], "-res-usage")).group(1))
     instrs = [(int(a, 16), i.strip()) for a, i in re.findall(r"/\*([0-9a-f]{4})\*/\s+([^;]*);", text)]
-    body = longest_loop(instrs)
+    body = group_work(instrs) if launch.fn.__name__ in GEMVS else longest_loop(instrs)
     ops = collections.Counter(opcode(i) for i in body)
     spills = sum(1 for _, i in instrs if re.search(r"\b(STL|LDL)\b", i))
     threads = 32 * kernel.metadata.num_warps
@@ -228,6 +232,13 @@ def waits_first(instrs: list[str]) -> bool:
     return False
 
 
+def compile_exactly(launch: Launch, arch: int = ARCH) -> Any:
+    """The launch compiled as the JIT would compile it (the same source, options and cache entry)."""
+    src = ASTSource(fn=launch.fn, signature=launch.signature, constexprs=launch.source_constexprs,
+                    attrs=launch.attrs)  # fmt: skip
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=launch.options)
+
+
 def disassemble(cubin: bytes, what: str) -> str:
     """``cuobjdump what`` of a cubin (``-sass``: the instructions; ``-res-usage``: registers, stack)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -246,6 +257,21 @@ def longest_loop(instrs: list[tuple[int, str]]) -> list[str]:
             body = [i for a, i in instrs if int(m.group(1), 16) <= a <= addr]
             best = body if len(body) > len(best) else best
     return best
+
+
+GEMVS = ("_gemv_kernel", "_fast_gemv_kernel", "_gemv_split_kernel")
+
+
+def group_work(instrs: list[tuple[int, str]]) -> list[str]:
+    """A Q1 GEMV's work for one 128-group: its longest loop (the float GEMVs', and the exact GEMVs' where
+    that loop holds their ``dp4a``s, IDP), else, where the JIT made the exact GEMV's group loop a single
+    pass (one group per split: an int argument equal to 1 is a constant), the straight code from its
+    first IDP to its last."""
+    loop = longest_loop(instrs)
+    at = [k for k, (_, i) in enumerate(instrs) if opcode(i) == "IDP"]
+    if not at or any(opcode(i) == "IDP" for i in loop):
+        return loop
+    return [i for _, i in instrs[at[0] : at[-1] + 1]]  # the exact GEMV's single pass
 
 
 def opcode(ins: str) -> str:
