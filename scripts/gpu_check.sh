@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU check in one device command, sized to the device time a session gets (15 minutes,
-# start-up included; one command at most 10): the CUDA-only tests first (PDL, pinned copies, graphs,
+# start-up included; one command at most 10): the bench's Triton kernels compiled on every core
+# (benches/gpu/precompile.py, into Triton's cache), the CUDA-only tests (PDL, pinned copies, graphs,
 # the inline-PTX kernels against their twins, the side-stream tier copies: a minute or two), then
 # benches/bench_gpu.py within a budget (every figure of issue 23 and its correctness flags), then the
 # whole torch test suite on the GPU with what is left. Each part writes its log (and the bench its JSON)
@@ -35,15 +36,22 @@ part() {  # part NAME SECONDS COMMAND...: runs COMMAND under a timeout, its outp
 gpu_only=(tests/torch_backend/test_pdl.py tests/torch_backend/test_pending.py
           tests/torch_backend/test_decode_graphs.py tests/torch_backend/test_q1_exact.py
           tests/torch_backend/test_q1_fast.py tests/torch_backend/test_kv_pool.py)
+cache_entries() { ls "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" 2>/dev/null | wc -l; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$out/nvidia-smi.txt" 2>&1
+part precompile 90 python3 benches/gpu/precompile.py
+entries=("triton cache entries: $(cache_entries) after precompiling")
 part tests-cuda-first 150 python3 -m pytest -q -rs -p no:cacheprovider "${gpu_only[@]}"
 bench_s=$(( $(left) * 70 / 100 ))
+entries+=("$(cache_entries) before the bench")
 part bench $((bench_s + 60)) python3 benches/bench_gpu.py --budget-s "$bench_s" --out "$out/gpu.json"
+entries+=("$(cache_entries) after it (new ones: kernels the run compiled itself)")
 part tests-torch "$(( $(left) - 10 ))" python3 -m pytest -q -rs -p no:cacheprovider tests/torch_backend
 
 echo "== summary"
 cat "$out/nvidia-smi.txt"
 printf '%s\n' "${status[@]}"
+printf '%s; ' "${entries[@]}"; echo
+tail -n 2 "$out/precompile.log" 2>/dev/null
 echo "== bench"
 tail -n 40 "$out/bench.log" 2>/dev/null
 for name in tests-cuda-first tests-torch; do

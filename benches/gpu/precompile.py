@@ -1,0 +1,105 @@
+"""Compiles the Triton kernels the GPU run will launch before it starts, on all the machine's cores,
+into Triton's on-disk cache, so that ``bench_gpu.py`` and the tests load them instead of compiling
+them one at a time inside the device minutes.
+
+The launches are recorded as ``sass.py`` records them, on the ``meta`` device with Triton's own binder
+(the signature, constants and alignment hints the JIT derives at run time), for the GPU plan's models
+in decode at every CUDA-graph bucket up to its largest batch and in its prefill, both Q1 arithmetics,
+and the q1 section's matmuls and GEMV sweep; each is then compiled exactly as the JIT would compile it
+(the same cache entry). A launch whose arguments differ at run time (another alignment, an int that is
+1 here and not there) is compiled then, as before: this only ever saves time. It needs no GPU, so it
+runs here too (``--arch`` 90: the H100 and H200).
+
+    python benches/gpu/precompile.py [--arch 90] [--jobs N]"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benches/, for the gpu package
+
+from gpu.plan import GPU_PLAN, Plan
+from gpu.q1 import q1_shapes, random_q1
+from gpu.sass import H100_SMS, Launch, as_on_a_gpu, compile_exactly, model_launches, recording
+from oxibonsai.torch_backend.graphs import decode_buckets
+from oxibonsai.torch_backend.ops.dispatch import Q1_ARITHMETICS
+
+_LAUNCHES: list[Launch] = []  # what the forked workers compile, by index
+
+
+def planned_launches(plan: Plan) -> list[Launch]:
+    """Every distinct launch of the plan's decode, prefill and q1 sections (see the module doc)."""
+    launches: dict[tuple[Any, ...], Launch] = {}
+    batches = decode_buckets(max(plan.batches))
+    for spec in plan.models:
+        for q1 in Q1_ARITHMETICS:
+            launches.update(model_launches(spec, batches, plan.prefill_tokens, q1))
+        launches.update(q1_launches(spec, plan))
+    return list(launches.values())
+
+
+def q1_launches(spec: Any, plan: Plan) -> dict[tuple[Any, ...], Launch]:
+    """The q1 section's exact matmuls at each M, and its GEMV sweep's forms at one and four rows."""
+    from oxibonsai.torch_backend.ops import q1_exact
+
+    meta = torch.device("meta")
+    with recording() as launches, as_on_a_gpu(H100_SMS):
+        for _, rows, cols in q1_shapes(spec, plan.q1_roles):
+            w = random_q1(rows, cols, 0.02, meta)
+            for m in plan.q1_m:
+                x = torch.empty(m, cols, device=meta)
+                q1_exact.fused_linear(x, w)
+                if m in (1, 4):
+                    acts = q1_exact.quantize(x)
+                    for kernel, split in sweep_forms(m, cols // 128):
+                        q1_exact.linear_quantized(acts, w, kernel=kernel, split_k=split)
+    return launches
+
+
+def sweep_forms(m: int, groups: int) -> list[tuple[str, int | None]]:
+    """``gpu.q1.exact_sweep``'s forms."""
+    inside = (2, 4, 8, 16) if m == 1 else (4, 16)
+    over = (1, 4, None) if m == 1 else (None,)
+    return [("gemv_split", s) for s in inside if s <= groups] + [("gemv", s) for s in over]
+
+
+def _compile(index: int) -> str | None:
+    try:
+        compile_exactly(_LAUNCHES[index], ARGS.arch)
+    except Exception as e:  # reported; the run compiles it itself if it ever launches it
+        return f"{_LAUNCHES[index].fn.__name__}: {type(e).__name__}: {e}"
+    return None
+
+
+def main() -> None:
+    global ARGS
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=int, default=90)
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ARGS = p.parse_args()
+    if os.environ.get("TRITON_INTERPRET"):
+        raise SystemExit("unset TRITON_INTERPRET: the interpreter cannot compile kernels")
+    start = time.perf_counter()
+    _LAUNCHES.extend(planned_launches(GPU_PLAN))
+    recorded = time.perf_counter() - start
+    with multiprocessing.get_context("fork").Pool(ARGS.jobs) as pool:
+        errors = [e for e in pool.map(_compile, range(len(_LAUNCHES))) if e is not None]
+    for error in errors:
+        print(error)
+    done = len(_LAUNCHES) - len(errors)
+    print(f"precompiled {done} of {len(_LAUNCHES)} launches for sm_{ARGS.arch} with {ARGS.jobs} jobs "
+          f"in {time.perf_counter() - start:.1f} s ({recorded:.1f} s recording)")  # fmt: skip
+
+
+ARGS = argparse.Namespace(arch=90)
+
+if __name__ == "__main__":
+    main()
