@@ -37,7 +37,8 @@ cp "$target/device-cp312/release/lib_core.so" "$out/_core.cpython-312-x86_64-lin
 # Hub client and its friends out of the 64 MiB).
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
     -d "$out/wheels" tokenizers jinja2 markupsafe gguf pyyaml tqdm \
-    pytest pluggy iniconfig packaging pygments hypothesis sortedcontainers pytest-benchmark py-cpuinfo
+    pytest pluggy iniconfig packaging pygments hypothesis sortedcontainers pytest-benchmark py-cpuinfo \
+    pytest-xdist execnet
 for wheel in "$out"/wheels/*.whl; do
     case "$(basename "$wheel")" in numpy-*) ;; *) python3 -m zipfile -e "$wheel" "$out/site" ;; esac
 done

@@ -45,7 +45,9 @@ bench_s=$(( $(left) * 70 / 100 ))
 entries+=("$(cache_entries) before the bench")
 part bench $((bench_s + 60)) python3 benches/bench_gpu.py --budget-s "$bench_s" --out "$out/gpu.json"
 entries+=("$(cache_entries) after it (new ones: kernels the run compiled itself)")
-part tests-torch "$(( $(left) - 10 ))" python3 -m pytest -q -rs -p no:cacheprovider tests/torch_backend
+workers=()  # the torch suite in 8 processes where pytest-xdist came along: its time is mostly compiling
+python3 -c "import xdist" 2>/dev/null && workers=(-n 8)
+part tests-torch "$(( $(left) - 10 ))" python3 -m pytest -q -rs -p no:cacheprovider "${workers[@]}" tests/torch_backend
 
 echo "== summary"
 cat "$out/nvidia-smi.txt"
