@@ -81,7 +81,7 @@ def chain_works(device: torch.device) -> bool:
     that cannot launch or capture them) it warns, and kernels launch without PDL."""
     try:
         x = torch.arange(PROBE_SIZE, dtype=torch.float32, device=device)
-        y, z = torch.empty_like(x), torch.empty_like(x)
+        y, z = torch.zeros_like(x), torch.zeros_like(x)  # a read that came too early would see zeros
 
         def chain() -> None:
             for src, dst in ((x, y), (y, z)):
@@ -89,10 +89,11 @@ def chain_works(device: torch.device) -> bool:
 
         chain()
         eager = torch.equal(z, 4 * x)
-        z.zero_()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             chain()
+        y.zero_()
+        z.zero_()
         graph.replay()
         replayed = torch.equal(z, 4 * x)
     except Exception as e:  # never fatal: the kernels run without PDL
