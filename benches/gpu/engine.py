@@ -12,11 +12,9 @@ the prefill of each batch's prompts, the scheduler, sampling and detokenization.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,7 @@ from oxibonsai.torch_backend.ops.dispatch import Q1_ENV_VAR
 
 from .plan import SEED, Plan
 from .tier import import_tests_module
-from .timing import free, ratio
+from .timing import environment, free, ratio
 
 PROMPT_TOKENS = 32
 
@@ -88,19 +86,6 @@ def arithmetic(name: str) -> AbstractContextManager[None]:
 def overlap(on: bool) -> AbstractContextManager[None]:
     """``OXIBONSAI_ASYNC_OUTPUT`` set while a runner is made (it reads the switch then)."""
     return environment("OXIBONSAI_ASYNC_OUTPUT", "1" if on else "0")
-
-
-@contextmanager
-def environment(name: str, value: str) -> Iterator[None]:
-    saved = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = saved
 
 
 def load(path: Path, plan: Plan, max_batch: int, *, eager: bool) -> oxibonsai.LLM:

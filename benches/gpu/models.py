@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable
 from functools import partial
@@ -26,7 +25,7 @@ from oxibonsai.torch_backend.weights import DenseWeight, LayerWeights, Qwen3Weig
 
 from .plan import SEED, ModelSpec, Plan
 from .q1 import dequantize_half, random_q1
-from .timing import Budget, free, guarded, ratio, sync
+from .timing import Budget, environment, free, guarded, ratio, sync
 
 
 class HalfDense(DenseWeight):
@@ -184,19 +183,12 @@ def graphs_without_pdl(
     their tok/s and whether the last step's logits are eager's (PDL on) bit for bit."""
     if not pdl.enabled(device):
         return {}
-    saved = os.environ.get(pdl.ENV_VAR)
-    os.environ[pdl.ENV_VAR] = "0"
-    try:
+    with environment(pdl.ENV_VAR, "0"):
         graphs = DecodeGraphs(
             model, pool, max_num_seqs=plans[0].num_seqs, max_model_len=per_seq * BLOCK_TOKENS, capture=True
         )
         seconds = timed_calls([partial(graphs.run, p) for p in plans], warmup, device)
         logits = graphs.run(plans[-1])
-    finally:
-        if saved is None:
-            del os.environ[pdl.ENV_VAR]
-        else:
-            os.environ[pdl.ENV_VAR] = saved
     steps = len(plans) - warmup
     return {"no_pdl_graph_tok_s": plans[0].num_seqs * steps / seconds,
             "no_pdl_logits_equal": bool(torch.equal(logits, eager_logits))}  # fmt: skip

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benches/, for the gpu package
 
 from gpu.plan import GPU_PLAN, Plan
-from gpu.q1 import q1_shapes, random_q1
+from gpu.q1 import SWEEP_ROWS, q1_shapes, random_q1, sweep_forms
 from gpu.sass import H100_SMS, Launch, as_on_a_gpu, compile_exactly, model_launches, recording
 from oxibonsai.torch_backend.graphs import decode_buckets
 from oxibonsai.torch_backend.ops.dispatch import Q1_ARITHMETICS
@@ -57,18 +57,11 @@ def q1_launches(spec: Any, plan: Plan) -> dict[tuple[Any, ...], Launch]:
             for m in plan.q1_m:
                 x = torch.empty(m, cols, device=meta)
                 q1_exact.fused_linear(x, w)
-                if m in (1, 4):
+                if m in SWEEP_ROWS:
                     acts = q1_exact.quantize(x)
                     for kernel, split in sweep_forms(m, cols // 128):
                         q1_exact.linear_quantized(acts, w, kernel=kernel, split_k=split)
     return launches
-
-
-def sweep_forms(m: int, groups: int) -> list[tuple[str, int | None]]:
-    """``gpu.q1.exact_sweep``'s forms."""
-    inside = (2, 4, 8, 16) if m == 1 else (4, 16)
-    over = (1, 4, None) if m == 1 else (None,)
-    return [("gemv_split", s) for s in inside if s <= groups] + [("gemv", s) for s in over]
 
 
 def _compile(index: int) -> str | None:

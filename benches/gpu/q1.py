@@ -142,18 +142,25 @@ def exact_sweep(x: torch.Tensor, ours: list[Q1Weight], plan: Plan, device: torch
     from oxibonsai.torch_backend.ops import q1_exact
 
     m, groups = x.shape[0], ours[0].cols // 128
-    if m not in (1, 4):
+    if m not in SWEEP_ROWS:
         return {}
-    inside = (2, 4, 8, 16) if m == 1 else (4, 16)
-    over = (1, 4, None) if m == 1 else (None,)
-    forms = [("gemv_split", s) for s in inside if s <= groups] + [("gemv", s) for s in over]
     acts = q1_exact.quantize(x)
     times = {"quantize": time_calls([partial(q1_exact.quantize, x)], device, plan.reps)["ms"]}
-    for kernel, split in forms:
+    for kernel, split in sweep_forms(m, groups):
         calls = [partial(q1_exact.linear_quantized, acts, w, kernel=kernel, split_k=split) for w in ours]
         times[f"{kernel}/{split or 'auto'}"] = time_calls(calls, device, plan.reps)["ms"]
     default = q1_exact._default_kernel(m, ours[0].rows, groups, device)
     return {"sweep_ms": times, "sweep_default": default}
+
+
+SWEEP_ROWS = (1, 4)  # the activation rows ``exact_sweep`` runs at
+
+
+def sweep_forms(m: int, groups: int) -> list[tuple[str, int | None]]:
+    """``exact_sweep``'s (kernel, K splits) at ``m`` rows of a matrix of ``groups`` 128-groups."""
+    inside = (2, 4, 8, 16) if m == 1 else (4, 16)
+    over = (1, 4, None) if m == 1 else (None,)
+    return [("gemv_split", s) for s in inside if s <= groups] + [("gemv", s) for s in over]
 
 
 def fast_check(

@@ -283,12 +283,9 @@ def gemv_cost(launch: Launch, loop: int, threads: int) -> float | None:
     """SASS instructions per weight and activation row of a Q1 GEMV's group loop (one 128-group per
     row, activation row and split)."""
     c = launch.constexprs
-    if launch.fn.__name__ in ("_gemv_kernel", "_fast_gemv_kernel"):
-        rows = c["BLOCK_N"] * c["BLOCK_M"]
-    elif launch.fn.__name__ == "_gemv_split_kernel":
-        rows = c["BLOCK_N"] * c["SPLITS"] * c["BLOCK_M"]
-    else:
+    if launch.fn.__name__ not in GEMVS:
         return None
+    rows = c["BLOCK_N"] * c["BLOCK_M"] * c.get("SPLITS", 1)
     return loop * threads / (rows * 128 * (2 if c["GATED"] else 1)) if loop else None
 
 

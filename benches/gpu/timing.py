@@ -1,15 +1,18 @@
 """How the run measures and paces itself: wall-clock, CUDA-event and CUDA-graph timing, GB/s, the
 global time budget, the guard that records one case's error and goes on, and the probe section
-(versions, the device, copy GB/s: B1)."""
+(versions, the device, copy GB/s: B1), and ``environment``, a variable set for a while (the switches
+a runner or an op set reads when made)."""
 
 from __future__ import annotations
 
 import gc
+import os
 import platform
 import statistics
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -17,6 +20,20 @@ from typing import Any
 import torch
 
 from .plan import Plan
+
+
+@contextmanager
+def environment(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` inside the block, restored after."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = saved
 
 
 @dataclass
