@@ -16,7 +16,11 @@ The int16 values travel as two planes of signed bytes (``q = 256 * high + low``,
 VNNI and AMX kernels use), stored so that each int32 word holds the four values a ``dp4a`` pairs with
 one weight word's bits ``j, j + 8, j + 16, j + 24`` (``(word >> j) & 0x01010101`` in byte lanes).
 
-- ``quantize``: one program per activation row, the RMSNorm before the matmul folded in.
+- ``quantize``: ``QUANTIZE_BLOCKS`` blocks of one activation row per program, a warp per block, so a
+  row's blocks are quantized side by side (at one row a single program looping over them would be a
+  chain of some 150 instructions and 8 barriers per block: 48 times over for the down projection's
+  input), the RMSNorm before the matmul folded in (each program of a row computes the row's mean
+  square itself, in the same order).
 - the GEMV (``M <= GEMV_MAX_M``): one weight row per thread lane and every activation row in the same
   thread, no reduction across threads: per sign word, 8 shift-and-mask operations expose 4 weights
   each, and per activation row two ``dp4a`` (high and low plane) add them; about 1.4 SASS instructions
@@ -59,6 +63,8 @@ KERNELS = ("gemv", "gemv_split", "gemm")
 GEMM_BLOCK_N = 64  # weight rows of a GEMM tile (32 and 32 for gate|up)
 SPLIT_TILE = 256  # splits x weight rows of a "gemv_split" program: one pair per thread, 8 warps
 PROGRAMS_PER_SM = 4  # the GEMV splits K until it has this many 4-warp programs per SM
+QUANTIZE_BLOCKS = 4  # 128-value blocks per quantization program, a warp each
+NORM_CHUNK = 2048  # values of a row a quantization program squares at once for its RMSNorm
 NO_FUSION = {"enable_fp_fusion": False}
 
 
@@ -102,11 +108,12 @@ def quantize(x: torch.Tensor, norm: torch.Tensor | None = None, eps: float = 0.0
     m, k = x.shape
     acts = QuantizedRows.empty(m, k, x.device)
     if m:
-        _quantize_kernel[(m,)](
+        _quantize_kernel[(m, triton.cdiv(k // QK, QUANTIZE_BLOCKS))](
             x, norm if norm is not None else x, acts.planes, acts.scales, acts.sums,
             k, eps,
             x.stride(0), acts.planes.stride(0), acts.planes.stride(1), acts.scales.stride(0),
-            NORM=norm is not None, **pdl.launch(x.device), **NO_FUSION,
+            BLOCKS=QUANTIZE_BLOCKS, NORM_CHUNK=min(triton.next_power_of_2(k), NORM_CHUNK),
+            NORM=norm is not None, num_warps=QUANTIZE_BLOCKS, **pdl.launch(x.device), **NO_FUSION,
         )  # fmt: skip
     return acts
 

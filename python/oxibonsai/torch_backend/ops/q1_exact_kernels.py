@@ -25,57 +25,80 @@ def _quantize_kernel(
     x_ptr, norm_ptr, planes_ptr, scales_ptr, sums_ptr,
     K, eps,
     stride_xm, stride_pp, stride_pm, stride_sm,
-    NORM: tl.constexpr, PDL: tl.constexpr,
+    BLOCKS: tl.constexpr, NORM_CHUNK: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """Row ``program_id(0)`` of ``x`` (times its RMSNorm when ``NORM``) into ``QuantizedRows``."""
+    """Blocks ``BLOCKS * program_id(1)`` onwards of row ``program_id(0)`` of ``x`` (times its RMSNorm when
+    ``NORM``) into ``QuantizedRows``: one ``[BLOCKS, 128]`` tile, a warp per block, so a block's
+    reductions stay inside its warp and the row's blocks are quantized side by side, not one after
+    another. With ``NORM`` every program of a row computes the row's mean square itself, all in the same
+    order (the same bits in each, at every batch size)."""
     grid_dependency(PDL)
     m = tl.program_id(0)
-    cols = tl.arange(0, 128)
+    blocks = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
+    live = blocks < K // 128
+    at = blocks[:, None] * 128 + tl.arange(0, 128)[None, :]
     row = x_ptr + m * stride_xm
-    rstd = 1.0
+    x = tl.load(row + at, mask=live[:, None], other=0.0).to(tl.float32)
     if NORM:
-        squares = tl.zeros([128], dtype=tl.float32)
-        for b in range(K // 128):
-            v = tl.load(row + b * 128 + cols).to(tl.float32)
-            squares += v * v
-        rstd = 1.0 / tl.sqrt(tl.sum(squares) / K + eps)
-    for b in range(K // 128):
-        x = tl.load(row + b * 128 + cols).to(tl.float32)
-        if NORM:
-            x = x * rstd * tl.load(norm_ptr + b * 128 + cols).to(tl.float32)
-        _store_block(x, planes_ptr, scales_ptr, sums_ptr, m, b, stride_pp, stride_pm, stride_sm)
+        weight = tl.load(norm_ptr + at, mask=live[:, None], other=0.0).to(tl.float32)
+        x = x * _inverse_rms(row, K, eps, NORM_CHUNK) * weight
+    _store_blocks(x, live, planes_ptr, scales_ptr, sums_ptr, m, blocks, stride_pp, stride_pm, stride_sm)
+
+
+@triton.jit
+def _inverse_rms(row, K, eps, CHUNK: tl.constexpr):
+    """``1 / sqrt(mean(row[:K]^2) + eps)``, the squares added in ``CHUNK`` lanes then across them, each
+    division and the root correctly rounded as on the CPU."""
+    squares = tl.zeros([CHUNK], dtype=tl.float32)
+    for start in range(0, K, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        v = tl.load(row + offs, mask=offs < K, other=0.0).to(tl.float32)
+        squares += v * v
+    mean = tl.math.div_rn(tl.sum(squares), K.to(tl.float32))
+    return tl.math.div_rn(1.0, tl.math.sqrt_rn(mean + eps))
 
 
 @triton.jit
 def _store_block(x, planes_ptr, scales_ptr, sums_ptr, m, b, stride_pp, stride_pm, stride_sm):
     """Block ``b`` of row ``m`` (``x``: its 128 float32 values) quantized into ``QuantizedRows``' planes,
     scales and sums."""
-    cols = tl.arange(0, 128)
-    # column 32c + 8i + j goes to byte 32c + 4j + i: word 8c + j, lane i
-    dest = (cols // 32) * 32 + (cols % 8) * 4 + (cols % 32) // 8
-    q, scale = _quantize_block(x)
-    low = (q << 24) >> 24
-    high = (q - low) >> 8
-    plane = planes_ptr + m * stride_pm + b * 128 + dest
-    tl.store(plane, high.to(tl.int8))
-    tl.store(plane + stride_pp, low.to(tl.int8))
-    tl.store(scales_ptr + m * stride_sm + b, scale)
-    tl.store(sums_ptr + m * stride_sm + b, tl.sum(q))
+    blocks = b + tl.arange(0, 1)
+    live = blocks >= 0
+    _store_blocks(x[None, :], live, planes_ptr, scales_ptr, sums_ptr, m, blocks, stride_pp, stride_pm,
+                  stride_sm)  # fmt: skip
 
 
 @triton.jit
-def _quantize_block(x):
-    """``act.rs``'s rule for one block: int32 ``q`` and the float32 scale (0 for a block below
-    ``MIN_AMAX``, NaN for one with a non-finite value, whose q are 0)."""
+def _store_blocks(x, live, planes_ptr, scales_ptr, sums_ptr, m, blocks, stride_pp, stride_pm, stride_sm):
+    """Blocks ``blocks`` of row ``m`` (``x``: ``[B, 128]`` float32, a block per row; stored where
+    ``live``) quantized into ``QuantizedRows``' planes, scales and sums."""
+    cols = tl.arange(0, 128)[None, :]
+    # column 32c + 8i + j goes to byte 32c + 4j + i: word 8c + j, lane i
+    dest = (cols // 32) * 32 + (cols % 8) * 4 + (cols % 32) // 8
+    q, scale = _quantize_blocks(x)
+    low = (q << 24) >> 24
+    high = (q - low) >> 8
+    plane = planes_ptr + m * stride_pm + blocks[:, None] * 128 + dest
+    tl.store(plane, high.to(tl.int8), mask=live[:, None])
+    tl.store(plane + stride_pp, low.to(tl.int8), mask=live[:, None])
+    tl.store(scales_ptr + m * stride_sm + blocks, scale, mask=live)
+    tl.store(sums_ptr + m * stride_sm + blocks, tl.sum(q, axis=1), mask=live)
+
+
+@triton.jit
+def _quantize_blocks(x):
+    """``act.rs``'s rule for each row of ``x`` (``[B, 128]``, a block per row): int32 ``q`` and the
+    float32 scales ``[B]`` (0 for a block below ``MIN_AMAX``, NaN for one with a non-finite value,
+    whose q are 0)."""
     ax = tl.abs(x)
-    finite = tl.sum((ax <= FLT_MAX).to(tl.int32)) == 128  # NaN compares false
-    amax = tl.max(ax)
+    finite = tl.sum((ax <= FLT_MAX).to(tl.int32), axis=1) == 128  # NaN compares false
+    amax = tl.max(ax, axis=1)
     used = finite & (amax >= MIN_AMAX)
     safe = tl.where(used, amax, 1.0)
-    t = tl.sum(tl.floor(ax * tl.math.div_rn(L1_FIXED, safe)).to(tl.int32))
+    t = tl.sum(tl.floor(ax * tl.math.div_rn(L1_FIXED, safe)[:, None]).to(tl.int32), axis=1)
     scale = tl.math.div_rn((t + 128).to(tl.float32) * (safe * (1.0 / L1_FIXED)), L1_BUDGET)
-    rounded = (x * tl.math.div_rn(1.0, scale) + ROUND) - ROUND
-    q = tl.where(used, rounded, 0.0).to(tl.int32)
+    rounded = (x * tl.math.div_rn(1.0, scale)[:, None] + ROUND) - ROUND
+    q = tl.where(used[:, None], rounded, 0.0).to(tl.int32)
     scale = tl.where(used, scale, tl.where(finite, 0.0, NAN))
     return q, scale
 
