@@ -18,6 +18,7 @@ FLT_MAX = tl.constexpr(3.4028234663852886e38)
 NAN = tl.constexpr(float("nan"))
 ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (v + ROUND) - ROUND rounds |v| < 2^22 half to even
 LANES = tl.constexpr(0x01010101)
+COMBINE_CHUNK = tl.constexpr(16)  # groups whose integer sums a split GEMV's combine loads at once
 
 
 @triton.jit
@@ -282,20 +283,30 @@ def _combine_groups_and_store(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
 ):  # fmt: skip
     """A ``[BLOCK_M, BLOCK_N]`` tile of ``out`` from every group's integer sums ``ones[g, m, n]``,
-    added in order, and the epilogue."""
+    added in order, and the epilogue. The groups go ``COMBINE_CHUNK`` at a time through straight code,
+    so their loads wait for memory once per chunk rather than once per few groups (at one row the
+    program is alone on its SM and nothing else hides the wait)."""
     mask = mask_m[:, None] & mask_n[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for g in range(0, groups):
-        at = ones_ptr + g * stride_og + offs_m[:, None] * stride_on + offs_n[None, :]
-        ones = tl.load(at, mask=mask, other=0)
-        ones_up = ones
-        if GATED:
-            ones_up = tl.load(at + up_offset, mask=mask, other=0)
-        acc, acc_up = _combine_group(
-            acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n,
-            g, up_offset, stride_am, stride_dn, GATED,
-        )  # fmt: skip
+    for first in range(0, groups, COMBINE_CHUNK):
+        chunk = ()  # every load of the chunk first, then the additions in order
+        for j in tl.static_range(COMBINE_CHUNK):
+            g = tl.minimum(first + j, groups - 1)  # past the end: a real group's loads, not added
+            at = ones_ptr + g * stride_og + offs_m[:, None] * stride_on + offs_n[None, :]
+            ones = tl.load(at, mask=mask, other=0)
+            ones_up = ones
+            if GATED:
+                ones_up = tl.load(at + up_offset, mask=mask, other=0)
+            scales = _group_scales(asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n, g,
+                                   up_offset, stride_am, stride_dn, GATED)  # fmt: skip
+            chunk = chunk + ((ones, ones_up, scales),)  # noqa: RUF005 (Triton's frontend: no starred tuples)
+        for j in tl.static_range(COMBINE_CHUNK):
+            ones, ones_up, scales = chunk[j]
+            added, added_up = _combine_scaled(acc, acc_up, ones, ones_up, scales, GATED)
+            live = first + j < groups
+            acc = tl.where(live, added, acc)
+            acc_up = tl.where(live, added_up, acc_up)
     _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
                GATED, RESIDUAL)  # fmt: skip
 
@@ -306,13 +317,34 @@ def _combine_group(
     g, up_offset, stride_am, stride_dn, GATED: tl.constexpr,
 ):  # fmt: skip
     """``acc`` (and ``acc_up``) after group ``g``: ``[BLOCK_M, BLOCK_N]`` tiles."""
+    scales = _group_scales(asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n, g, up_offset,
+                           stride_am, stride_dn, GATED)  # fmt: skip
+    return _combine_scaled(acc, acc_up, ones, ones_up, scales, GATED)
+
+
+@triton.jit
+def _group_scales(asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n, g, up_offset,
+                  stride_am, stride_dn, GATED: tl.constexpr):  # fmt: skip
+    """Group ``g``'s activation sums and scales (``[BLOCK_M, 1]``) and weight scales (``[1, BLOCK_N]``,
+    the up rows' too with ``GATED``)."""
     block_sums = tl.load(asums_ptr + offs_m * stride_am + g, mask=mask_m, other=0)[:, None]
     d_a = tl.load(ascales_ptr + offs_m * stride_am + g, mask=mask_m, other=0.0)[:, None]
-    d_w = tl.load(wscales_ptr + offs_n * stride_dn + g, mask=mask_n, other=0.0).to(tl.float32)
-    acc = _combine(acc, ones, block_sums, d_w[None, :] * d_a)
+    d_w = tl.load(wscales_ptr + offs_n * stride_dn + g, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    d_up = d_w
     if GATED:
         d_up = tl.load(wscales_ptr + (offs_n + up_offset) * stride_dn + g, mask=mask_n, other=0.0)
-        acc_up = _combine(acc_up, ones_up, block_sums, d_up.to(tl.float32)[None, :] * d_a)
+        d_up = d_up.to(tl.float32)[None, :]
+    return block_sums, d_a, d_w, d_up
+
+
+@triton.jit
+def _combine_scaled(acc, acc_up, ones, ones_up, scales, GATED: tl.constexpr):
+    """``acc`` (and ``acc_up``) after the group whose integer sums are ``ones`` and whose
+    ``_group_scales`` are ``scales``."""
+    block_sums, d_a, d_w, d_up = scales
+    acc = _combine(acc, ones, block_sums, d_w * d_a)
+    if GATED:
+        acc_up = _combine(acc_up, ones_up, block_sums, d_up * d_a)
     return acc, acc_up
 
 
