@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benches/, for the gpu package
 
 from gpu.plan import GPU_PLAN, Plan
-from gpu.q1 import SWEEP_ROWS, q1_shapes, random_q1, sweep_forms
+from gpu.q1 import q1_shapes, random_q1, sweep_forms
 from gpu.sass import H100_SMS, Launch, as_on_a_gpu, compile_exactly, model_launches, recording
 from oxibonsai.torch_backend.graphs import decode_buckets
 from oxibonsai.torch_backend.ops.dispatch import Q1_ARITHMETICS
@@ -47,7 +47,7 @@ def planned_launches(plan: Plan) -> list[Launch]:
 
 
 def q1_launches(spec: Any, plan: Plan) -> dict[tuple[Any, ...], Launch]:
-    """The q1 section's exact matmuls at each M, and its GEMV sweep's forms at one and four rows."""
+    """The q1 section's exact matmuls at each M, and its sweep's forms (``gpu.q1.sweep_forms``)."""
     from oxibonsai.torch_backend.ops import q1_exact
 
     meta = torch.device("meta")
@@ -57,10 +57,10 @@ def q1_launches(spec: Any, plan: Plan) -> dict[tuple[Any, ...], Launch]:
             for m in plan.q1_m:
                 x = torch.empty(m, cols, device=meta)
                 q1_exact.fused_linear(x, w)
-                if m in SWEEP_ROWS:
-                    acts = q1_exact.quantize(x)
-                    for kernel, split in sweep_forms(m, cols // 128):
-                        q1_exact.linear_quantized(acts, w, kernel=kernel, split_k=split)
+                forms = sweep_forms(m, rows, cols // 128)
+                acts = q1_exact.quantize(x) if forms else None
+                for _, options in forms:
+                    q1_exact.linear_quantized(acts, w, **options)
     return launches
 
 

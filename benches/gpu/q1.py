@@ -136,31 +136,45 @@ def exact_check(x: torch.Tensor, w: Q1Weight, device: torch.device) -> dict[str,
 
 
 def exact_sweep(x: torch.Tensor, ours: list[Q1Weight], plan: Plan, device: torch.device) -> dict[str, Any]:
-    """One activation row, or four: the quantization's time, then the exact matmul's (already quantized)
-    in each GEMV form and split (K split inside programs, "gemv_split", or over them, "gemv"), for
-    tuning ``q1_exact``'s defaults on the GPU; ``sweep_default`` names the form the op picks."""
+    """At one or four activation rows, the quantization's time, then the exact matmul's (already
+    quantized) in each GEMV form and split (K split inside programs, "gemv_split", or over them,
+    "gemv"); at 16 and 64 rows the GEMM at each tile width: for tuning ``q1_exact``'s defaults on the
+    GPU. ``sweep_default`` names the form the op picks (with the GEMM's width)."""
     from oxibonsai.torch_backend.ops import q1_exact
 
-    m, groups = x.shape[0], ours[0].cols // 128
-    if m not in SWEEP_ROWS:
+    m, w0 = x.shape[0], ours[0]
+    forms = sweep_forms(m, w0.rows, w0.cols // 128)
+    if not forms:
         return {}
     acts = q1_exact.quantize(x)
     times = {"quantize": time_calls([partial(q1_exact.quantize, x)], device, plan.reps)["ms"]}
-    for kernel, split in sweep_forms(m, groups):
-        calls = [partial(q1_exact.linear_quantized, acts, w, kernel=kernel, split_k=split) for w in ours]
-        times[f"{kernel}/{split or 'auto'}"] = time_calls(calls, device, plan.reps)["ms"]
-    default = q1_exact._default_kernel(m, ours[0].rows, groups, device)
+    for label, options in forms:
+        calls = [partial(q1_exact.linear_quantized, acts, w, **options) for w in ours]
+        times[label] = time_calls(calls, device, plan.reps)["ms"]
+    default = q1_exact._default_kernel(m, w0.rows, w0.cols // 128, device)
+    if default == "gemm":
+        default += f"/n{q1_exact.gemm_block_n(m, w0.rows, False, q1_exact._gemm_sms(device))}"
     return {"sweep_ms": times, "sweep_default": default}
 
 
-SWEEP_ROWS = (1, 4)  # the activation rows ``exact_sweep`` runs at
+SWEEP_ROWS = (1, 4)  # the activation rows at which ``exact_sweep`` runs the GEMV forms
+GEMM_SWEEP_ROWS = (16, 64)  # and the GEMM's tile widths
+GEMM_SWEEP_MAX_ROWS = 16384  # weight rows: wider matrices (the LM head) fill the GPU at any width
 
 
-def sweep_forms(m: int, groups: int) -> list[tuple[str, int | None]]:
-    """``exact_sweep``'s (kernel, K splits) at ``m`` rows of a matrix of ``groups`` 128-groups."""
+def sweep_forms(m: int, rows: int, groups: int) -> list[tuple[str, dict[str, Any]]]:
+    """``exact_sweep``'s forms at ``m`` activation rows of a ``rows x 128 groups`` matrix: a label and
+    ``q1_exact.linear_quantized``'s keyword arguments for each."""
+    from oxibonsai.torch_backend.ops import q1_exact
+
+    if m in GEMM_SWEEP_ROWS and rows <= GEMM_SWEEP_MAX_ROWS:
+        return [(f"gemm/n{n}", {"kernel": "gemm", "block_n": n}) for n in q1_exact.gemm_block_ns(False)]
+    if m not in SWEEP_ROWS:
+        return []
     inside = (2, 4, 8, 16) if m == 1 else (4, 16)
     over = (1, 4, None) if m == 1 else (None,)
-    return [("gemv_split", s) for s in inside if s <= groups] + [("gemv", s) for s in over]
+    gemvs = [("gemv_split", s) for s in inside if s <= groups] + [("gemv", s) for s in over]
+    return [(f"{kernel}/{split or 'auto'}", {"kernel": kernel, "split_k": split}) for kernel, split in gemvs]
 
 
 def fast_check(

@@ -130,9 +130,9 @@ def recording() -> Iterator[dict[tuple[Any, ...], Launch]]:
 
 @contextmanager
 def as_on_a_gpu(multiprocessors: int) -> Iterator[None]:
-    """The wrappers' device-dependent choices (attention precision and splits, the GEMV's split-K,
-    programmatic dependent launch) made as on a CUDA device with ``multiprocessors`` SMs (sm_90), for
-    tensors on ``meta``."""
+    """The wrappers' device-dependent choices (attention precision and splits, the GEMV's split-K, the
+    GEMM's tile width, programmatic dependent launch) made as on a CUDA device with ``multiprocessors``
+    SMs (sm_90), for tensors on ``meta``."""
     from oxibonsai.torch_backend.ops import attn_triton, pdl, q1_exact, q1_fast, q1_triton
 
     def split_k(per_sm: int, tiles: int, groups: int) -> int:
@@ -144,6 +144,7 @@ def as_on_a_gpu(multiprocessors: int) -> Iterator[None]:
         (q1_fast, "_asm_ok", lambda device: True),
         (q1_exact, "_asm_ok", lambda device: True),
         (q1_triton, "_default_split_k", lambda tiles, groups, device: split_k(2, tiles, groups)),
+        (q1_exact, "_gemm_sms", lambda device: multiprocessors),
         (
             q1_exact,
             "_default_split_k",

@@ -87,8 +87,9 @@ def test_the_matmul_equals_the_cpu_engine_bit_for_bit(rng, kernel):
         x = activations(rng, m, k)
         acts = q1_exact().quantize(on_device(x))
         split_k = int(rng.choice([1, 2, 4, 8, 16])) if kernel == "gemv_split" else int(rng.integers(1, 4))
-        got = q1_exact().linear_quantized(acts, w, kernel=kernel, split_k=split_k, asm=False)
-        assert np.array_equal(got.cpu().numpy(), matrix.matmul(x).reshape(m, rows)), (m, rows, k, split_k)
+        tile = {"block_n": int(rng.choice([64, 32, 16]))} if kernel == "gemm" else {"split_k": split_k}
+        got = q1_exact().linear_quantized(acts, w, kernel=kernel, asm=False, **tile)
+        assert np.array_equal(got.cpu().numpy(), matrix.matmul(x).reshape(m, rows)), (m, rows, k, tile)
 
 
 def test_the_op_set_linear_is_the_cpu_engines_matmul(rng):
@@ -121,6 +122,9 @@ def test_the_fused_linear_matches_float64_and_every_kernel_gives_its_bits(rng):
         for kernel, split_k in [("gemm", None), *gemvs]:
             again = q1_exact().linear_quantized(acts, w, kernel=kernel, split_k=split_k, **args)
             assert torch.equal(again, got), (kernel, split_k)
+        for block_n in q1_exact().gemm_block_ns(gated):
+            again = q1_exact().linear_quantized(acts, w, kernel="gemm", block_n=block_n, **args)
+            assert torch.equal(again, got), ("gemm", block_n)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
@@ -146,6 +150,26 @@ def test_kernel_choices_are_checked(rng):
     for kernel in ("gemv", "gemv_split"):
         with pytest.raises(ValueError, match="up to 8 activation rows"):
             q1_exact().linear_quantized(nine, w, kernel=kernel)
+    with pytest.raises(ValueError, match="tile's width"):
+        q1_exact().linear_quantized(nine, w, kernel="gemv", block_n=32)
+    with pytest.raises(ValueError, match="tile's width"):
+        q1_exact().linear_quantized(nine, w, kernel="gemm", block_n=64, gated=True)
+
+
+def test_the_gemm_tile_narrows_only_while_the_launch_still_fits_one_program_per_sm(rng):
+    exact = q1_exact()
+    for _ in range(200):
+        m, out_rows = int(rng.integers(9, 700)), int(rng.integers(1, 20000))
+        gated, sms = bool(rng.integers(2)), int(rng.integers(1, 200))
+        widest = exact.gemm_block_ns(gated)[0]
+        assert exact.gemm_block_n(m, out_rows, gated, None) == widest  # not a GPU
+        got = exact.gemm_block_n(m, out_rows, gated, sms)
+        block_m = exact.gemm_block_m(m)
+        narrowest = 32 if block_m == 16 else 16
+        assert got in exact.gemm_block_ns(gated) and got >= narrowest
+        programs = -(-m // block_m) * -(-out_rows // got)
+        assert got == widest or programs <= sms, (m, out_rows, gated, sms, got)
+        assert got == narrowest or -(-m // block_m) * -(-out_rows // (got // 2)) > sms
 
 
 def test_arithmetic_choice_in_the_triton_op_set(monkeypatch):

@@ -33,7 +33,8 @@ one weight word's bits ``j, j + 8, j + 16, j + 24`` (``(word >> j) & 0x01010101`
   run in the program that adds the groups.
 - the GEMM (larger M, prefill): each sign word becomes a 32 x BLOCK_N tile of 0/1 bytes and both
   planes go through int8 ``tl.dot`` (integer tensor cores on a GPU, exact), gate and up rows of a
-  gate|up matrix in the same program, the epilogue in the same code as the GEMV's (``_finish``).
+  gate|up matrix in the same program, the epilogue in the same code as the GEMV's (``_finish``). Its
+  tiles narrow (``gemm_block_n``) where a matrix would otherwise leave SMs idle.
 
 Kernels launch with floating-point contraction off (``enable_fp_fusion=False``): every rounding is the
 one written, and the CPU's fused multiply-add is an explicit ``tl.fma``."""
@@ -60,7 +61,8 @@ from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight
 
 GEMV_MAX_M = 8
 KERNELS = ("gemv", "gemv_split", "gemm")
-GEMM_BLOCK_N = 64  # weight rows of a GEMM tile (32 and 32 for gate|up)
+GEMM_BLOCK_N = 64  # weight rows of a GEMM tile (32 and 32 for gate|up), at most
+GEMM_MIN_BLOCK_N = 16  # the narrowest GEMM tile (int8 tl.dot needs 16)
 SPLIT_TILE = 256  # splits x weight rows of a "gemv_split" program: one pair per thread, 8 warps
 PROGRAMS_PER_SM = 4  # the GEMV splits K until it has this many 4-warp programs per SM
 QUANTIZE_BLOCKS = 4  # 128-value blocks per quantization program, a warp each
@@ -160,11 +162,13 @@ def linear_quantized(
     asm: bool | None = None,
     kernel: str | None = None,
     split_k: int | None = None,
+    block_n: int | None = None,
 ) -> torch.Tensor:
     """Quantized rows times W with the epilogue. ``kernel`` (one of ``KERNELS``; by default, up to
     ``GEMV_MAX_M`` rows, "gemv_split" for a matrix too small to fill the GPU and "gemv" otherwise,
-    "gemm" above) and ``split_k`` (the GEMV's K splits over programs, or "gemv_split"'s inside a
-    program) exist for tests and tuning: every choice gives the same bits."""
+    "gemm" above), ``split_k`` (the GEMV's K splits over programs, or "gemv_split"'s inside a
+    program) and ``block_n`` (the GEMM tile's weight rows, per half of a gate|up matrix; default
+    ``gemm_block_n``) exist for tests and tuning: every choice gives the same bits."""
     m = acts.rows
     out_rows = w.rows // 2 if gated else w.rows
     out = torch.empty(m, out_rows, dtype=torch.float32, device=acts.planes.device)
@@ -176,8 +180,12 @@ def linear_quantized(
     kernel = kernel or _default_kernel(m, out_rows, w.cols // QK, out.device)
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if block_n is not None and (kernel != "gemm" or block_n not in gemm_block_ns(gated)):
+        raise ValueError(
+            f"block_n is the 'gemm' tile's width, one of {gemm_block_ns(gated)}; got {block_n} for {kernel!r}"
+        )
     if kernel == "gemm":
-        _gemm(acts, w, residual, gated, out)
+        _gemm(acts, w, residual, gated, out, block_n)
         return out
     asm = _asm_ok(acts.planes.device) if asm is None else asm
     if kernel != "gemm" and m > GEMV_MAX_M:
@@ -288,11 +296,17 @@ def _default_split_k(n_tiles: int, groups: int, device: torch.device) -> int:
 
 
 def _gemm(
-    acts: QuantizedRows, w: Q1Weight, residual: torch.Tensor | None, gated: bool, out: torch.Tensor
+    acts: QuantizedRows,
+    w: Q1Weight,
+    residual: torch.Tensor | None,
+    gated: bool,
+    out: torch.Tensor,
+    block_n: int | None = None,
 ) -> None:
     m, out_rows = out.shape
     block_m = gemm_block_m(m)
-    block_n = GEMM_BLOCK_N // (2 if gated else 1)  # gate|up: two accumulators of half the width
+    block_n = block_n or gemm_block_n(m, out_rows, gated, _gemm_sms(out.device))
+    columns = block_n * (2 if gated else 1)  # gate|up: two accumulators per tile
     residual_or_out = residual if residual is not None else out
     _gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(out_rows, block_n))](
         acts.planes, acts.scales, acts.sums, w.signs, w.scales, residual_or_out, out,
@@ -300,8 +314,38 @@ def _gemm(
         acts.planes.stride(0), acts.planes.stride(1), acts.scales.stride(0), w.signs.stride(0),
         w.scales.stride(0), residual_or_out.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None,
-        num_warps=8 if block_m * GEMM_BLOCK_N >= 64 * 64 else 4, **pdl.launch(out.device), **NO_FUSION,
+        num_warps=8 if block_m * columns >= 64 * 64 else 4, **pdl.launch(out.device), **NO_FUSION,
     )  # fmt: skip
+
+
+def gemm_block_ns(gated: bool) -> tuple[int, ...]:
+    """The GEMM tile widths, widest first (per half of a gate|up matrix)."""
+    widest = GEMM_BLOCK_N // (2 if gated else 1)
+    return tuple(n for n in (64, 32, 16) if GEMM_MIN_BLOCK_N <= n <= widest)
+
+
+def gemm_block_n(m: int, out_rows: int, gated: bool, sms: int | None) -> int:
+    """The GEMM tile's weight rows (per half of a gate|up matrix) for ``m`` activation rows on a GPU
+    of ``sms`` SMs (None: not a GPU): ``GEMM_BLOCK_N`` (half for gate|up), halved while the launch
+    would still fit one program per SM. Each program adds its 128-weight groups one after another,
+    so at 9-128 rows (one tile of rows) a matrix with few wide tiles leaves most SMs idle (1.7B's O
+    and down projections at 64 rows: 32 programs); a narrower tile spends more instructions per
+    output on the activation tiles, on SMs that would idle. Never 16 with 16-row tiles, where
+    Triton's 16-wide int8 tile costs more per program than the 32-wide one (SASS, sm_90: 1,484
+    against 1,300 warp instructions a group). The bits never depend on it."""
+    block_n = GEMM_BLOCK_N // (2 if gated else 1)
+    if sms is None:
+        return block_n
+    block_m = gemm_block_m(m)
+    narrowest = 32 if block_m == 16 else GEMM_MIN_BLOCK_N
+    row_tiles = triton.cdiv(m, block_m)
+    while block_n > narrowest and row_tiles * triton.cdiv(out_rows, block_n // 2) <= sms:
+        block_n //= 2
+    return block_n
+
+
+def _gemm_sms(device: torch.device) -> int | None:
+    return multiprocessors(device) if device.type == "cuda" else None
 
 
 def _asm_ok(device: torch.device) -> bool:
