@@ -287,7 +287,8 @@ def gemv_cost(launch: Launch, loop: int, threads: int) -> float | None:
     if launch.fn.__name__ not in GEMVS:
         return None
     rows = c["BLOCK_N"] * c["BLOCK_M"] * c.get("SPLITS", 1)
-    return loop * threads / (rows * 128 * (2 if c["GATED"] else 1)) if loop else None
+    groups = c.get("GROUPS_PER_SPLIT", 1)  # "gemv_split": a split's groups are one straight stretch
+    return loop * threads / (rows * groups * 128 * (2 if c["GATED"] else 1)) if loop else None
 
 
 def main() -> None:

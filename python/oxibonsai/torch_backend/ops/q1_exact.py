@@ -265,11 +265,12 @@ def _gemv_split(
     residual_or_out = residual if residual is not None else out
     _gemv_split_kernel[(triton.cdiv(out_rows, block_n),)](
         words, acts.scales, acts.sums, w.signs, w.scales, residual_or_out, out, ones,
-        m, out_rows, w.cols, out_rows, triton.cdiv(groups, splits),
+        m, out_rows, w.cols, out_rows,
         words.stride(0), words.stride(1), acts.scales.stride(0), w.signs.stride(0), w.scales.stride(0),
         residual_or_out.stride(0), out.stride(0), ones.stride(0), ones.stride(1),
         BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, SPLITS=splits, GATED=gated,
-        RESIDUAL=residual is not None, ASM=asm, num_warps=SPLIT_TILE // 32, **pdl.launch(out.device),
+        RESIDUAL=residual is not None, ASM=asm, GROUPS_PER_SPLIT=triton.cdiv(groups, splits),
+        num_warps=SPLIT_TILE // 32, **pdl.launch(out.device),
         **NO_FUSION,
     )  # fmt: skip
 
