@@ -28,6 +28,11 @@ def problem(record: dict[str, Any]) -> str:
     return str(record.get("error") or record.get("skipped") or "")
 
 
+def sweep_line(times: dict[str, float | None]) -> str:
+    """``exact_sweep``'s times in microseconds, one ``form value`` pair each."""
+    return ", ".join(f"{form} {fmt(micros(ms))}" for form, ms in times.items())
+
+
 def table_lines(report: dict[str, Any]) -> list[str]:
     p = report.get("probe", {})
     lines = [f"probe: {p.get('name', p.get('device', '-'))}  D2D {fmt(p.get('d2d_gbps'))} GB/s  "
@@ -41,6 +46,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                      f"{fmt(r.get('speedup_vs_b2'), '.2f'):>6} {fmt(r.get('rel_err'), '.1e'):>8} "
                      f"{fmt(micros(r.get('float_ms'))):>9} {r.get('equals_cpu_engine', '-')!s:>5} "
                      f"{problem(r)}")  # fmt: skip
+        if r.get("sweep_ms"):
+            lines.append(f"{'':<8}sweep us: {sweep_line(r['sweep_ms'])} (default {r.get('sweep_default')})")
     lines.append(f"model {'name':<13} {'phase':<8} {'batch':>5} {'tok/s':>10} {'B2 tok/s':>10} {'xB2':>6} "
                  f"{'graph':>10} {'xeager':>6} {'B2 graph':>10} {'xB2':>6} {'same':>5} {'no PDL':>10} "
                  f"{'xPDL':>5}")  # fmt: skip
