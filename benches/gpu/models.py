@@ -23,6 +23,7 @@ from oxibonsai.torch_backend.ops.dispatch import OP_NAMES, ops_for
 from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
 from oxibonsai.torch_backend.weights import DenseWeight, LayerWeights, Qwen3Weights, fused_layer
 
+from .kernels import kernel_times
 from .plan import SEED, ModelSpec, Plan
 from .q1 import dequantize_half, random_q1
 from .timing import Budget, environment, free, guarded, ratio, sync
@@ -116,6 +117,9 @@ def model_record(spec: ModelSpec, plan: Plan, device: torch.device, budget: Budg
     }  # fmt: skip
 
 
+PROFILED_STEPS = 3  # eager decode steps ``kernel_times`` profiles
+
+
 def blocks_for(tokens: int) -> int:
     return -(-tokens // BLOCK_TOKENS)
 
@@ -143,8 +147,9 @@ def decode_rate(
     compare_pdl: bool,
 ) -> dict[str, Any]:  # fmt: skip
     """Eager steps, then the same steps through ``DecodeGraphs`` (captured on CUDA; padded eager steps
-    elsewhere), with the last step's logits compared bit for bit; with ``compare_pdl``, where the
-    kernels launch with PDL, the graphs once more with it off."""
+    elsewhere), with the last step's logits compared bit for bit; with ``compare_pdl`` (our model),
+    where the kernels launch with PDL, the graphs once more with it off, and the device time per
+    kernel of a few eager steps (``gpu.kernels``) with the share of a graph step it covers."""
     steps = plan.warmup + plan.decode_steps
     per_seq = blocks_for(plan.context + steps + 1)
     tables = rng.permutation(pool.num_blocks)[: batch * per_seq].reshape(batch, per_seq).tolist()
@@ -161,9 +166,11 @@ def decode_rate(
     eager_logits = model.forward(batches[-1], pool)
     graph_logits = graphs.run(plans[-1])
     graph_tok_s = batch * plan.decode_steps / graph_seconds
-    without = {}
-    if compare_pdl:
+    graph_step_us = graph_seconds / plan.decode_steps * 1e6
+    without, kernels = {}, {}
+    if compare_pdl:  # our model, not B2's
         without = graphs_without_pdl(model, pool, plans, per_seq, plan.warmup, device, eager_logits)
+        kernels = kernel_times(model, pool, batches[-PROFILED_STEPS:], device)
     return {"tok_s": batch * plan.decode_steps / seconds, "step_ms": seconds / plan.decode_steps * 1e3,
             "steps": plan.decode_steps, "graph_tok_s": graph_tok_s,
             "graph_step_ms": graph_seconds / plan.decode_steps * 1e3,
@@ -172,7 +179,8 @@ def decode_rate(
             "graph_logits_equal": bool(torch.equal(graph_logits, eager_logits)),
             "graph_logits_max_abs_diff": float((graph_logits - eager_logits).abs().max()),
             "pdl": pdl.enabled(device), **without,
-            "pdl_gain": ratio(graph_tok_s, without.get("no_pdl_graph_tok_s"))}  # fmt: skip
+            "pdl_gain": ratio(graph_tok_s, without.get("no_pdl_graph_tok_s")), **kernels,
+            "graph_busy_fraction": ratio(kernels.get("busy_us"), graph_step_us)}  # fmt: skip
 
 
 def graphs_without_pdl(

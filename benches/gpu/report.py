@@ -33,6 +33,16 @@ def sweep_line(times: dict[str, float | None]) -> str:
     return ", ".join(f"{form} {fmt(micros(ms))}" for form, ms in times.items())
 
 
+def kernels_line(row: dict[str, Any], top: int = 6) -> str:
+    """A decode row's device time per step (``gpu.kernels``): the sum, its share of a graph step, and
+    the largest kernels with their launches per step."""
+    if row.get("kernels_error"):
+        return f"kernels: {row['kernels_error']}"
+    parts = [f"{k['name'][:32]} {fmt(k['us'])} us x{fmt(k['launches'], '.0f')}" for k in row["kernels"][:top]]
+    return (f"kernels: {fmt(row.get('busy_us'))} us/step busy ({fmt(row.get('graph_busy_fraction'), '.2f')} "
+            f"of a graph step): " + ", ".join(parts))  # fmt: skip
+
+
 def table_lines(report: dict[str, Any]) -> list[str]:
     p = report.get("probe", {})
     lines = [f"probe: {p.get('name', p.get('device', '-'))}  D2D {fmt(p.get('d2d_gbps'))} GB/s  "
@@ -60,6 +70,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                          f"{fmt(r.get('graph_speedup_vs_b2'), '.2f'):>6} "
                          f"{r.get('graph_logits_equal', '-')!s:>5} {fmt(r.get('no_pdl_graph_tok_s')):>10} "
                          f"{fmt(r.get('pdl_gain'), '.2f'):>5} {problem(m) or problem(r)}")  # fmt: skip
+            if r.get("kernels") or r.get("kernels_error"):
+                lines.append(f"{'':<8}{kernels_line(r)}")
     e = report.get("engine", {})
     v = e.get("vs_native_cpu", {})
     lines.append(f"engine: logits vs the native CPU runner: median rel L2 "
