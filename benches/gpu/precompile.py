@@ -5,7 +5,8 @@ them one at a time inside the device minutes.
 The launches are recorded as ``sass.py`` records them, on the ``meta`` device with Triton's own binder
 (the signature, constants and alignment hints the JIT derives at run time), for the GPU plan's models
 in decode at every CUDA-graph bucket up to its largest batch and in its prefill, both Q1 arithmetics,
-and the q1 section's matmuls and GEMV sweep; each is then compiled exactly as the JIT would compile it
+the exact kernels without PDL at the decode section's batches (its graphs without PDL and its kernel
+profile), and the q1 section's matmuls and sweep; each is then compiled exactly as the JIT would compile it
 (the same cache entry). A launch whose arguments differ at run time (another alignment, an int that is
 1 here and not there) is compiled then, as before: this only ever saves time. It needs no GPU, so it
 runs here too (``--arch`` 90: the H100 and H200).
@@ -42,6 +43,8 @@ def planned_launches(plan: Plan) -> list[Launch]:
     for spec in plan.models:
         for q1 in Q1_ARITHMETICS:
             launches.update(model_launches(spec, batches, plan.prefill_tokens, q1))
+        # the decode section's graphs without PDL and its kernel profile (PDL off) at its batches
+        launches.update(model_launches(spec, tuple(plan.batches), plan.prefill_tokens, pdl_on=False))
         launches.update(q1_launches(spec, plan))
     return list(launches.values())
 

@@ -129,10 +129,10 @@ def recording() -> Iterator[dict[tuple[Any, ...], Launch]]:
 
 
 @contextmanager
-def as_on_a_gpu(multiprocessors: int) -> Iterator[None]:
+def as_on_a_gpu(multiprocessors: int, pdl_on: bool = True) -> Iterator[None]:
     """The wrappers' device-dependent choices (attention precision and splits, the GEMV's split-K, the
-    GEMM's tile width, programmatic dependent launch) made as on a CUDA device with ``multiprocessors``
-    SMs (sm_90), for tensors on ``meta``."""
+    GEMM's tile width, programmatic dependent launch unless not ``pdl_on``) made as on a CUDA device
+    with ``multiprocessors`` SMs (sm_90), for tensors on ``meta``."""
     from oxibonsai.torch_backend.ops import attn_triton, pdl, q1_exact, q1_fast, q1_triton
 
     def split_k(per_sm: int, tiles: int, groups: int) -> int:
@@ -140,7 +140,7 @@ def as_on_a_gpu(multiprocessors: int) -> Iterator[None]:
 
     patches = [
         (attn_triton, "_on_gpu", lambda device: True),
-        (pdl, "enabled", lambda device: pdl.triton_has_pdl()),
+        (pdl, "enabled", lambda device: pdl_on and pdl.triton_has_pdl()),
         (q1_fast, "_asm_ok", lambda device: True),
         (q1_exact, "_asm_ok", lambda device: True),
         (q1_triton, "_default_split_k", lambda tiles, groups, device: split_k(2, tiles, groups)),
@@ -162,10 +162,10 @@ def as_on_a_gpu(multiprocessors: int) -> Iterator[None]:
 
 
 def model_launches(
-    spec: ModelSpec, batches: tuple[int, ...], prefill: int, q1: str = "exact"
+    spec: ModelSpec, batches: tuple[int, ...], prefill: int, q1: str = "exact", pdl_on: bool = True
 ) -> dict[tuple[Any, ...], Launch]:
     """The launches of decode steps at ``batches`` and a ``prefill``-token prefill, on ``meta``, as on an
-    H100 (132 SMs), with ``q1`` Q1 arithmetic (``dispatch.Q1_ARITHMETICS``)."""
+    H100 (132 SMs), with ``q1`` Q1 arithmetic (``dispatch.Q1_ARITHMETICS``), with PDL if ``pdl_on``."""
     meta = torch.device("meta")
     model = TorchQwen3(spec.config, random_weights(spec, meta), triton_op_set(q1))
     c = spec.config
@@ -175,7 +175,7 @@ def model_launches(
     for b in batches:
         tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(b)]
         steps.append(StepBatch.for_sequences([(t, prefill - 1, [1], "last") for t in tables]))
-    with recording() as launches, as_on_a_gpu(H100_SMS):
+    with recording() as launches, as_on_a_gpu(H100_SMS, pdl_on):
         for step in steps:
             model.forward(step.to_device(meta), pool)
     return launches
@@ -287,7 +287,7 @@ def gemv_cost(launch: Launch, loop: int, threads: int) -> float | None:
     if launch.fn.__name__ not in GEMVS:
         return None
     rows = c["BLOCK_N"] * c["BLOCK_M"] * c.get("SPLITS", 1)
-    groups = c.get("GROUPS_PER_SPLIT", 1)  # "gemv_split": a split's groups are one straight stretch
+    groups = c.get("GROUP_CHUNK", 1)  # "gemv_split": a chunk of a split's groups is one straight stretch
     return loop * threads / (rows * groups * 128 * (2 if c["GATED"] else 1)) if loop else None
 
 

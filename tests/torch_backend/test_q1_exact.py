@@ -92,6 +92,17 @@ def test_the_matmul_equals_the_cpu_engine_bit_for_bit(rng, kernel):
         assert np.array_equal(got.cpu().numpy(), matrix.matmul(x).reshape(m, rows)), (m, rows, k, tile)
 
 
+def test_the_in_program_split_takes_long_splits_a_chunk_at_a_time(rng):
+    """Splits of 10 and 19 groups: more than one ``GROUP_CHUNK`` of straight code, the last one short."""
+    matrix, w = random_matrix(rng, 40, 128 * 19)
+    for splits in (1, 2):
+        m = int(rng.integers(1, 9))
+        x = activations(rng, m, 128 * 19)
+        acts = q1_exact().quantize(on_device(x))
+        got = q1_exact().linear_quantized(acts, w, kernel="gemv_split", split_k=splits, asm=False)
+        assert np.array_equal(got.cpu().numpy(), matrix.matmul(x).reshape(m, 40)), (m, splits)
+
+
 def test_the_op_set_linear_is_the_cpu_engines_matmul(rng):
     matrix, w = random_matrix(rng, 64, 384)
     for m in (1, 5, 11):

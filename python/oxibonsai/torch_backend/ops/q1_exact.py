@@ -64,6 +64,7 @@ KERNELS = ("gemv", "gemv_split", "gemm")
 GEMM_BLOCK_N = 64  # weight rows of a GEMM tile (32 and 32 for gate|up), at most
 GEMM_MIN_BLOCK_N = 16  # the narrowest GEMM tile (int8 tl.dot needs 16)
 SPLIT_TILE = 256  # splits x weight rows of a "gemv_split" program: one pair per thread, 8 warps
+GROUP_CHUNK = 6  # a "gemv_split" split's groups in one stretch of straight code, at most (below 8 rows)
 PROGRAMS_PER_SM = 4  # the GEMV splits K until it has this many 4-warp programs per SM
 QUANTIZE_BLOCKS = 4  # 128-value blocks per quantization program, a warp each
 NORM_CHUNK = 2048  # values of a row a quantization program squares at once for its RMSNorm
@@ -260,19 +261,27 @@ def _gemv_split(
         raise ValueError(f"'gemv_split' splits K in a power of 2 to {SPLIT_TILE // 16}, got {splits}")
     m, out_rows = out.shape
     groups, block_n = w.cols // QK, SPLIT_TILE // splits
+    per_split = triton.cdiv(groups, splits)
     ones = torch.empty(groups, m, w.rows, dtype=torch.int32, device=out.device)
     words = acts.planes.view(torch.int32)
     residual_or_out = residual if residual is not None else out
     _gemv_split_kernel[(triton.cdiv(out_rows, block_n),)](
         words, acts.scales, acts.sums, w.signs, w.scales, residual_or_out, out, ones,
-        m, out_rows, w.cols, out_rows,
+        m, out_rows, w.cols, out_rows, per_split,
         words.stride(0), words.stride(1), acts.scales.stride(0), w.signs.stride(0), w.scales.stride(0),
         residual_or_out.stride(0), out.stride(0), ones.stride(0), ones.stride(1),
         BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, SPLITS=splits, GATED=gated,
-        RESIDUAL=residual is not None, ASM=asm, GROUPS_PER_SPLIT=triton.cdiv(groups, splits),
+        RESIDUAL=residual is not None, ASM=asm, GROUP_CHUNK=_group_chunk(m, per_split),
         num_warps=SPLIT_TILE // 32, **pdl.launch(out.device),
         **NO_FUSION,
     )  # fmt: skip
+
+
+def _group_chunk(m: int, per_split: int) -> int:
+    """Groups of a "gemv_split" split in one stretch of straight code: all of Bonsai's (at most 6 with
+    16 splits), so their loads are in flight together; one at 8 rows, where each group's store ends
+    its loads' lives anyway (unrolled, the kernel only grows: ptxas took 12 s on one)."""
+    return 1 if m > GEMV_MAX_M // 2 else min(per_split, GROUP_CHUNK)
 
 
 def _gemv_options(block_m: int) -> dict[str, object]:

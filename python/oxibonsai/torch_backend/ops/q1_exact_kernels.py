@@ -213,25 +213,25 @@ def _gemv_kernel(
 @triton.jit
 def _gemv_split_kernel(
     planes_ptr, ascales_ptr, asums_ptr, signs_ptr, wscales_ptr, residual_ptr, out_ptr, ones_ptr,
-    M, N, K, up_offset,
+    M, N, K, up_offset, groups_per_split,
     stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_rm, stride_om, stride_og, stride_on,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, GATED: tl.constexpr,
-    RESIDUAL: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr, GROUPS_PER_SPLIT: tl.constexpr,
+    RESIDUAL: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr, GROUP_CHUNK: tl.constexpr,
 ):  # fmt: skip
     """Rows ``n`` of program ``program_id(0)`` for every activation row ``m``, with K split inside the
-    program: the ``[SPLITS, BLOCK_N]`` tile's row ``s`` takes groups ``s * GROUPS_PER_SPLIT`` onwards
+    program: the ``[SPLITS, BLOCK_N]`` tile's row ``s`` takes groups ``s * groups_per_split`` onwards
     (every activation row in the same thread, as in ``_gemv_kernel``) and stores each group's integer
     sums at ``ones[g, m, n]``; after a barrier the program adds every group in order. For matrices with
-    too few rows to fill the GPU, one launch instead of the split GEMV's two. A split's groups are
-    straight code, and below 8 rows their sums are stored after the last group's loads, so the loads
-    of all its groups can be in flight at once."""
+    too few rows to fill the GPU, one launch instead of the split GEMV's two. A split's groups go
+    ``GROUP_CHUNK`` at a time through straight code, and below 8 rows a chunk's sums are stored after
+    its last group's loads, so the loads of all its groups can be in flight at once."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
     mask_m = offs_m < M
     groups = K // 128
-    first = tl.arange(0, SPLITS)[:, None] * GROUPS_PER_SPLIT
-    _prefetch_rows(signs_ptr, wscales_ptr, tl.minimum(offs_n, N - 1)[None, :], first, GROUPS_PER_SPLIT,
+    first = tl.arange(0, SPLITS)[:, None] * groups_per_split
+    _prefetch_rows(signs_ptr, wscales_ptr, tl.minimum(offs_n, N - 1)[None, :], first, groups_per_split,
                    groups, up_offset, stride_sn, stride_dn, GATED, PDL)  # fmt: skip
     grid_dependency(PDL)
     split = tl.arange(0, SPLITS)[None, :, None]
@@ -239,14 +239,32 @@ def _gemv_split_kernel(
     rows_m = offs_m[:, None, None]
     mask = (split < SPLITS) & (rows_n < N)  # [1, SPLITS, BLOCK_N]
     zeros = tl.zeros([BLOCK_M, SPLITS, BLOCK_N], dtype=tl.int32)
-    held = ()  # below 8 rows every group's sums are stored last: a store would keep the next
-    for j in tl.static_range(GROUPS_PER_SPLIT):  # group's loads waiting behind it (they may alias)
-        g = split * GROUPS_PER_SPLIT + j
-        valid = mask & (g < groups) & (rows_m < M)
-        g = tl.minimum(g, groups - 1)  # past the end: a real group's loads, never stored
+    for chunk in range(0, groups_per_split, GROUP_CHUNK):
+        _split_chunk(planes_ptr, signs_ptr, ones_ptr, M, chunk, groups_per_split, groups, up_offset, split,
+                     rows_m, rows_n, mask, zeros, stride_pp, stride_pm, stride_sn, stride_og, stride_on,
+                     BLOCK_M, GATED, ASM, GROUP_CHUNK)  # fmt: skip
+    tl.debug_barrier()  # the program's stores are visible to all its threads
+    _combine_groups_and_store(
+        ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n,
+        groups, up_offset, stride_am, stride_dn, stride_og, stride_on, stride_rm, stride_om,
+        BLOCK_M, BLOCK_N, GATED, RESIDUAL,
+    )  # fmt: skip
+
+
+@triton.jit
+def _split_chunk(
+    planes_ptr, signs_ptr, ones_ptr, M, chunk, groups_per_split, groups, up_offset, split, rows_m, rows_n,
+    mask, zeros, stride_pp, stride_pm, stride_sn, stride_og, stride_on,
+    BLOCK_M: tl.constexpr, GATED: tl.constexpr, ASM: tl.constexpr, GROUP_CHUNK: tl.constexpr,
+):  # fmt: skip
+    """``_gemv_split_kernel``'s groups ``chunk`` to ``chunk + GROUP_CHUNK`` of each split: their integer
+    sums stored at ``ones[g, m, n]``."""
+    held = ()  # below 8 rows the chunk's sums are stored last: a store would keep the next group's
+    for j in tl.static_range(GROUP_CHUNK):  # loads waiting behind it (they may alias)
+        g, valid, at = _split_group(chunk + j, groups_per_split, groups, split, rows_m, rows_n, mask, M,
+                                    ones_ptr, stride_og, stride_on)  # fmt: skip
         word_at = rows_n * stride_sn + g * 4
         act_pairs = rows_m * (stride_pm // 2) + g * 16  # the planes hold BLOCK_M rows
-        at = ones_ptr + g * stride_og + rows_m * stride_on + rows_n
         ones = _ones(planes_ptr, signs_ptr, act_pairs, word_at, mask, stride_pp, zeros, ASM)
         if BLOCK_M >= 8:  # the store ends the activation loads' lives: fewer registers, more loads
             tl.store(at, ones, mask=valid)
@@ -258,20 +276,24 @@ def _gemv_split_kernel(
                 tl.store(at + up_offset, ones_up, mask=valid)
         held = held + ((ones, ones_up),)  # noqa: RUF005 (Triton's frontend: no starred tuples)
     if BLOCK_M < 8:
-        for j in tl.static_range(GROUPS_PER_SPLIT):
-            g = split * GROUPS_PER_SPLIT + j
-            valid = mask & (g < groups) & (rows_m < M)
-            at = ones_ptr + tl.minimum(g, groups - 1) * stride_og + rows_m * stride_on + rows_n
+        for j in tl.static_range(GROUP_CHUNK):
+            _, valid, at = _split_group(chunk + j, groups_per_split, groups, split, rows_m, rows_n, mask, M,
+                                        ones_ptr, stride_og, stride_on)  # fmt: skip
             ones, ones_up = held[j]
             tl.store(at, ones, mask=valid)
             if GATED:
                 tl.store(at + up_offset, ones_up, mask=valid)
-    tl.debug_barrier()  # the program's stores are visible to all its threads
-    _combine_groups_and_store(
-        ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n,
-        groups, up_offset, stride_am, stride_dn, stride_og, stride_on, stride_rm, stride_om,
-        BLOCK_M, BLOCK_N, GATED, RESIDUAL,
-    )  # fmt: skip
+
+
+@triton.jit
+def _split_group(j, groups_per_split, groups, split, rows_m, rows_n, mask, M, ones_ptr, stride_og, stride_on):
+    """Group ``j`` of each split: its index (clamped: past the end, a real group's loads, never
+    stored), where its sums are stored, and where they are real."""
+    in_split = split * 0 + j < groups_per_split  # a tensor, as ``j`` may be a plain int here
+    g = split * groups_per_split + j
+    valid = mask & in_split & (g < groups) & (rows_m < M)
+    g = tl.minimum(g, groups - 1)
+    return g, valid, ones_ptr + g * stride_og + rows_m * stride_on + rows_n
 
 
 @triton.jit
