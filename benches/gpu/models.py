@@ -173,7 +173,7 @@ def decode_rate(
         kernels = kernel_times(model, pool, batches[-PROFILED_STEPS:], device)
     return {"tok_s": batch * plan.decode_steps / seconds, "step_ms": seconds / plan.decode_steps * 1e3,
             "steps": plan.decode_steps, "graph_tok_s": graph_tok_s,
-            "graph_step_ms": graph_seconds / plan.decode_steps * 1e3,
+            "graph_step_ms": graph_step_us / 1e3,
             "graph_vs_eager": seconds / graph_seconds,
             "graph_captured": graphs.replays > 0,
             "graph_logits_equal": bool(torch.equal(graph_logits, eager_logits)),

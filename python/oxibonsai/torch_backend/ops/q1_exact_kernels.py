@@ -274,7 +274,8 @@ def _split_chunk(
             ones_up = _ones(planes_ptr, signs_ptr, act_pairs, up_at, mask, stride_pp, zeros, ASM)
             if BLOCK_M >= 8:
                 tl.store(at + up_offset, ones_up, mask=valid)
-        held = held + ((ones, ones_up),)  # noqa: RUF005 (Triton's frontend: no starred tuples)
+        if BLOCK_M < 8:
+            held = held + ((ones, ones_up),)  # noqa: RUF005 (Triton's frontend: no starred tuples)
     if BLOCK_M < 8:
         for j in tl.static_range(GROUP_CHUNK):
             _, valid, at = _split_group(chunk + j, groups_per_split, groups, split, rows_m, rows_n, mask, M,
