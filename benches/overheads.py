@@ -9,10 +9,12 @@
    64 running requests, the model's forward pass stubbed out (what a GPU's step time adds to).
 4. ``overlap``: the same engine over a simulated device (draws ready a fixed time after the launch):
    step time with each step's output work after its tokens against overlapping the next step.
-5. ``router``: the prefix router's index: bytes per indexed block key, hashing a prompt into block
+5. ``ahead``: the same over a simulated in-order device queue: step time with each step planned
+   after the last one's tokens against launched ahead of them (``async_scheduling``).
+6. ``router``: the prefix router's index: bytes per indexed block key, hashing a prompt into block
    keys, and walking 100 replicas' indexes for a 64-block prompt (every block hit / first block missed).
 
-    python benches/overheads.py [--sections abi3 seam engine overlap router]
+    python benches/overheads.py [--sections abi3 seam engine overlap ahead router]
 """
 
 from __future__ import annotations
@@ -142,6 +144,59 @@ def overlap(steps: int = 200, rounds: int = 3) -> None:
     runner.async_output = False
 
 
+def ahead(steps: int = 200, rounds: int = 5) -> None:
+    """Wall time of an ``Engine.step`` over a simulated in-order device (each launch's draws are ready
+    ``device_us`` after both the launch returned and the device finished the steps queued before it;
+    the host spins until then, as a CUDA event wait does), with each step planned after the last one's tokens against launched ahead
+    of them (``async_scheduling``), rounds interleaved; the output work overlaps the next step in both
+    (``async_output``, as on CUDA). Ahead, a step should take about the device's time alone whenever
+    the host's work fits inside it."""
+    llm = _stubbed_llm()
+    eng, runner = llm._engine, llm._engine._runner
+    launch = runner.launch
+
+    class Queued:
+        def __init__(self, pending: object, ready: float) -> None:
+            self.pending, self.ready = pending, ready
+            self.device_ids = pending.device_ids  # type: ignore[attr-defined]
+
+        def draws(self) -> object:
+            while time.perf_counter() < self.ready:
+                pass
+            return self.pending.draws()  # type: ignore[attr-defined]
+
+    device_s, free_at = [0.0], [0.0]
+
+    def queued_launch(sched: Any, out: Any, rows: Any, feed: Any = None) -> Queued:
+        if feed is not None:
+            feed = type(feed)(feed.draws.pending, feed.rows)
+        pending = launch(sched, out, rows, feed)
+        ready = max(time.perf_counter(), free_at[0]) + device_s[0]  # queued once launch returns
+        free_at[0] = ready
+        return Queued(pending, ready)
+
+    runner.launch = queued_launch
+    runner.async_output = True
+    print("| running requests | simulated device step (us) | step, planned after the tokens (us) "
+          "| step, launched ahead (us) | after / ahead |\n|--:|--:|--:|--:|--:|")  # fmt: skip
+    for batch in (1, 16, 64):
+        for device_us in (500, 1000, 2000):
+            device_s[0] = device_us * 1e-6
+            best = {False: float("inf"), True: float("inf")}
+            for _ in range(rounds):
+                for on in (False, True):
+                    runner.async_scheduling = on
+                    _start_decoding(eng, batch)
+                    start = time.perf_counter()
+                    for _ in range(steps):
+                        eng.step()
+                    best[on] = min(best[on], (time.perf_counter() - start) / steps * 1e6)
+                    eng.abort_all()
+            print(f"| {batch} | {device_us} | {best[False]:.0f} | {best[True]:.0f} | "
+                  f"{best[False] / best[True]:.2f} |")  # fmt: skip
+    runner.async_scheduling = runner.async_output = False
+
+
 def _stubbed_llm() -> Any:
     """An ``LLM`` on the torch runner on the CPU, with device sampling and eager ``DecodeGraphs`` (as on
     a GPU, less the capture), whose model returns fixed logits: only the host's work remains."""
@@ -228,7 +283,14 @@ def router() -> None:
     )
 
 
-SECTIONS = {"abi3": abi3, "seam": seam, "engine": engine, "overlap": overlap, "router": router}
+SECTIONS = {
+    "abi3": abi3,
+    "seam": seam,
+    "engine": engine,
+    "overlap": overlap,
+    "ahead": ahead,
+    "router": router,
+}
 
 
 def main() -> None:

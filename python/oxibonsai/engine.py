@@ -21,7 +21,7 @@ from oxibonsai import _core
 from oxibonsai.detokenizer import IncrementalDetokenizer, StopStringMatcher, TextBuffer
 from oxibonsai.metrics import EngineMetrics
 from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from oxibonsai.runner import Draw, Runner, SampleRow, StepDraws
+from oxibonsai.runner import Draw, Feed, Runner, SampleRow, StepDraws
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.tokenizer import Tokenizer
 
@@ -62,6 +62,7 @@ class _Request:
     stop_reason: int | str | None = None
     plain_greedy: bool = False  # params.is_plain_greedy, read once
     row: SampleRow | None = None  # the sampling row of every step with nothing banned
+    row_ahead: SampleRow | None = None  # the same for the steps launched ahead (``pending`` 1)
 
     def snapshot(self) -> RequestOutput:
         completion = CompletionOutput(
@@ -284,7 +285,12 @@ class Engine:
         halves, so the device computes it while the host does this step's output work; the requests
         that ended are out of it, so it computes nothing that is thrown away. A request added after
         that then starts a step later, and a failure of that launch is raised by the next call (or
-        forgotten, with the step in flight taken, once the last request is aborted)."""
+        forgotten, with the step in flight taken, once the last request is aborted).
+
+        Where the runner takes a ``Feed`` (``async_scheduling``), the next step is even launched before
+        this one's tokens are waited for, when it is one decode of every running request
+        (``_launch_ahead``): the device then goes from one step to the next without waiting for the
+        host, and a request that this step's token ends has computed one more token, which is dropped."""
         if self._launch_error is not None:
             error, self._launch_error = self._launch_error, None
             raise error
@@ -293,13 +299,17 @@ class Engine:
         if launched is None:
             return []
         plan, sampling, pending = launched
+        # A failure to read the draws drops a step launched ahead with them (the caller aborts).
+        ahead = self._launch_ahead(launched) if self._runner.async_scheduling else None
         draws = pending.draws()
         self._sched.update(plan, [token for token, _, _ in draws])
         self.metrics.on_step(plan.num_prefill_tokens, len(draws), len(plan.preempted))
         # Requests aborted while the step ran (between two calls) are gone: their draws are dropped.
         taken = [(r, draw, self._take(r, draw)) for r, draw in zip(sampling, draws, strict=True)
                  if r.finish_reason is None]  # fmt: skip
-        if self._runner.async_output:
+        if ahead is not None:
+            self._launched = ahead
+        elif self._runner.async_output:
             try:
                 self._launched = self._launch()
             except Exception as error:  # this step's outputs still go out; the error with the next
@@ -332,23 +342,49 @@ class Engine:
         pending = self._runner.launch(self._sched, plan, [self._sample_row(r) for r in sampling])
         return plan, sampling, pending
 
+    def _launch_ahead(self, launched: _Launched) -> _Launched | None:
+        """The step after ``launched``, planned and launched before ``launched``'s tokens are known, if
+        it is one decode of each running request of the token it samples in ``launched``
+        (``Scheduler.schedule_ahead``; those whose length that token reaches are left out) and no row's
+        draw depends on that token (no penalty reads the request's history); None otherwise. The
+        runner feeds each row its request's token from ``launched``'s draws on its device."""
+        plan, sampling, pending = launched
+        live = [r for r in sampling if r.finish_reason is None]
+        if any(r.params.has_penalties for r in live):
+            return None
+        ending = [r.handle for r in live if len(r.output_ids) + 1 >= r.max_new]
+        out = self._sched.schedule_ahead(plan, ending)
+        if out is None:
+            return None
+        row_of = {r.handle: i for i, r in enumerate(sampling)}
+        ahead = [self._requests[handle] for handle, _, _ in out.items]
+        rows = [self._sample_row(r, pending=1) for r in ahead]
+        feed = Feed(pending, [row_of[r.handle] for r in ahead])
+        return out, ahead, self._runner.launch(self._sched, out, rows, feed)
+
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_tokens)
 
-    def _banned(self, r: _Request) -> list[int]:
-        if len(r.output_ids) >= r.params.min_tokens:
+    def _banned(self, r: _Request, pending: int) -> list[int]:
+        if len(r.output_ids) + pending >= r.params.min_tokens:
             return []
         return sorted(self._tokenizer.stop_token_ids | set(r.params.stop_token_ids or []))
 
-    def _sample_row(self, r: _Request) -> SampleRow:
-        """The request's sampling row; one kept for every step once nothing is banned (its histories
-        are the request's own lists, which grow in place)."""
-        banned = self._banned(r)
+    def _sample_row(self, r: _Request, pending: int = 0) -> SampleRow:
+        """The request's sampling row, for its token after ``pending`` ones it has sampled but not
+        taken yet (1 in a step launched ahead); one kept for every step once nothing is banned (its
+        histories are the request's own lists, which grow in place)."""
+        banned = self._banned(r, pending)
         if banned:
-            return _new_row(r, banned)
-        if r.row is None:
-            r.row = _new_row(r, [])
-        return r.row
+            return _new_row(r, banned, pending)
+        kept = r.row if pending == 0 else r.row_ahead
+        if kept is None:
+            kept = _new_row(r, [], pending)
+            if pending == 0:
+                r.row = kept
+            else:
+                r.row_ahead = kept
+        return kept
 
     def _take(self, r: _Request, draw: Draw) -> bool:
         """Appends a sampled token and decides whether its request ends: on a stop token or at its
@@ -441,7 +477,7 @@ class Engine:
         del self._handles[r.request_id]
 
 
-def _new_row(r: _Request, banned: list[int]) -> SampleRow:
+def _new_row(r: _Request, banned: list[int], pending: int) -> SampleRow:
     return SampleRow(
-        r.params, r.seed, r.sampler, r.prompt_ids, r.output_ids, banned, r.handle, r.plain_greedy
+        r.params, r.seed, r.sampler, r.prompt_ids, r.output_ids, banned, r.handle, r.plain_greedy, pending
     )

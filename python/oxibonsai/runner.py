@@ -22,7 +22,7 @@ import platform
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -56,6 +56,18 @@ class SampleRow:
     key: int = -1
     # params.is_plain_greedy, worked out once per request by the engine (None: read from params)
     plain_greedy: bool | None = None
+    # tokens sampled for the request that ``output_ids`` does not hold yet: 1 in a step planned ahead
+    # (``Feed``), whose row draws as the request's token ``len(output_ids) + pending``
+    pending: int = 0
+
+
+class Feed(NamedTuple):
+    """The token ids of a step planned ahead (``Scheduler.schedule_ahead``): the step before it samples
+    them, so they are not known on the host when it is launched. Row ``i`` of the step takes
+    ``draws``' token ``rows[i]``, on the runner's device."""
+
+    draws: StepDraws
+    rows: list[int]
 
 
 class StepDraws(Protocol):
@@ -89,11 +101,13 @@ def sample_on_host(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[Draw]:
 class Runner(Protocol):
     """What the engine needs from a runner. ``async_output``: whether ``launch`` returns before the
     step has run (a GPU's queue), so the engine launches the next step before it does the last one's
-    output work (see ``Engine.step``)."""
+    output work (see ``Engine.step``). ``async_scheduling``: whether ``launch`` takes a ``Feed``, so
+    the engine launches a step of decodes before the step before it has sampled their tokens."""
 
     kind: str
     device: str
     async_output: bool
+    async_scheduling: bool
     max_model_len: int
     vocab_size: int
     num_blocks: int
@@ -105,7 +119,11 @@ class Runner(Protocol):
     def prefix_caching(self) -> bool: ...
     def make_scheduler(self, **options: Any) -> _core.Scheduler: ...
     def launch(
-        self, sched: _core.Scheduler, out: _core.SchedulerOutput, rows: Sequence[SampleRow]
+        self,
+        sched: _core.Scheduler,
+        out: _core.SchedulerOutput,
+        rows: Sequence[SampleRow],
+        feed: Feed | None = None,
     ) -> StepDraws: ...
     def cache_stats(self) -> dict[str, Any]: ...
     def reset_prefix_cache(self) -> int: ...
@@ -119,6 +137,7 @@ class NativeRunner:
     kind = "native"
     device = "cpu"
     async_output = False  # the step runs inside launch
+    async_scheduling = False
 
     def __init__(self, model: _core.Model) -> None:
         self._model = model
@@ -140,9 +159,15 @@ class NativeRunner:
         return _core.Scheduler(self._model, **options)
 
     def launch(
-        self, sched: _core.Scheduler, out: _core.SchedulerOutput, rows: Sequence[SampleRow]
+        self,
+        sched: _core.Scheduler,
+        out: _core.SchedulerOutput,
+        rows: Sequence[SampleRow],
+        feed: Feed | None = None,
     ) -> StepDraws:
         """Runs the step (one native call, GIL released); its rows are sampled when read."""
+        if feed is not None:
+            raise ValueError("the native runner runs each step inside launch: it plans none ahead")
         logits = sched.execute(out)
         assert logits is not None, "a model's scheduler returns logits"
         return HostSampling(lambda: logits, rows)

@@ -170,14 +170,19 @@ class SamplingParams:
         """Greedy (temperature 0 or top-k 1, as the float32 samplers see them) with no repetition,
         frequency or presence penalty and no logprobs: a draw is the first largest logit. (Ids banned
         before ``min_tokens`` are the engine's to check at each step.)"""
+        greedy = np.float32(self.temperature) == 0 or self.top_k == 1
+        return bool(greedy and not self.has_penalties and self.logprobs is None)
+
+    @property
+    def has_penalties(self) -> bool:
+        """A repetition, frequency or presence penalty, as the float32 samplers see them: a draw then
+        depends on the request's tokens so far."""
         f32 = np.float32
-        greedy = f32(self.temperature) == 0 or self.top_k == 1
-        neutral = (
-            f32(self.repetition_penalty) == 1
-            and f32(self.frequency_penalty) == 0
-            and f32(self.presence_penalty) == 0
+        return bool(
+            f32(self.repetition_penalty) != 1
+            or f32(self.frequency_penalty) != 0
+            or f32(self.presence_penalty) != 0
         )
-        return bool(greedy and neutral and self.logprobs is None)
 
     def effective_seed(self, default_seed: int) -> int:
         """``seed``, or ``default_seed`` when it is None."""

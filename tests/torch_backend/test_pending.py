@@ -41,14 +41,14 @@ def test_pending_draws_give_tokens_logprob_rows_and_the_samplers_errors(rng):
     top_ids = torch.tensor([[tokens[1], 3, 4], [tokens[3], 9, 8]])
     tops = torch.tensor([[-0.5, -2.0, -3.0], [-1.25, -1.5, -4.0]])
     copy = HostCopy([torch.tensor(tokens), lps, top_ids, tops, None])
-    draws = PendingDraws(copy, 50, (1, 3), (2, 3)).draws()
+    draws = PendingDraws(copy, 50, (1, 3), (2, 3), torch.tensor(tokens)).draws()
     assert draws[0] == (tokens[0], None, []) and draws[2] == (tokens[2], None, [])
     assert draws[1] == (tokens[1], -0.5, [(tokens[1], -0.5), (3, -2.0)])
     assert draws[3] == (tokens[3], -1.25, [(tokens[3], -1.25), (9, -1.5), (8, -4.0)])
     for code, message in ((NON_FINITE, "sampling row 2 hold NaN"), (NOTHING, "no token can be sampled")):
         bad = torch.tensor([*tokens[:2], code, tokens[3]])
         with pytest.raises(ValueError, match=message):
-            PendingDraws(HostCopy([bad, None, None, None, None]), 50, (), ()).draws()
+            PendingDraws(HostCopy([bad, None, None, None, None]), 50, (), (), bad).draws()
     # A greedy result: argmaxes and each row's largest logit, which marks the rows with no token.
     for best, message in (
         (float("nan"), "sampling row 1 hold NaN"),
@@ -56,7 +56,11 @@ def test_pending_draws_give_tokens_logprob_rows_and_the_samplers_errors(rng):
     ):
         maxima = torch.tensor([0.5, best, 2.0, -1.0])
         with pytest.raises(ValueError, match=message):
-            PendingDraws(HostCopy([torch.tensor(tokens), None, None, None, maxima]), 50, (), ()).draws()
+            PendingDraws(
+                HostCopy([torch.tensor(tokens), None, None, None, maxima]), 50, (), (), torch.tensor(tokens)
+            ).draws()
     fine = torch.tensor([0.5, 1.0, 2.0, -1.0])
-    draws = PendingDraws(HostCopy([torch.tensor(tokens), None, None, None, fine]), 50, (), ()).draws()
+    draws = PendingDraws(
+        HostCopy([torch.tensor(tokens), None, None, None, fine]), 50, (), (), torch.tensor(tokens)
+    ).draws()
     assert draws == [(t, None, []) for t in tokens]

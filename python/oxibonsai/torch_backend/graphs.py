@@ -163,11 +163,14 @@ class DecodeGraphs:
     def bucket_for(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
 
-    def run(self, batch: StepBatch) -> torch.Tensor:
-        """float32 logits ``[n, vocab]`` of a step that ``fits``; valid until the next ``run``."""
+    def run(self, batch: StepBatch, fed: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 logits ``[n, vocab]`` of a step that ``fits``; valid until the next ``run``. ``fed``:
+        the step's token ids on the device (a step planned ahead), in place of the batch's."""
         n = batch.num_seqs
         bucket = self.bucket_for(n)
         self._load(batch, bucket)
+        if fed is not None:  # behind the inputs' copy, on the same stream
+            self._words[self.layout.input_ids][:n].copy_(fed)
         # A replay reads the buffer the graph was captured on: the bucket's views (~30 µs of host time
         # before the replay can start) are built only to capture or to run eagerly.
         if self.capture:

@@ -6,8 +6,9 @@ followed by an event on the current stream, so the host goes on while the step s
 does the previous step's output work then). ``wait`` blocks until the copies landed and returns the
 host tensors. Off CUDA the tensors are read as they are (on the CPU they already live in host memory;
 an MPS copy waits). ``PendingDraws`` is a step's sampled ids and logprobs so copied, turned into the
-engine's draws when they are read. This module never decides what is copied; the sampling code and the
-runner do."""
+engine's draws when they are read; its ids stay on the device too, for a step planned ahead
+(``fed_ids``: the token ids that step takes from them, a ``runner.Feed``). This module never decides
+what is copied; the sampling code and the runner do."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from oxibonsai.runner import Draw
+from oxibonsai.runner import Draw, Feed
 
 NOTHING = -1
 """The sampled id of a row where every token is ``-inf`` or banned."""
@@ -57,9 +58,15 @@ class PendingDraws:
     """One step's draws on their way to the host; :meth:`draws` waits for them (the only wait)."""
 
     def __init__(
-        self, copy: HostCopy, vocab_size: int, logprob_rows: tuple[int, ...], logprob_counts: tuple[int, ...]
+        self,
+        copy: HostCopy,
+        vocab_size: int,
+        logprob_rows: tuple[int, ...],
+        logprob_counts: tuple[int, ...],
+        device_ids: torch.Tensor,
     ) -> None:
         self._copy = copy
+        self.device_ids = device_ids  # int64 [R] on the device: the sampled ids a step planned ahead takes
         self._vocab_size = vocab_size
         self._logprob_rows = logprob_rows
         self._logprob_counts = logprob_counts
@@ -101,3 +108,18 @@ def _raise_for_missing(tokens: list[int], vocab: int) -> None:
         raise ValueError(f"the logits of sampling row {row} hold NaN or +inf; logits must be finite or -inf")
     if NOTHING in tokens:
         raise ValueError(f"no token can be sampled: all {vocab} logits are -inf or banned")
+
+
+def fed_ids(feed: Feed) -> torch.Tensor:
+    """int64 ``[len(feed.rows)]`` on the device: the ids a step planned ahead takes from the step
+    before it (``feed.draws``, that step's ``PendingDraws``). A row that got no token there (-1 or -2:
+    its step fails when its draws are read) reads id 0, so the step ahead never indexes outside the
+    embedding."""
+    if not isinstance(feed.draws, PendingDraws):
+        raise ValueError("a step planned ahead takes its ids from a step sampled on the device")
+    ids = feed.draws.device_ids
+    if feed.rows != list(range(len(feed.rows))):
+        ids = ids[torch.tensor(feed.rows, dtype=torch.int64).to(ids.device, non_blocking=True)]
+    else:
+        ids = ids[: len(feed.rows)]
+    return ids.clamp(min=0)

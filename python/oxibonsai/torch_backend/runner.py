@@ -10,10 +10,13 @@ the forward pass (a plain decode step as a CUDA graph replay on CUDA, ``graphs.D
 requested logprobs come to the host) where ``sample_on_device`` is set, the default off the CPU, else
 with each request's Rust sampler on the logits brought to the host. ``launch`` only queues all this: the
 results cross to the host through ``pending.HostCopy``, so on CUDA it returns while the device works, and
-the engine does the previous step's output work meanwhile (``async_output``, on by default on CUDA).
+the engine does the previous step's output work meanwhile (``async_output``, on by default on CUDA),
+and a step of decodes can be launched before the step before it has sampled their tokens, which it then
+takes on the device (``async_scheduling``, on by default on CUDA with device sampling: ``Engine.step``).
 ``OXIBONSAI_DEVICE_SAMPLING=0`` or ``1`` overrides the sampling default; ``OXIBONSAI_ASYNC_OUTPUT=0`` or
-``1`` the overlap's; ``OXIBONSAI_HOST_PREFETCH=0`` turns off the prefetching of waiting requests'
-host-tier prefixes (on by default). The switches are for comparisons. Sizes are checked at load, so a
+``1`` the overlap's; ``OXIBONSAI_ASYNC_SCHEDULING=0`` or ``1`` the steps planned ahead;
+``OXIBONSAI_HOST_PREFETCH=0`` turns off the prefetching of waiting requests' host-tier prefixes (on by
+default). The switches are for comparisons. Sizes are checked at load, so a
 model or pool that does not fit fails with the sizes named, never in the middle of a step."""
 
 from __future__ import annotations
@@ -27,13 +30,13 @@ import numpy as np
 import torch
 
 from oxibonsai import _core
-from oxibonsai.runner import BLOCK_TOKENS, DEFAULT_MAX_MODEL_LEN, HostSampling, SampleRow, StepDraws
+from oxibonsai.runner import BLOCK_TOKENS, DEFAULT_MAX_MODEL_LEN, Feed, HostSampling, SampleRow, StepDraws
 from oxibonsai.torch_backend.batch import StepBatch
 from oxibonsai.torch_backend.graphs import DecodeGraphs
 from oxibonsai.torch_backend.histories import DeviceHistories
 from oxibonsai.torch_backend.kv_pool import KvPool, TierCopier
 from oxibonsai.torch_backend.model import TorchQwen3
-from oxibonsai.torch_backend.pending import HostCopy
+from oxibonsai.torch_backend.pending import HostCopy, fed_ids
 from oxibonsai.torch_backend.sampling import start_sampling
 
 HOST_TIER_FRACTION = 0.25  # of the available host memory, at most, for a default host tier
@@ -119,6 +122,10 @@ class TorchRunner:
         self.sample_on_device = _device_sampling(self._device)
         self.host_prefetch = _env_flag("OXIBONSAI_HOST_PREFETCH", default=True)
         self.async_output = _env_flag("OXIBONSAI_ASYNC_OUTPUT", default=cuda)
+        # a step planned ahead takes its ids from the step before on the device: device sampling only
+        self.async_scheduling = (
+            _env_flag("OXIBONSAI_ASYNC_SCHEDULING", default=cuda) and self.sample_on_device
+        )
         self.histories: DeviceHistories | None = DeviceHistories(c.vocab, self._device)  # None: rebuilt
         self.graphs = (
             DecodeGraphs(
@@ -152,24 +159,34 @@ class TorchRunner:
         return self._sched
 
     def launch(
-        self, sched: _core.Scheduler, out: _core.SchedulerOutput, rows: Sequence[SampleRow]
+        self,
+        sched: _core.Scheduler,
+        out: _core.SchedulerOutput,
+        rows: Sequence[SampleRow],
+        feed: Feed | None = None,
     ) -> StepDraws:
         """Queues one planned step: tier copies, the forward pass, the sampling rows' draws (in item
         order) or their logits, and the copy of either to the host; on CUDA it returns before the device
-        has run it (``StepDraws.draws`` waits)."""
+        has run it (``StepDraws.draws`` waits). A step planned ahead (``feed``) takes its token ids from
+        the draws of the step before it, on the device, behind that step."""
         plan = sched.prepare(out)
         self._copy_tiers(plan)
-        logits = self._forward(StepBatch.from_plan(plan))
+        fed = fed_ids(feed) if feed is not None else None
+        logits = self._forward(StepBatch.from_plan(plan), fed)
         self._computed_tokens += plan.num_tokens
         if self.sample_on_device:
             return start_sampling(logits, rows, self.vocab_size, self.histories)
         copy = HostCopy([logits.float()])
         return HostSampling(lambda: _only(copy.wait()).numpy(), rows)
 
-    def _forward(self, batch: StepBatch) -> torch.Tensor:
+    def _forward(self, batch: StepBatch, fed: torch.Tensor | None) -> torch.Tensor:
+        """The step's logits; ``fed``: the ids of a step planned ahead, in place of the plan's."""
         if self.graphs is not None and self.graphs.fits(batch):
-            return self.graphs.run(batch)
-        return self.model.forward(batch.to_device(self._device), self.kv)
+            return self.graphs.run(batch, fed)
+        inputs = batch.to_device(self._device)
+        if fed is not None:
+            inputs.input_ids.copy_(fed)
+        return self.model.forward(inputs, self.kv)
 
     def _copy_tiers(self, plan: _core.StepPlan) -> None:
         """Demotions first (their device blocks may be rewritten by this step), then promotions, then

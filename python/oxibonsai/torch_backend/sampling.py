@@ -74,7 +74,7 @@ class SampleResult:
     ) -> PendingDraws:
         """Starts the copies to the host without waiting for the device (see ``PendingDraws``)."""
         copy = HostCopy([self.token_ids, self.logprobs, self.top_ids, self.top_logprobs, self.best])
-        return PendingDraws(copy, vocab_size, tuple(logprob_rows), tuple(logprob_counts))
+        return PendingDraws(copy, vocab_size, tuple(logprob_rows), tuple(logprob_counts), self.token_ids)
 
 
 def greedy_sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampleResult | None:
@@ -125,6 +125,7 @@ def start_sampling(
         [r.banned for r in rows],
         logits.device,
         vocab_size=vocab_size,
+        steps=[len(r.output_ids) + r.pending for r in rows] if any(r.pending for r in rows) else None,
         kept=None if kept is None or any(r.key < 0 for r in rows) else (kept, [r.key for r in rows]),
     )
     return sample(logits, batch).send_to_host(batch.vocab_size, batch.logprob_rows, batch.logprob_counts)

@@ -38,6 +38,8 @@ struct State {
     executed: Option<u64>,
     /// The step `prepare` last planned (a table's runner computes it; `update` commits it).
     prepared: Option<u64>,
+    /// A step planned ahead of `prepared` and prepared too: `update` of `prepared` makes it `prepared`.
+    prepared_ahead: Option<u64>,
 }
 
 impl State {
@@ -154,7 +156,9 @@ impl Scheduler {
                 Backend::Ledger(Box::new(table))
             }
         };
-        Ok(Scheduler { state: Mutex::new(State { sched, backend, executed: None, prepared: None }) })
+        Ok(Scheduler {
+            state: Mutex::new(State { sched, backend, executed: None, prepared: None, prepared_ahead: None }),
+        })
     }
 
     /// Queues a request. Raises `QueueFull` when `max_waiting` requests wait, `ValueError` for a
@@ -174,6 +178,28 @@ impl Scheduler {
     /// Plans the next step.
     fn schedule(&self) -> SchedulerOutput {
         SchedulerOutput { inner: self.lock().with_table(|s, t| s.schedule(t)) }
+    }
+
+    /// Plans the step after `out` (prepared, not yet updated) before `out`'s tokens are known, when
+    /// it would be one decode of each running request: of the token each samples in `out`, except
+    /// the requests in `skip` (those `out`'s token ends). None when it would be anything else (a
+    /// request waits, one is in prefill, the blocks are short). The runner feeds the tokens on its
+    /// device (item `i` takes `out`'s sampled token `i`, skipped requests left out): the plan holds
+    /// 0 for them. `update(out)` comes first, then this step's. A table scheduler only.
+    #[pyo3(signature = (out, skip=Vec::new()))]
+    fn schedule_ahead(&self, out: &SchedulerOutput, skip: Vec<u64>) -> PyResult<Option<SchedulerOutput>> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let Backend::Ledger(table) = &mut state.backend else {
+            return Err(PyValueError::new_err("schedule_ahead() plans for a block table's runner"));
+        };
+        if state.prepared != Some(out.inner.step) {
+            return Err(PyValueError::new_err(format!(
+                "schedule_ahead() needs step {} prepared and not yet updated",
+                out.inner.step
+            )));
+        }
+        Ok(state.sched.schedule_ahead(&out.inner, table, &skip).map(|inner| SchedulerOutput { inner }))
     }
 
     /// Runs a planned step: with a model, one batched forward pass (GIL released) returning float32
@@ -218,11 +244,16 @@ impl Scheduler {
         let Backend::Ledger(table) = &mut state.backend else {
             return Err(PyValueError::new_err("prepare() plans for a block table; a Model's scheduler runs execute()"));
         };
-        if state.prepared == Some(out.inner.step) || state.executed == Some(out.inner.step) {
-            return Err(to_py(already_executed(out.inner.step).unwrap_err()));
+        let step = out.inner.step;
+        if [state.prepared, state.prepared_ahead, state.executed].contains(&Some(step)) {
+            return Err(to_py(already_executed(step).unwrap_err()));
         }
         let plan = state.sched.plan(&out.inner, table).map_err(to_py)?;
-        state.prepared = Some(out.inner.step);
+        if state.sched.ahead() == Some(step) {
+            state.prepared_ahead = Some(step);
+        } else {
+            state.prepared = Some(step);
+        }
         StepPlan::from_core(py, plan)
     }
 
@@ -239,7 +270,7 @@ impl Scheduler {
             }
             let Backend::Ledger(table) = &mut state.backend else { unreachable!("only tables are prepared") };
             state.sched.commit_plan(&out.inner, table).map_err(to_py)?;
-            state.prepared = None;
+            state.prepared = state.prepared_ahead.take();
             state.executed = Some(step);
         } else if state.executed != Some(step) {
             return Err(PyValueError::new_err(format!(

@@ -260,8 +260,15 @@ impl SequenceTable {
     /// Checks the accounting: every sequence holds exactly the blocks its length needs, and the
     /// prefix cache's own invariants hold.
     pub fn check(&self) -> Result<()> {
+        self.check_holding(false)
+    }
+
+    /// [`check`](Self::check), letting sequences hold blocks reserved for a step not yet recorded
+    /// (`reserved`) beyond those their length needs.
+    pub fn check_holding(&self, reserved: bool) -> Result<()> {
         for (id, s) in self.seqs.iter() {
-            if s.block_table.len() != blocks_for(s.len) {
+            let needed = blocks_for(s.len);
+            if s.block_table.len() < needed || (!reserved && s.block_table.len() != needed) {
                 return Err(Error::Value(format!(
                     "sequence {id} holds {} blocks for {} tokens",
                     s.block_table.len(),

@@ -13,6 +13,9 @@
 //!
 //! [`SequenceTable`]: crate::kv::SequenceTable
 
+mod ahead;
+#[cfg(test)]
+mod ahead_tests;
 mod config;
 mod output;
 mod queue;

@@ -12,11 +12,11 @@ use super::running::RunningSet;
 use super::slab::RequestSlab;
 
 pub struct Scheduler {
-    config: SchedulerConfig,
+    pub(super) config: SchedulerConfig,
     pub(super) requests: RequestSlab,
-    waiting: WaitingQueue,
+    pub(super) waiting: WaitingQueue,
     /// Running requests by `Request::running_key`.
-    running: RunningSet,
+    pub(super) running: RunningSet,
     /// The running set's slots in order, and those of its requests in prefill, refilled by every
     /// `schedule` (kept to reuse their memory).
     order: Vec<u32>,
@@ -26,10 +26,13 @@ pub struct Scheduler {
     admissions: u64,
     /// The step whose output still awaits `update`.
     pub(super) pending: Option<u64>,
+    /// The step planned after `pending` before its tokens were known (`schedule_ahead`): it becomes
+    /// `pending` when `pending` is recorded.
+    pub(super) ahead: Option<u64>,
     /// The last request whose start was put off by a step while its host-tier prefix was prefetched
     /// (see `admit`): it is not put off twice in a row.
     deferred: Option<u64>,
-    stats: SchedulerStats,
+    pub(super) stats: SchedulerStats,
 }
 
 /// What a step has handed out so far.
@@ -67,6 +70,7 @@ impl Scheduler {
             arrivals: 0,
             admissions: 0,
             pending: None,
+            ahead: None,
             deferred: None,
             stats: SchedulerStats::default(),
         })
@@ -145,9 +149,12 @@ impl Scheduler {
     }
 
     /// Decides the next step (see the module doc); the caller runs it, then calls [`update`](Self::update).
+    /// A step planned ahead ([`schedule_ahead`](Self::schedule_ahead)) and not recorded is forgotten
+    /// (an engine drops one only together with its requests, whose blocks that frees).
     pub fn schedule(&mut self, kv: &mut SequenceTable) -> SchedulerOutput {
         self.step += 1;
         self.pending = Some(self.step);
+        self.ahead = None;
         // Every item is a running or newly admitted request: at most this many.
         let items = Vec::with_capacity((self.running.len() + self.waiting.len()).min(self.config.max_num_seqs));
         let mut out = SchedulerOutput { step: self.step, items, ..Default::default() };
@@ -428,7 +435,7 @@ impl Scheduler {
                 None => {}
             }
         }
-        kv.check()
+        kv.check_holding(self.pending.is_some())
     }
 }
 

@@ -11,30 +11,35 @@ use super::output::{ScheduledItem, SchedulerOutput};
 use super::request::Request;
 use super::scheduler::Scheduler;
 
+/// The token a plan carries for one its step samples in the step before (a step planned ahead).
+const PLACEHOLDER: [u32; 1] = [0];
+
 impl Scheduler {
     /// An item's request, if it still runs on the item's sequence.
     fn item_request(&self, it: &ScheduledItem) -> Option<&Request> {
         self.requests.running_at(it.slot, it.request, it.seq)
     }
 
-    /// An item's tokens, if its request still runs on the item's sequence.
+    /// An item's tokens, if its request still runs on the item's sequence; for an item of a step
+    /// planned ahead whose token is not sampled yet, [`PLACEHOLDER`].
     fn item_tokens(&self, it: &ScheduledItem) -> Option<&[u32]> {
         let r = self.item_request(it)?;
-        Some(&r.tokens[it.start..it.start + it.num_tokens])
+        let tokens = r.tokens.get(it.start..it.start + it.num_tokens);
+        debug_assert!(tokens.is_some() || (it.num_tokens == 1 && it.start == r.tokens.len()));
+        Some(tokens.unwrap_or(&PLACEHOLDER))
     }
 
     /// The model's work for `out` (the latest step's output): each item's tokens and whether its last
     /// row's logits are needed.
     pub fn step_items(&self, out: &SchedulerOutput) -> Result<Vec<StepItem<'_>>> {
         self.check_pending(out)?;
-        Ok(out
-            .items
-            .iter()
-            .filter_map(|it| {
-                let tokens = self.item_tokens(it)?;
-                Some(StepItem { seq: it.seq, tokens, logits: if it.sample { Logits::Last } else { Logits::None } })
-            })
-            .collect())
+        Ok(out.items.iter().filter_map(|it| self.step_item(it)).collect())
+    }
+
+    /// An item as the model's work, if its request still runs on the item's sequence.
+    fn step_item(&self, it: &ScheduledItem) -> Option<StepItem<'_>> {
+        let tokens = self.item_tokens(it)?;
+        Some(StepItem { seq: it.seq, tokens, logits: if it.sample { Logits::Last } else { Logits::None } })
     }
 
     /// What a forward pass does to a model-free table: grow the block tables for the step's tokens
@@ -52,14 +57,23 @@ impl Scheduler {
     /// A step for a runner other than the native one: grows the block tables for `out`'s tokens (the
     /// blocks `schedule` reserved) and returns the plan, with every tier copy recorded since the last
     /// plan. [`commit_plan`](Self::commit_plan) records the tokens once the runner computed them.
+    /// A step planned ahead ([`schedule_ahead`](Self::schedule_ahead)) is planned the same way,
+    /// before the pending step is recorded: its tokens follow the pending step's.
     pub fn plan(&self, out: &SchedulerOutput, kv: &mut SequenceTable) -> Result<StepPlan> {
-        let items = self.step_items(out)?;
-        // The same items `step_items` kept, in its order: those whose request still runs.
+        if self.ahead != Some(out.step) {
+            self.check_pending(out)?;
+        }
+        let live: Vec<&ScheduledItem> = out.items.iter().filter(|it| self.item_request(it).is_some()).collect();
+        let items: Vec<StepItem> = live.iter().filter_map(|it| self.step_item(it)).collect();
         let prompt_lens: Vec<usize> =
-            out.items.iter().filter_map(|it| Some(self.item_request(it)?.prompt_len as usize)).collect();
-        let growth: Vec<(u64, usize)> = items.iter().map(|it| (it.seq, it.tokens.len())).collect();
+            live.iter().filter_map(|it| Some(self.item_request(it)?.prompt_len as usize)).collect();
+        let starts: Vec<usize> = live.iter().map(|it| it.start).collect();
+        let mut growth = Vec::with_capacity(live.len());
+        for it in &live {
+            growth.push((it.seq, it.start + it.num_tokens - kv.sequence_len(it.seq)?));
+        }
         kv.reserve(&growth)?;
-        let mut plan = StepPlan::build(&items, &prompt_lens, kv)?;
+        let mut plan = StepPlan::build_at(&items, &starts, &prompt_lens, kv)?;
         plan.copies = kv.take_copies();
         Ok(plan)
     }
@@ -99,7 +113,7 @@ impl Scheduler {
                 out.num_sample()
             )));
         }
-        self.pending = None;
+        self.pending = self.ahead.take();
         let mut tokens = sampled.iter();
         for it in &out.items {
             let token = if it.sample { tokens.next().copied() } else { None };

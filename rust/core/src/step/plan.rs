@@ -34,10 +34,29 @@ pub struct StepPlan {
 
 impl StepPlan {
     /// The plan of `items` over `table`, whose block tables already cover every item's tokens;
-    /// `decode_from[i]` is item `i`'s request's prompt length.
+    /// `decode_from[i]` is item `i`'s request's prompt length. Each item's tokens follow its
+    /// sequence's KV.
     pub fn build(items: &[StepItem], decode_from: &[usize], table: &SequenceTable) -> Result<StepPlan> {
-        if decode_from.len() != items.len() {
-            return Err(Error::Value(format!("{} items but {} decode_from entries", items.len(), decode_from.len())));
+        let starts = items.iter().map(|it| table.sequence_len(it.seq)).collect::<Result<Vec<usize>>>()?;
+        StepPlan::build_at(items, &starts, decode_from, table)
+    }
+
+    /// [`build`](Self::build) with item `i`'s tokens at positions from `starts[i]`, which may lie past
+    /// its sequence's KV: a step planned while the step before it, which computes the tokens in
+    /// between, still runs.
+    pub fn build_at(
+        items: &[StepItem],
+        starts: &[usize],
+        decode_from: &[usize],
+        table: &SequenceTable,
+    ) -> Result<StepPlan> {
+        if decode_from.len() != items.len() || starts.len() != items.len() {
+            return Err(Error::Value(format!(
+                "{} items but {} decode_from and {} start entries",
+                items.len(),
+                decode_from.len(),
+                starts.len()
+            )));
         }
         let tokens: usize = items.iter().map(|it| it.tokens.len()).sum();
         let mut plan = StepPlan {
@@ -50,19 +69,22 @@ impl StepPlan {
             ..StepPlan::default()
         };
         plan.query_start_loc.push(0);
-        for item in items {
+        for (item, &start) in items.iter().zip(starts) {
             let seq = table.get(item.seq)?;
-            let end = seq.len + item.tokens.len();
+            let end = start + item.tokens.len();
+            if start < seq.len {
+                return Err(Error::Value(format!("sequence {} already holds KV at position {start}", item.seq)));
+            }
             if seq.block_table.len() < blocks_for(end) {
                 return Err(Error::Value(format!("sequence {} has no blocks reserved for this step", item.seq)));
             }
             plan.max_blocks = plan.max_blocks.max(blocks_for(end));
-            plan.push_item(item, seq.len, &seq.block_table);
+            plan.push_item(item, start, &seq.block_table);
         }
         plan.block_tables = vec![0; items.len() * plan.max_blocks];
-        for (row, item) in plan.block_tables.chunks_mut(plan.max_blocks.max(1)).zip(items) {
+        for ((row, item), &start) in plan.block_tables.chunks_mut(plan.max_blocks.max(1)).zip(items).zip(starts) {
             let seq = table.get(item.seq)?;
-            let used = blocks_for(seq.len + item.tokens.len());
+            let used = blocks_for(start + item.tokens.len());
             for (dst, &block) in row.iter_mut().zip(&seq.block_table[..used]) {
                 *dst = block as i32;
             }
