@@ -21,8 +21,9 @@ Sections (--sections picks some; each records its error and the run goes on):
   hit), with ``cache_stats()`` promotions as proof.
 - engine: ``oxibonsai.LLM(device="cuda")`` end to end on a random Bonsai-1.7B-shaped GGUF: greedy
   decode tokens/s of 1/16/64 concurrent requests with CUDA graphs, with ``enforce_eager=True``, over
-  the float Q1 kernels, and with each step's output work after its tokens instead of overlapping the
-  next step (``overlap_gain``), and whether all gave the same tokens; then one prompt's logits
+  the float Q1 kernels, with each step planned after the last one's tokens instead of launched ahead
+  (``ahead_gain``), and that with each step's output work after its tokens too (``overlap_gain``), and
+  whether all gave the same tokens; then one prompt's logits
   against the native CPU runner's on the same GGUF (relative L2 per row, top-1 agreement).
 
 ``--smoke`` runs all of it on the CPU with tiny shapes (the Triton q1 kernels under

@@ -147,10 +147,10 @@ def overlap(steps: int = 200, rounds: int = 3) -> None:
 def ahead(steps: int = 200, rounds: int = 5) -> None:
     """Wall time of an ``Engine.step`` over a simulated in-order device (each launch's draws are ready
     ``device_us`` after both the launch returned and the device finished the steps queued before it;
-    the host spins until then, as a CUDA event wait does), with each step planned after the last one's tokens against launched ahead
-    of them (``async_scheduling``), rounds interleaved; the output work overlaps the next step in both
-    (``async_output``, as on CUDA). Ahead, a step should take about the device's time alone whenever
-    the host's work fits inside it."""
+    the host spins until then, as a CUDA event wait does), with each step planned after the last one's
+    tokens against launched ahead of them (``async_scheduling``), rounds interleaved; the output work
+    overlaps the next step in both (``async_output``, as on CUDA). Ahead, a step should take about the
+    device's time alone whenever the host's work fits inside it."""
     llm = _stubbed_llm()
     eng, runner = llm._engine, llm._engine._runner
     launch = runner.launch

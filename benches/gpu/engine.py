@@ -1,9 +1,11 @@
 """The engine section: what a user of ``oxibonsai.LLM(device="cuda")`` sees, end to end, on a random
 Bonsai-1.7B-shaped GGUF (a tiny one in the smoke run): greedy decode tokens/s of one request and of
-16 and 64 concurrent ones, with CUDA graphs (the default), eagerly (``enforce_eager=True``), with
-graphs over the float Q1 kernels (``OXIBONSAI_Q1_ARITHMETIC=float``) and with graphs but each step's
-output work after its tokens instead of overlapping the next step (``OXIBONSAI_ASYNC_OUTPUT=0``), the
-same prompts in all four.
+16 and 64 concurrent ones, with CUDA graphs and steps launched ahead of their tokens (the defaults),
+eagerly (``enforce_eager=True``), with graphs over the float Q1 kernels
+(``OXIBONSAI_Q1_ARITHMETIC=float``), with graphs but each step planned after the last one's tokens
+(``OXIBONSAI_ASYNC_SCHEDULING=0``: ``ahead_gain``), and that with each step's output work after its
+tokens too instead of overlapping the next step (``OXIBONSAI_ASYNC_OUTPUT=0``: ``overlap_gain``), the
+same prompts in all five; sampling on the device in all (the default on CUDA; the smoke run's too).
 Batch ``n`` runs the first ``n`` prompts of the largest batch, so each row says whether graphs and
 eager gave the same tokens and whether each request's tokens equal those it got in the largest batch
 (batched vs alone: ``batch_invariant``; the exact arithmetic promises it, the float one does not).
@@ -14,7 +16,8 @@ from __future__ import annotations
 
 import tempfile
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +45,11 @@ def engine_section(plan: Plan, device: torch.device) -> dict[str, Any]:
     runs: dict[str, Any] = {}
     tokens: dict[str, dict[int, list[list[int]]]] = {}
     try:
-        for mode in ("graphs", "eager", "float", "output_after"):
-            with arithmetic("float" if mode == "float" else "exact"), overlap(mode != "output_after"):
+        for mode in ("graphs", "eager", "float", "planned_after", "output_after"):
+            with (
+                arithmetic("float" if mode == "float" else "exact"),
+                switches(ahead=mode not in ("planned_after", "output_after"), overlap=mode != "output_after"),
+            ):
                 llm = load(path, plan, max(plan.batches), eager=mode == "eager")
             runs[mode], tokens[mode] = decode_runs(llm, batches, plan)
             graphs = getattr(llm._runner, "graphs", None)
@@ -69,9 +75,12 @@ def engine_row(n: int, runs: dict[str, Any], tokens: dict[str, dict[int, list[li
     return {"batch": n, "graph_tok_s": runs["graphs"][n]["tok_s"], "eager_tok_s": runs["eager"][n]["tok_s"],
             "graph_over_eager": ratio(runs["graphs"][n]["tok_s"], runs["eager"][n]["tok_s"]),
             "float_graph_tok_s": runs["float"][n]["tok_s"],
+            "planned_after_tok_s": runs["planned_after"][n]["tok_s"],
+            "ahead_gain": ratio(runs["graphs"][n]["tok_s"], runs["planned_after"][n]["tok_s"]),
+            "ahead_same_tokens": tokens["graphs"][n] == tokens["planned_after"][n],
             "output_after_tok_s": runs["output_after"][n]["tok_s"],
-            "overlap_gain": ratio(runs["graphs"][n]["tok_s"], runs["output_after"][n]["tok_s"]),
-            "overlap_same_tokens": tokens["graphs"][n] == tokens["output_after"][n],
+            "overlap_gain": ratio(runs["planned_after"][n]["tok_s"], runs["output_after"][n]["tok_s"]),
+            "overlap_same_tokens": tokens["planned_after"][n] == tokens["output_after"][n],
             "exact_over_float": ratio(runs["graphs"][n]["tok_s"], runs["float"][n]["tok_s"]),
             "same_tokens": tokens["graphs"][n] == tokens["eager"][n],
             "batch_invariant": invariant("graphs") and invariant("eager"),
@@ -83,9 +92,17 @@ def arithmetic(name: str) -> AbstractContextManager[None]:
     return environment(Q1_ENV_VAR, name)
 
 
-def overlap(on: bool) -> AbstractContextManager[None]:
-    """``OXIBONSAI_ASYNC_OUTPUT`` set while a runner is made (it reads the switch then)."""
-    return environment("OXIBONSAI_ASYNC_OUTPUT", "1" if on else "0")
+@contextmanager
+def switches(*, ahead: bool, overlap: bool) -> Iterator[None]:
+    """The runner's switches while it is made (it reads them then): device sampling,
+    ``OXIBONSAI_ASYNC_SCHEDULING`` (steps launched ahead) and ``OXIBONSAI_ASYNC_OUTPUT`` (the overlap)."""
+    flag = {True: "1", False: "0"}
+    with (
+        environment("OXIBONSAI_DEVICE_SAMPLING", "1"),
+        environment("OXIBONSAI_ASYNC_SCHEDULING", flag[ahead]),
+        environment("OXIBONSAI_ASYNC_OUTPUT", flag[overlap]),
+    ):
+        yield
 
 
 def load(path: Path, plan: Plan, max_batch: int, *, eager: bool) -> oxibonsai.LLM:

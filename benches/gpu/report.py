@@ -80,9 +80,11 @@ def table_lines(report: dict[str, Any]) -> list[str]:
     for r in e.get("rows", []):
         lines.append(f"   batch {r['batch']:>3}: graphs {fmt(r.get('graph_tok_s'))} tok/s, eager "
                      f"{fmt(r.get('eager_tok_s'))} ({fmt(r.get('graph_over_eager'), '.2f')}x), float graphs "
-                     f"{fmt(r.get('float_graph_tok_s'))}, output after the tokens "
-                     f"{fmt(r.get('output_after_tok_s'))} (overlap {fmt(r.get('overlap_gain'), '.2f')}x); "
-                     f"same tokens {r.get('same_tokens')} (overlap {r.get('overlap_same_tokens')}), "
+                     f"{fmt(r.get('float_graph_tok_s'))}, planned after the tokens "
+                     f"{fmt(r.get('planned_after_tok_s'))} (ahead {fmt(r.get('ahead_gain'), '.2f')}x), "
+                     f"output after them too {fmt(r.get('output_after_tok_s'))} "
+                     f"(overlap {fmt(r.get('overlap_gain'), '.2f')}x); same tokens {r.get('same_tokens')} "
+                     f"(ahead {r.get('ahead_same_tokens')}, overlap {r.get('overlap_same_tokens')}), "
                      f"batch-invariant {r.get('batch_invariant')} "
                      f"(float {r.get('float_batch_invariant')})")  # fmt: skip
     t = report.get("tier", {})
