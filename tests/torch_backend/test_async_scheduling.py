@@ -175,3 +175,29 @@ def test_a_step_ahead_bans_stop_ids_up_to_min_tokens_counting_the_token_in_fligh
     ahead, runner = run(llm, [(prompt, params)], ahead=True)
     assert plain[0][-1][2] == tuple(drawn[: m + 1]) and plain[0][-1][3] == "stop"
     assert ahead == plain and runner.ahead >= m - 2
+
+
+def test_a_failed_step_drops_the_step_launched_ahead_and_the_engine_goes_on(tiny_model, monkeypatch, rng):
+    """NaN logits at one position fail ``generate`` (the sampler's error) while a step runs ahead of
+    them; every block comes back, and the next request gets the tokens it gets on a fresh engine."""
+    llm = torch_llm(tiny_model, monkeypatch, graphs=True, enable_prefix_caching=False)
+    prompt = [int(t) for t in rng.integers(0, llm.config["vocab"], 5)]
+    params = ob.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    want = llm.generate(prompt, params)[0].outputs[0].token_ids
+    rowwise = TorchQwen3.forward
+    bad = len(prompt) + int(rng.integers(2, 8))
+
+    def failing(self: TorchQwen3, batch: Any, kv: Any) -> torch.Tensor:
+        logits = rowwise(self, batch, kv)
+        at = batch.positions.long()[batch.logits_indices.long()] == bad
+        return logits.masked_fill(at[:, None], float("nan"))
+
+    llm._engine._runner.async_scheduling = True
+    monkeypatch.setattr(TorchQwen3, "forward", failing)
+    with pytest.raises(ValueError, match="NaN"):
+        llm.generate([prompt, prompt[::-1]], params)
+    monkeypatch.setattr(TorchQwen3, "forward", rowwise)
+    stats = llm.cache_stats()
+    assert stats["free_blocks"] == stats["capacity_blocks"] and not llm._engine.has_unfinished()
+    assert llm.generate(prompt, params)[0].outputs[0].token_ids == want
+    llm._engine._sched.check()

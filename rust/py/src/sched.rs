@@ -252,7 +252,9 @@ impl Scheduler {
         if state.sched.ahead() == Some(step) {
             state.prepared_ahead = Some(step);
         } else {
+            // A step of `schedule`: any step planned ahead before it was dropped with its requests.
             state.prepared = Some(step);
+            state.prepared_ahead = None;
         }
         StepPlan::from_core(py, plan)
     }

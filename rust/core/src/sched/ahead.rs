@@ -12,6 +12,12 @@
 //! learns only then) has computed one token too many in the step ahead: the engine finishes it before
 //! recording that step, which skips it, and its blocks (the extra one included) are freed with it; a
 //! request the engine knows will end (its length) is skipped when the step is planned.
+//!
+//! A step planned ahead is planned while the pending one may still run on the device. It admits and
+//! prefetches nothing, so it promotes no block: its only tier copies are demotions of idle cached
+//! blocks that its reservation evicts, whose K/V are complete (cached only once recorded) and which
+//! the pending step neither reads nor writes; the blocks of requests ended meanwhile that it reuses
+//! are written after the pending step, on the same stream.
 
 use crate::kv::{blocks_for, SequenceTable};
 

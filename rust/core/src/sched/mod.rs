@@ -9,7 +9,9 @@
 //! and decode are all "n tokens of request r" ([`SchedulerOutput`]). The scheduler sees the KV cache only through a [`SequenceTable`]
 //! (start, free, how many blocks a step needs); it never runs the model and never decides that a
 //! request is finished: the engine samples, calls [`Scheduler::update`], and calls
-//! [`Scheduler::finish`] on stop tokens, stop strings or length.
+//! [`Scheduler::finish`] on stop tokens, stop strings or length. A runner on an asynchronous device
+//! may have the step after the pending one planned before the pending step's tokens are known, when
+//! it would be one decode of every running request ([`Scheduler::schedule_ahead`], [`ahead`]).
 //!
 //! [`SequenceTable`]: crate::kv::SequenceTable
 
