@@ -290,7 +290,8 @@ class Engine:
         Where the runner takes a ``Feed`` (``async_scheduling``), the next step is even launched before
         this one's tokens are waited for, when it is one decode of every running request
         (``_launch_ahead``): the device then goes from one step to the next without waiting for the
-        host, and a request that this step's token ends has computed one more token, which is dropped."""
+        host, a request that this step's token ends has computed one more token, which is dropped, and
+        a waiting request that the slot of a request ending now lets start starts a step later."""
         if self._launch_error is not None:
             error, self._launch_error = self._launch_error, None
             raise error
@@ -345,14 +346,13 @@ class Engine:
     def _launch_ahead(self, launched: _Launched) -> _Launched | None:
         """The step after ``launched``, planned and launched before ``launched``'s tokens are known, if
         it is one decode of each running request of the token it samples in ``launched``
-        (``Scheduler.schedule_ahead``; those whose length that token reaches are left out) and no row's
-        draw depends on that token (no penalty reads the request's history); None otherwise. The
-        runner feeds each row its request's token from ``launched``'s draws on its device."""
+        (``Scheduler.schedule_ahead``; those whose length that token reaches are left out); None
+        otherwise. The runner feeds each row its request's token from ``launched``'s draws on its
+        device (and the penalties count it there)."""
         plan, sampling, pending = launched
-        live = [r for r in sampling if r.finish_reason is None]
-        if any(r.params.has_penalties for r in live):
-            return None
-        ending = [r.handle for r in live if len(r.output_ids) + 1 >= r.max_new]
+        ending = [
+            r.handle for r in sampling if r.finish_reason is None and len(r.output_ids) + 1 >= r.max_new
+        ]
         out = self._sched.schedule_ahead(plan, ending)
         if out is None:
             return None

@@ -2,9 +2,10 @@
 the engine launches the next step of decodes before the current step's tokens are read, and the runner
 feeds it those tokens on the device. Every request's outputs (streamed snapshots: text, tokens, finish
 and stop reasons, logprobs) equal those of steps planned one at a time, for mixes of greedy, seeded,
-stop-string, stop-token, ``min_tokens``, logprob and penalty requests, through the decode graphs'
-buffers and eagerly; steps are in fact launched ahead; a request aborted while a step runs ahead gets
-no more output; no KV block leaks, and the scheduler's invariants hold after every step."""
+stop-string, stop-token, ``min_tokens``, logprob and penalty requests (the penalties counting the
+token in flight), through the decode graphs' buffers and eagerly; steps are in fact launched ahead; a
+request aborted while a step runs ahead gets no more output, and a failed step drops the step ahead;
+no KV block leaks, and the scheduler's invariants hold after every step."""
 
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ def test_steps_launched_ahead_change_no_output(tiny_model, monkeypatch, rng, gra
     plain, plain_runner = run(llm, requests, ahead=False)
     ahead, ahead_runner = run(llm, requests, ahead=True)
     assert ahead == plain
-    # Only while no request waits, none is in prefill and none has a penalty: the mix's tail.
+    # Only while no request is in prefill and none waits for a free slot.
     assert plain_runner.ahead == 0 and ahead_runner.ahead > 0
 
 
@@ -201,3 +202,32 @@ def test_a_failed_step_drops_the_step_launched_ahead_and_the_engine_goes_on(tiny
     assert stats["free_blocks"] == stats["capacity_blocks"] and not llm._engine.has_unfinished()
     assert llm.generate(prompt, params)[0].outputs[0].token_ids == want
     llm._engine._sched.check()
+
+
+@pytest.mark.parametrize(
+    "penalty",
+    [{"repetition_penalty": 4.0}, {"presence_penalty": 2.0}, {"frequency_penalty": 2.0}],
+    ids=["repetition", "presence", "frequency"],
+)
+def test_a_step_ahead_penalizes_the_token_in_flight(tiny_model, monkeypatch, rng, penalty):
+    """A model that repeats its last token unless a penalty counts it (its logit 1 + u, the others'
+    u, u uniform in [0, 0.5)): a request alone goes ahead every step, and its penalties count the
+    token the step before sampled, which only the device knows then, as when planned after it."""
+    llm = torch_llm(tiny_model, monkeypatch, graphs=True)
+    vocab = llm.config["vocab"]
+    base = torch.rand(256, vocab, generator=torch.Generator().manual_seed(int(rng.integers(2**31)))) / 2
+
+    def repeating(self: TorchQwen3, batch: Any, kv: Any) -> torch.Tensor:
+        rows = batch.logits_indices.long()
+        logits = base[batch.positions.long()[rows]].clone()
+        logits[torch.arange(rows.shape[0]), batch.input_ids.long()[rows]] += 1.0
+        return logits
+
+    monkeypatch.setattr(TorchQwen3, "forward", repeating)
+    prompt = [int(t) for t in rng.integers(0, vocab, 6)]
+    params = ob.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, **penalty)
+    plain, _ = run(llm, [(prompt, params)], ahead=False)
+    ahead, runner = run(llm, [(prompt, params)], ahead=True)
+    tokens = plain[0][-1][2]
+    assert all(a != b for a, b in zip(tokens, tokens[1:], strict=False)), "the penalty stops the repeats"
+    assert ahead == plain and runner.ahead >= len(tokens) - 2

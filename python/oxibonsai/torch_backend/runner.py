@@ -175,7 +175,7 @@ class TorchRunner:
         logits = self._forward(StepBatch.from_plan(plan), fed)
         self._computed_tokens += plan.num_tokens
         if self.sample_on_device:
-            return start_sampling(logits, rows, self.vocab_size, self.histories)
+            return start_sampling(logits, rows, self.vocab_size, self.histories, fed)
         copy = HostCopy([logits.float()])
         return HostSampling(lambda: _only(copy.wait()).numpy(), rows)
 

@@ -108,12 +108,18 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
 
 
 def start_sampling(
-    logits: torch.Tensor, rows: Sequence[SampleRow], vocab_size: int, kept: DeviceHistories | None = None
+    logits: torch.Tensor,
+    rows: Sequence[SampleRow],
+    vocab_size: int,
+    kept: DeviceHistories | None = None,
+    pending_ids: torch.Tensor | None = None,
 ) -> PendingDraws:
     """One step's draws for the engine's sampling rows (``logits``: [R, V] on the device), started: the
     batch is built and sampled, and only the token ids and requested logprobs head for the host, without
     waiting for the device (``PendingDraws.draws`` waits). ``kept``: the runner's ``DeviceHistories``,
-    keyed by each row's ``key``, for the penalties (not used when a row has no key, -1)."""
+    keyed by each row's ``key``, for the penalties (not used when a row has no key, -1).
+    ``pending_ids``: in a step launched ahead, each row's token sampled by the step before it, which
+    its ``output_ids`` does not hold yet (the penalties count it)."""
     greedy = greedy_sample(logits, rows)
     if greedy is not None:
         return greedy.send_to_host(vocab_size)
@@ -127,6 +133,7 @@ def start_sampling(
         vocab_size=vocab_size,
         steps=[len(r.output_ids) + r.pending for r in rows] if any(r.pending for r in rows) else None,
         kept=None if kept is None or any(r.key < 0 for r in rows) else (kept, [r.key for r in rows]),
+        pending_ids=pending_ids,
     )
     return sample(logits, batch).send_to_host(batch.vocab_size, batch.logprob_rows, batch.logprob_counts)
 

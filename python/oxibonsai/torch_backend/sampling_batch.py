@@ -85,12 +85,15 @@ class SamplingBatch:
         vocab_size: int,
         steps: Sequence[int] | None = None,
         kept: tuple[DeviceHistories, Sequence[int]] | None = None,
+        pending_ids: torch.Tensor | None = None,
     ) -> SamplingBatch:
         """The batch of rows ``params[r]`` with ``seeds[r]`` (the request's seed, or the engine's when it
         has none), its histories and the ids it must not sample now. ``steps[r]`` keys row r's random
         draw (default: its output length, the index of the token being sampled). ``kept``: the
         penalties' history rows come from these ``DeviceHistories`` under these request keys (only
-        the ids they add are read and checked), not from histograms of the whole lists."""
+        the ids they add are read and checked), not from histograms of the whole lists.
+        ``pending_ids`` (int64 ``[R]`` on the device): each row's output token that ``output_ids`` does
+        not hold yet (a step launched ahead of it), added to the penalties' histories of this batch."""
         steps = [len(o) for o in output_ids] if steps is None else steps
         histories = {"prompt_ids": prompt_ids, "output_ids": output_ids, "banned": banned}
         _check_rows(params, seeds, steps, histories, vocab_size, whole_lists=kept is None)
@@ -119,6 +122,8 @@ class SamplingBatch:
         )
         floats = rows["temperature":].float()  # one conversion for every float32 column
         seen, output_counts, banned_mask = _history_masks(params, histories, vocab_size, device, kept)
+        if pending_ids is not None:
+            _add_pending(seen, output_counts, pending_ids)
         return cls(
             vocab_size=vocab_size,
             greedy=rows["greedy"] != 0,
@@ -223,6 +228,16 @@ def _history_masks(
     if any(banned):
         banned_mask = _histogram(banned, vocab, device) > 0
     return seen, output_counts, banned_mask
+
+
+def _add_pending(seen: torch.Tensor | None, counts: torch.Tensor | None, ids: torch.Tensor) -> None:
+    """Row r's output token ``ids[r]`` into this batch's ``seen`` and ``counts`` (their rows are
+    copies: a ``DeviceHistories`` row takes the token from the request's list once it holds it)."""
+    rows = torch.arange(ids.shape[0], device=ids.device)
+    if seen is not None:
+        seen[rows, ids] = True
+    if counts is not None:
+        counts.index_put_((rows, ids), torch.ones_like(ids, dtype=counts.dtype), accumulate=True)
 
 
 def _check_ids(rows: Sequence[Sequence[int]], name: str, vocab: int) -> None:

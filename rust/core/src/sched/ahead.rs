@@ -3,8 +3,8 @@
 //! device never waits for the host between two decode steps.
 //!
 //! Only a step that is all decodes is planned ahead: every running request samples in the pending step
-//! and no request waits, so the next step would be one token of each, the token the pending step
-//! samples. Those tokens are not known yet: the plan carries 0 in their place and the runner feeds them
+//! and no waiting request could start, so the next step would be one token of each, the token the
+//! pending step samples. Those tokens are not known yet: the plan carries 0 in their place and the runner feeds them
 //! on its device from the pending step's draws (item `i` of the step ahead is sampling item `i` of the
 //! pending step, less the requests skipped). The step ahead is recorded after the pending one
 //! (`update` of the pending step makes it the pending step), when its tokens are in the requests'
@@ -27,16 +27,20 @@ use super::scheduler::Scheduler;
 impl Scheduler {
     /// The step after `prev`, the pending step (planned with `plan` and not yet recorded), when it
     /// would decode one token of every running request: each request sampling in `prev`, except those
-    /// in `skip`, decodes the token it samples there. None, changing nothing, unless no request waits,
-    /// every running request samples in `prev`, no step is already planned ahead, and the new blocks
-    /// are available without preempting (a step ahead never preempts).
+    /// in `skip`, decodes the token it samples there. None, changing nothing, unless no waiting request
+    /// could start (none waits, or every sequence slot is taken: one that a request ending in `prev`
+    /// frees is filled a step later), every running request samples in `prev`, no step is already
+    /// planned ahead, and the new blocks are available without preempting (a step ahead never
+    /// preempts).
     pub fn schedule_ahead(
         &mut self,
         prev: &SchedulerOutput,
         kv: &SequenceTable,
         skip: &[u64],
     ) -> Option<SchedulerOutput> {
-        if self.pending != Some(prev.step) || self.ahead.is_some() || !self.waiting.is_empty() {
+        // A waiting request could start in the next step, unless every sequence slot is taken.
+        let could_start = !self.waiting.is_empty() && self.running.len() < self.config.max_num_seqs;
+        if self.pending != Some(prev.step) || self.ahead.is_some() || could_start {
             return None;
         }
         let live = |it: &&ScheduledItem| self.requests.running_at(it.slot, it.request, it.seq).is_some();

@@ -234,7 +234,7 @@ fn a_step_is_planned_ahead_only_when_it_is_all_decodes() {
     s.commit_plan(&first, &mut kv).unwrap();
     s.update(&first, &[9]).unwrap();
     s.add(2, vec![6; 100], 0, None).unwrap();
-    assert!(s.schedule_ahead(&ahead, &kv, &[]).is_none(), "a request waits");
+    assert!(s.schedule_ahead(&ahead, &kv, &[]).is_none(), "a request waits, and a slot is free");
     s.commit_plan(&ahead, &mut kv).unwrap();
     s.update(&ahead, &[8]).unwrap();
     assert_eq!(s.request(1).unwrap().tokens[20..], [9, 8]);
@@ -257,4 +257,18 @@ fn a_request_skipped_ahead_is_left_out() {
     assert_eq!(ahead.items.iter().map(|it| it.request).collect::<Vec<_>>(), vec![1]);
     assert_eq!(ahead.new_blocks(), 1, "position 16 starts request 1's second block");
     assert!(s.schedule_ahead(&first, &kv, &[1, 2]).is_none(), "nothing left, and a step is already ahead");
+}
+
+#[test]
+fn a_step_is_planned_ahead_while_requests_wait_for_a_slot() {
+    let mut kv = SequenceTable::new(32, 0, false);
+    let mut s =
+        Scheduler::new(SchedulerConfig { max_num_seqs: 1, max_num_batched_tokens: 64, ..Default::default() }).unwrap();
+    s.add(1, vec![5; 4], 0, None).unwrap();
+    s.add(2, vec![6; 4], 0, None).unwrap();
+    let first = s.schedule(&mut kv);
+    s.plan(&first, &mut kv).unwrap();
+    assert_eq!(s.num_waiting(), 1);
+    let ahead = s.schedule_ahead(&first, &kv, &[]).expect("request 2 cannot start: the only slot is taken");
+    assert_eq!(ahead.items.iter().map(|it| it.request).collect::<Vec<_>>(), vec![1]);
 }
