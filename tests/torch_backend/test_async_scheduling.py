@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -229,5 +230,5 @@ def test_a_step_ahead_penalizes_the_token_in_flight(tiny_model, monkeypatch, rng
     plain, _ = run(llm, [(prompt, params)], ahead=False)
     ahead, runner = run(llm, [(prompt, params)], ahead=True)
     tokens = plain[0][-1][2]
-    assert all(a != b for a, b in zip(tokens, tokens[1:], strict=False)), "the penalty stops the repeats"
+    assert all(a != b for a, b in pairwise(tokens)), "the penalty stops the repeats"
     assert ahead == plain and runner.ahead >= len(tokens) - 2
