@@ -304,10 +304,11 @@ class Engine:
         ahead = self._launch_ahead(launched) if self._runner.async_scheduling else None
         draws = pending.draws()
         self._sched.update(plan, [token for token, _, _ in draws])
-        self.metrics.on_step(plan.num_prefill_tokens, len(draws), len(plan.preempted))
-        # Requests aborted while the step ran (between two calls) are gone: their draws are dropped.
+        # Requests aborted while the step ran (between two calls), or ended by the step before it when
+        # it was launched ahead, are gone: their draws are dropped (and not counted as generated).
         taken = [(r, draw, self._take(r, draw)) for r, draw in zip(sampling, draws, strict=True)
                  if r.finish_reason is None]  # fmt: skip
+        self.metrics.on_step(plan.num_prefill_tokens, len(taken), len(plan.preempted))
         if ahead is not None:
             self._launched = ahead
         elif self._runner.async_output:

@@ -86,6 +86,7 @@ def run(
     runner.async_output = ahead
     engine._runner = runner
     tag = "ahead" if ahead else "plain"
+    generated = llm.metrics()["counters"]["generation_tokens_total"]
     for i, (prompt, params) in enumerate(requests):
         engine.add_request(f"{tag}-{i}", None, prompt, params, stream=True)
     seen: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
@@ -99,6 +100,8 @@ def run(
     stats = llm.cache_stats()
     llm.reset_prefix_cache()
     assert llm.cache_stats()["free_blocks"] == stats["capacity_blocks"], "a KV block leaked"
+    generated = llm.metrics()["counters"]["generation_tokens_total"] - generated
+    assert generated == sum(len(outputs[-1][2]) for outputs in seen.values()), "dropped tokens counted"
     return dict(seen), runner
 
 
