@@ -112,36 +112,11 @@ def overlap(steps: int = 200, rounds: int = 3) -> None:
     llm = _stubbed_llm()
     eng, runner = llm._engine, llm._engine._runner
     launch = runner.launch
-
-    class Delayed:
-        def __init__(self, pending: object, ready: float) -> None:
-            self.pending, self.ready = pending, ready
-
-        def draws(self) -> object:
-            while time.perf_counter() < self.ready:
-                pass
-            return self.pending.draws()  # type: ignore[attr-defined]
-
     device_s = [0.0]
-    runner.launch = lambda *a: Delayed(launch(*a), time.perf_counter() + device_s[0])
+    runner.launch = lambda *a: _Ready(launch(*a), time.perf_counter() + device_s[0])
     print("| running requests | simulated device step (us) | step, output after (us) "
           "| step, overlapped (us) | after / overlapped |\n|--:|--:|--:|--:|--:|")  # fmt: skip
-    for batch in (16, 64):
-        for device_us in (500, 1000, 2000):
-            device_s[0] = device_us * 1e-6
-            best = {False: float("inf"), True: float("inf")}
-            for _ in range(rounds):
-                for on in (False, True):
-                    runner.async_output = on
-                    _start_decoding(eng, batch)
-                    start = time.perf_counter()
-                    for _ in range(steps):
-                        eng.step()
-                    best[on] = min(best[on], (time.perf_counter() - start) / steps * 1e6)
-                    eng.abort_all()
-            print(f"| {batch} | {device_us} | {best[False]:.0f} | {best[True]:.0f} | "
-                  f"{best[False] / best[True]:.2f} |")  # fmt: skip
-    runner.async_output = False
+    _interleaved(eng, runner, "async_output", (16, 64), device_s, steps, rounds)
 
 
 def ahead(steps: int = 200, rounds: int = 5) -> None:
@@ -154,38 +129,48 @@ def ahead(steps: int = 200, rounds: int = 5) -> None:
     llm = _stubbed_llm()
     eng, runner = llm._engine, llm._engine._runner
     launch = runner.launch
-
-    class Queued:
-        def __init__(self, pending: object, ready: float) -> None:
-            self.pending, self.ready = pending, ready
-            self.device_ids = pending.device_ids  # type: ignore[attr-defined]
-
-        def draws(self) -> object:
-            while time.perf_counter() < self.ready:
-                pass
-            return self.pending.draws()  # type: ignore[attr-defined]
-
     device_s, free_at = [0.0], [0.0]
 
-    def queued_launch(sched: Any, out: Any, rows: Any, feed: Any = None) -> Queued:
-        if feed is not None:
+    def queued_launch(sched: Any, out: Any, rows: Any, feed: Any = None) -> _Ready:
+        if feed is not None:  # the runner reads the device ids of its own draws
             feed = type(feed)(feed.draws.pending, feed.rows)
         pending = launch(sched, out, rows, feed)
-        ready = max(time.perf_counter(), free_at[0]) + device_s[0]  # queued once launch returns
-        free_at[0] = ready
-        return Queued(pending, ready)
+        free_at[0] = max(time.perf_counter(), free_at[0]) + device_s[0]  # queued once launch returns
+        return _Ready(pending, free_at[0])
 
     runner.launch = queued_launch
     runner.async_output = True
     print("| running requests | simulated device step (us) | step, planned after the tokens (us) "
           "| step, launched ahead (us) | after / ahead |\n|--:|--:|--:|--:|--:|")  # fmt: skip
-    for batch in (1, 16, 64):
+    _interleaved(eng, runner, "async_scheduling", (1, 16, 64), device_s, steps, rounds)
+    runner.async_output = False
+
+
+class _Ready:
+    """A launch's draws, ready at ``ready`` (``perf_counter`` seconds): ``draws`` spins until then."""
+
+    def __init__(self, pending: Any, ready: float) -> None:
+        self.pending, self.ready = pending, ready
+
+    def draws(self) -> Any:
+        while time.perf_counter() < self.ready:
+            pass
+        return self.pending.draws()
+
+
+def _interleaved(
+    eng: Any, runner: Any, switch: str, batches: tuple[int, ...], device_s: list[float], steps: int,
+    rounds: int,
+) -> None:  # fmt: skip
+    """Prints a row per batch size and simulated device step: the best step time with the runner's
+    ``switch`` off and on, rounds interleaved; leaves it off."""
+    for batch in batches:
         for device_us in (500, 1000, 2000):
             device_s[0] = device_us * 1e-6
             best = {False: float("inf"), True: float("inf")}
             for _ in range(rounds):
                 for on in (False, True):
-                    runner.async_scheduling = on
+                    setattr(runner, switch, on)
                     _start_decoding(eng, batch)
                     start = time.perf_counter()
                     for _ in range(steps):
@@ -194,7 +179,7 @@ def ahead(steps: int = 200, rounds: int = 5) -> None:
                     eng.abort_all()
             print(f"| {batch} | {device_us} | {best[False]:.0f} | {best[True]:.0f} | "
                   f"{best[False] / best[True]:.2f} |")  # fmt: skip
-    runner.async_scheduling = runner.async_output = False
+    setattr(runner, switch, False)
 
 
 def _stubbed_llm() -> Any:

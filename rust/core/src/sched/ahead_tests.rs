@@ -219,12 +219,7 @@ fn steps_planned_ahead_give_every_request_the_same_tokens() {
 
 #[test]
 fn a_step_is_planned_ahead_only_when_it_is_all_decodes() {
-    let mut kv = SequenceTable::new(32, 0, false);
-    let mut s =
-        Scheduler::new(SchedulerConfig { max_num_seqs: 4, max_num_batched_tokens: 64, ..Default::default() }).unwrap();
-    s.add(1, vec![5; 20], 0, None).unwrap();
-    let first = s.schedule(&mut kv);
-    s.plan(&first, &mut kv).unwrap();
+    let (mut s, mut kv, first) = first_step_planned(4, &[(1, vec![5; 20])]);
     let ahead = s.schedule_ahead(&first, &kv, &[]).expect("one request, sampling");
     assert_eq!((ahead.items[0].start, ahead.items[0].num_tokens), (20, 1));
     let plan = s.plan(&ahead, &mut kv).unwrap();
@@ -246,13 +241,7 @@ fn a_step_is_planned_ahead_only_when_it_is_all_decodes() {
 
 #[test]
 fn a_request_skipped_ahead_is_left_out() {
-    let mut kv = SequenceTable::new(32, 0, false);
-    let mut s =
-        Scheduler::new(SchedulerConfig { max_num_seqs: 4, max_num_batched_tokens: 64, ..Default::default() }).unwrap();
-    s.add(1, vec![5; 16], 0, None).unwrap();
-    s.add(2, vec![6; 3], 0, None).unwrap();
-    let first = s.schedule(&mut kv);
-    s.plan(&first, &mut kv).unwrap();
+    let (mut s, kv, first) = first_step_planned(4, &[(1, vec![5; 16]), (2, vec![6; 3])]);
     let ahead = s.schedule_ahead(&first, &kv, &[2]).unwrap();
     assert_eq!(ahead.items.iter().map(|it| it.request).collect::<Vec<_>>(), vec![1]);
     assert_eq!(ahead.new_blocks(), 1, "position 16 starts request 1's second block");
@@ -261,14 +250,24 @@ fn a_request_skipped_ahead_is_left_out() {
 
 #[test]
 fn a_step_is_planned_ahead_while_requests_wait_for_a_slot() {
-    let mut kv = SequenceTable::new(32, 0, false);
-    let mut s =
-        Scheduler::new(SchedulerConfig { max_num_seqs: 1, max_num_batched_tokens: 64, ..Default::default() }).unwrap();
-    s.add(1, vec![5; 4], 0, None).unwrap();
-    s.add(2, vec![6; 4], 0, None).unwrap();
-    let first = s.schedule(&mut kv);
-    s.plan(&first, &mut kv).unwrap();
+    let (mut s, kv, first) = first_step_planned(1, &[(1, vec![5; 4]), (2, vec![6; 4])]);
     assert_eq!(s.num_waiting(), 1);
     let ahead = s.schedule_ahead(&first, &kv, &[]).expect("request 2 cannot start: the only slot is taken");
     assert_eq!(ahead.items.iter().map(|it| it.request).collect::<Vec<_>>(), vec![1]);
+}
+
+/// A scheduler over 32 blocks with these requests added, its first step scheduled and planned.
+fn first_step_planned(
+    max_num_seqs: usize,
+    requests: &[(u64, Vec<u32>)],
+) -> (Scheduler, SequenceTable, SchedulerOutput) {
+    let mut kv = SequenceTable::new(32, 0, false);
+    let cfg = SchedulerConfig { max_num_seqs, max_num_batched_tokens: 64, ..Default::default() };
+    let mut s = Scheduler::new(cfg).unwrap();
+    for (id, prompt) in requests {
+        s.add(*id, prompt.clone(), 0, None).unwrap();
+    }
+    let first = s.schedule(&mut kv);
+    s.plan(&first, &mut kv).unwrap();
+    (s, kv, first)
 }
