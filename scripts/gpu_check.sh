@@ -34,8 +34,9 @@ part() {  # part NAME SECONDS COMMAND...: runs COMMAND under a timeout, its outp
 }
 
 gpu_only=(tests/torch_backend/test_pdl.py tests/torch_backend/test_pending.py
-          tests/torch_backend/test_decode_graphs.py tests/torch_backend/test_q1_exact.py
-          tests/torch_backend/test_q1_fast.py tests/torch_backend/test_kv_pool.py)
+          tests/torch_backend/test_decode_graphs.py tests/torch_backend/test_async_scheduling.py
+          tests/torch_backend/test_q1_exact.py tests/torch_backend/test_q1_fast.py
+          tests/torch_backend/test_kv_pool.py)
 cache_entries() { ls "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" 2>/dev/null | wc -l; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$out/nvidia-smi.txt" 2>&1
 part precompile 90 python3 benches/gpu/precompile.py

@@ -237,3 +237,20 @@ def test_a_step_ahead_penalizes_the_token_in_flight(tiny_model, monkeypatch, rng
     tokens = plain[0][-1][2]
     assert all(a != b for a, b in pairwise(tokens)), "the penalty stops the repeats"
     assert ahead == plain and runner.ahead >= len(tokens) - 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the asynchronous device path needs CUDA")
+def test_on_cuda_steps_launched_ahead_give_the_outputs_of_steps_planned_after(tiny_model, monkeypatch, rng):
+    """The real thing: CUDA graphs replayed behind the step in flight and fed its sampled ids on the
+    device, over the exact Q1 kernels (a row's bits do not depend on its batch): the request mix's
+    outputs equal those of steps planned after their tokens, and steps did go ahead."""
+    for switch in ("OXIBONSAI_ASYNC_SCHEDULING", "OXIBONSAI_DEVICE_SAMPLING", "OXIBONSAI_TORCH_OPS"):
+        monkeypatch.delenv(switch, raising=False)
+    llm = ob.LLM(tiny_model, device="cuda", runner="torch", max_model_len=256, max_num_seqs=4,
+                 max_num_batched_tokens=24)  # fmt: skip
+    assert llm._engine._runner.async_scheduling, "on by default on CUDA"
+    requests = mixed_requests(llm, rng)
+    plain, _ = run(llm, requests, ahead=False)
+    ahead, runner = run(llm, requests, ahead=True)
+    assert ahead == plain and runner.ahead > 0
+    assert llm._engine._runner.graphs.replays > 0
