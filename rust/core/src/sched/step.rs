@@ -70,7 +70,8 @@ impl Scheduler {
         let starts: Vec<usize> = live.iter().map(|it| it.start).collect();
         let mut growth = Vec::with_capacity(live.len());
         for it in &live {
-            growth.push((it.seq, it.start + it.num_tokens - kv.sequence_len(it.seq)?));
+            // An item starting before its sequence's end is refused by `build_at` below.
+            growth.push((it.seq, (it.start + it.num_tokens).saturating_sub(kv.sequence_len(it.seq)?)));
         }
         kv.reserve(&growth)?;
         let mut plan = StepPlan::build_at(&items, &starts, &prompt_lens, kv)?;
