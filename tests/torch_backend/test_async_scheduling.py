@@ -177,11 +177,15 @@ def test_a_step_ahead_bans_stop_ids_up_to_min_tokens_counting_the_token_in_fligh
     free = llm.generate(prompt, ob.SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
     drawn = free[0].outputs[0].token_ids
     m = next(i for i in range(3, 30) if drawn[i] not in drawn[:i])
-    params = ob.SamplingParams(max_tokens=30, temperature=0.0, min_tokens=m, stop_token_ids=[drawn[m]])
+    params = ob.SamplingParams(max_tokens=40, temperature=0.0, min_tokens=m, stop_token_ids=[drawn[m]])
     plain, _ = run(llm, [(prompt, params)], ahead=False)
     ahead, runner = run(llm, [(prompt, params)], ahead=True)
     assert plain[0][-1][2] == tuple(drawn[: m + 1]) and plain[0][-1][3] == "stop"
     assert ahead == plain and runner.ahead >= m - 2
+    # Its stop token came with a step ahead in flight, which the next call takes first.
+    assert llm._engine._launched is not None
+    again, _ = run(llm, [(prompt, params)], ahead=True)
+    assert again == ahead and llm._engine._launched is not None
 
 
 def test_a_failed_step_drops_the_step_launched_ahead_and_the_engine_goes_on(tiny_model, monkeypatch, rng):
