@@ -79,7 +79,7 @@ def run_sections(args: argparse.Namespace, plan: Plan, report: dict[str, Any]) -
         "q1": lambda: q1_section(plan, device, budget.share(SHARES["q1"]), report_b1(report)),
         "decode": lambda: decode_section(plan, device, budget.share(SHARES["decode"])),
         "tier": lambda: tier_section(plan, device, budget),
-        "engine": lambda: engine_section(plan, device),
+        "engine": lambda: engine_section(plan, device, budget),
     }
     for name in SECTIONS:
         if name not in args.sections:

@@ -6,6 +6,9 @@ eagerly (``enforce_eager=True``), with graphs over the float Q1 kernels
 (``OXIBONSAI_ASYNC_SCHEDULING=0``: ``ahead_gain``), and that with each step's output work after its
 tokens too instead of overlapping the next step (``OXIBONSAI_ASYNC_OUTPUT=0``: ``overlap_gain``), the
 same prompts in all five; sampling on the device in all (the default on CUDA; the smoke run's too).
+The modes run in ``MODES`` order, and one that would start after the bench's budget is spent is
+skipped (``skipped_modes``; its comparisons are None), so the section's figures are written before the
+device command's time runs out.
 Batch ``n`` runs the first ``n`` prompts of the largest batch, so each row says whether graphs and
 eager gave the same tokens and whether each request's tokens equal those it got in the largest batch
 (batched vs alone: ``batch_invariant``; the exact arithmetic promises it, the float one does not).
@@ -29,12 +32,18 @@ from oxibonsai.torch_backend.ops.dispatch import Q1_ENV_VAR
 
 from .plan import SEED, Plan
 from .tier import import_tests_module
-from .timing import environment, free, ratio
+from .timing import Budget, environment, free, ratio
 
 PROMPT_TOKENS = 32
 
 
-def engine_section(plan: Plan, device: torch.device) -> dict[str, Any]:
+MODES = ("graphs", "planned_after", "eager", "output_after", "float")
+"""In the order they run: the default first, then what each comparison needs, most telling first."""
+
+
+def engine_section(plan: Plan, device: torch.device, budget: Budget) -> dict[str, Any]:
+    """The section's figures; a mode that would start once ``budget`` is spent is skipped (its
+    figures are missing from the rows), so the section never runs far past the bench's budget."""
     factory = import_tests_module("model_factory")
     cfg = factory.bonsai_1p7b_config() if device.type == "cuda" else factory.TinyQwen3Config()
     path = Path(tempfile.mkdtemp(prefix="bench-gpu-")) / "engine.gguf"
@@ -44,8 +53,12 @@ def engine_section(plan: Plan, device: torch.device) -> dict[str, Any]:
     batches = {n: prompts[:n] for n in plan.batches}
     runs: dict[str, Any] = {}
     tokens: dict[str, dict[int, list[list[int]]]] = {}
+    skipped = []
     try:
-        for mode in ("graphs", "eager", "float", "planned_after", "output_after"):
+        for mode in MODES:
+            if mode != MODES[0] and budget.over():
+                skipped.append(mode)
+                continue
             with (
                 arithmetic("float" if mode == "float" else "exact"),
                 switches(ahead=mode not in ("planned_after", "output_after"), overlap=mode != "output_after"),
@@ -63,27 +76,34 @@ def engine_section(plan: Plan, device: torch.device) -> dict[str, Any]:
     rows = [engine_row(n, runs, tokens) for n in plan.batches]
     return {"gguf": cfg.name, "prompt_tokens": PROMPT_TOKENS, "decode_tokens": plan.engine_tokens,
             "graph_replays": runs["graphs"]["graph_replays"], "rows": rows,
-            "vs_native_cpu": runs["vs_native_cpu"]}  # fmt: skip
+            "vs_native_cpu": runs["vs_native_cpu"], "skipped_modes": skipped}  # fmt: skip
 
 
 def engine_row(n: int, runs: dict[str, Any], tokens: dict[str, dict[int, list[list[int]]]]) -> dict[str, Any]:
+    """Batch ``n``'s figures from the modes that ran (a comparison with a skipped mode is None)."""
     largest = max(tokens["graphs"])
 
-    def invariant(mode: str) -> bool:
-        return tokens[mode][n] == tokens[mode][largest][:n]
+    def rate(mode: str) -> float | None:
+        return runs[mode][n]["tok_s"] if mode in runs else None
 
-    return {"batch": n, "graph_tok_s": runs["graphs"][n]["tok_s"], "eager_tok_s": runs["eager"][n]["tok_s"],
-            "graph_over_eager": ratio(runs["graphs"][n]["tok_s"], runs["eager"][n]["tok_s"]),
-            "float_graph_tok_s": runs["float"][n]["tok_s"],
-            "planned_after_tok_s": runs["planned_after"][n]["tok_s"],
-            "ahead_gain": ratio(runs["graphs"][n]["tok_s"], runs["planned_after"][n]["tok_s"]),
-            "ahead_same_tokens": tokens["graphs"][n] == tokens["planned_after"][n],
-            "output_after_tok_s": runs["output_after"][n]["tok_s"],
-            "overlap_gain": ratio(runs["planned_after"][n]["tok_s"], runs["output_after"][n]["tok_s"]),
-            "overlap_same_tokens": tokens["planned_after"][n] == tokens["output_after"][n],
-            "exact_over_float": ratio(runs["graphs"][n]["tok_s"], runs["float"][n]["tok_s"]),
-            "same_tokens": tokens["graphs"][n] == tokens["eager"][n],
-            "batch_invariant": invariant("graphs") and invariant("eager"),
+    def gain(mode: str, over: str) -> float | None:
+        return ratio(rate(mode), rate(over))
+
+    def same(mode: str, other: str) -> bool | None:
+        return tokens[mode][n] == tokens[other][n] if mode in tokens and other in tokens else None
+
+    def invariant(mode: str) -> bool | None:
+        return tokens[mode][n] == tokens[mode][largest][:n] if mode in tokens else None
+
+    eager_invariant = invariant("eager")
+    return {"batch": n, "graph_tok_s": rate("graphs"), "eager_tok_s": rate("eager"),
+            "graph_over_eager": gain("graphs", "eager"), "float_graph_tok_s": rate("float"),
+            "planned_after_tok_s": rate("planned_after"), "ahead_gain": gain("graphs", "planned_after"),
+            "ahead_same_tokens": same("graphs", "planned_after"),
+            "output_after_tok_s": rate("output_after"), "overlap_gain": gain("planned_after", "output_after"),
+            "overlap_same_tokens": same("planned_after", "output_after"),
+            "exact_over_float": gain("graphs", "float"), "same_tokens": same("graphs", "eager"),
+            "batch_invariant": invariant("graphs") and eager_invariant is not False,
             "float_batch_invariant": invariant("float")}  # fmt: skip
 
 
