@@ -4,9 +4,10 @@
 //!
 //! Only a step that is all decodes is planned ahead: every running request samples in the pending step
 //! and no waiting request could start, so the next step would be one token of each, the token the
-//! pending step samples. Those tokens are not known yet: the plan carries 0 in their place and the runner feeds them
-//! on its device from the pending step's draws (item `i` of the step ahead is sampling item `i` of the
-//! pending step, less the requests skipped). The step ahead is recorded after the pending one
+//! pending step samples. Those tokens are not known yet: the plan carries 0 in their place and the
+//! runner feeds them on its device from the pending step's draws (the step ahead's items are the
+//! pending step's sampling items in order, less the requests skipped or ended since; the engine maps
+//! each to its draw by request). The step ahead is recorded after the pending one
 //! (`update` of the pending step makes it the pending step), when its tokens are in the requests'
 //! lists. A request that ends with the pending step's token (a stop token or string, which the engine
 //! learns only then) has computed one token too many in the step ahead: the engine finishes it before
