@@ -183,7 +183,7 @@ impl Scheduler {
     /// Plans the step after `out` (prepared, not yet updated) before `out`'s tokens are known, when
     /// it would be one decode of each running request: of the token each samples in `out`, except
     /// the requests in `skip` (those `out`'s token ends). None when it would be anything else (a
-    /// request waits, one is in prefill, the blocks are short). The runner feeds the tokens on its
+    /// waiting request could start, one is in prefill, the blocks are short). The runner feeds the tokens on its
     /// device (item `i` takes `out`'s sampled token `i`, skipped requests left out): the plan holds
     /// 0 for them. `update(out)` comes first, then this step's. A table scheduler only.
     #[pyo3(signature = (out, skip=Vec::new()))]

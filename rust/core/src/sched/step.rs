@@ -11,7 +11,7 @@ use super::output::{ScheduledItem, SchedulerOutput};
 use super::request::Request;
 use super::scheduler::Scheduler;
 
-/// The token a plan carries for one its step samples in the step before (a step planned ahead).
+/// The token a plan carries for one that the step before it samples (a step planned ahead).
 const PLACEHOLDER: [u32; 1] = [0];
 
 impl Scheduler {
@@ -63,13 +63,13 @@ impl Scheduler {
         if self.ahead != Some(out.step) {
             self.check_pending(out)?;
         }
-        let live: Vec<&ScheduledItem> = out.items.iter().filter(|it| self.item_request(it).is_some()).collect();
-        let items: Vec<StepItem> = live.iter().filter_map(|it| self.step_item(it)).collect();
-        let prompt_lens: Vec<usize> =
-            live.iter().filter_map(|it| Some(self.item_request(it)?.prompt_len as usize)).collect();
-        let starts: Vec<usize> = live.iter().map(|it| it.start).collect();
-        let mut growth = Vec::with_capacity(live.len());
-        for it in &live {
+        // The items whose request still runs, with their prompt lengths, starts and block growth.
+        let (mut items, mut prompt_lens, mut starts, mut growth) = (vec![], vec![], vec![], vec![]);
+        for it in &out.items {
+            let (Some(r), Some(item)) = (self.item_request(it), self.step_item(it)) else { continue };
+            items.push(item);
+            prompt_lens.push(r.prompt_len as usize);
+            starts.push(it.start);
             // An item starting before its sequence's end is refused by `build_at` below.
             growth.push((it.seq, (it.start + it.num_tokens).saturating_sub(kv.sequence_len(it.seq)?)));
         }
