@@ -62,7 +62,6 @@ class _Request:
     stop_reason: int | str | None = None
     plain_greedy: bool = False  # params.is_plain_greedy, read once
     row: SampleRow | None = None  # the sampling row of every step with nothing banned
-    row_ahead: SampleRow | None = None  # the same for the steps launched ahead (``pending`` 1)
 
     def snapshot(self) -> RequestOutput:
         completion = CompletionOutput(
@@ -359,7 +358,7 @@ class Engine:
             return None
         row_of = {r.handle: i for i, r in enumerate(sampling)}
         ahead = [self._requests[handle] for handle, _, _ in out.items]
-        rows = [self._sample_row(r, pending=1) for r in ahead]
+        rows = [self._sample_row(r, pending=1) for r in ahead]  # min_tokens counts the token in flight
         feed = Feed(pending, [row_of[r.handle] for r in ahead])
         return out, ahead, self._runner.launch(self._sched, out, rows, feed)
 
@@ -377,15 +376,10 @@ class Engine:
         histories are the request's own lists, which grow in place)."""
         banned = self._banned(r, pending)
         if banned:
-            return _new_row(r, banned, pending)
-        kept = r.row if pending == 0 else r.row_ahead
-        if kept is None:
-            kept = _new_row(r, [], pending)
-            if pending == 0:
-                r.row = kept
-            else:
-                r.row_ahead = kept
-        return kept
+            return _new_row(r, banned)
+        if r.row is None:
+            r.row = _new_row(r, [])
+        return r.row
 
     def _take(self, r: _Request, draw: Draw) -> bool:
         """Appends a sampled token and decides whether its request ends: on a stop token or at its
@@ -478,7 +472,7 @@ class Engine:
         del self._handles[r.request_id]
 
 
-def _new_row(r: _Request, banned: list[int], pending: int) -> SampleRow:
+def _new_row(r: _Request, banned: list[int]) -> SampleRow:
     return SampleRow(
-        r.params, r.seed, r.sampler, r.prompt_ids, r.output_ids, banned, r.handle, r.plain_greedy, pending
+        r.params, r.seed, r.sampler, r.prompt_ids, r.output_ids, banned, r.handle, r.plain_greedy
     )

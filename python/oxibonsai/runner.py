@@ -56,9 +56,6 @@ class SampleRow:
     key: int = -1
     # params.is_plain_greedy, worked out once per request by the engine (None: read from params)
     plain_greedy: bool | None = None
-    # tokens sampled for the request that ``output_ids`` does not hold yet: 1 in a step planned ahead
-    # (``Feed``), whose row draws as the request's token ``len(output_ids) + pending``
-    pending: int = 0
 
 
 class Feed(NamedTuple):

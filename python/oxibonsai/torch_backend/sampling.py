@@ -119,7 +119,8 @@ def start_sampling(
     waiting for the device (``PendingDraws.draws`` waits). ``kept``: the runner's ``DeviceHistories``,
     keyed by each row's ``key``, for the penalties (not used when a row has no key, -1).
     ``pending_ids``: in a step launched ahead, each row's token sampled by the step before it, which
-    its ``output_ids`` does not hold yet (the penalties count it)."""
+    its ``output_ids`` does not hold yet (the penalties count it, and a row's random draw is that of
+    the token after it)."""
     greedy = greedy_sample(logits, rows)
     if greedy is not None:
         return greedy.send_to_host(vocab_size)
@@ -131,7 +132,8 @@ def start_sampling(
         [r.banned for r in rows],
         logits.device,
         vocab_size=vocab_size,
-        steps=[len(r.output_ids) + r.pending for r in rows] if any(r.pending for r in rows) else None,
+        # A row ahead draws the token after the one in flight: its random draw is keyed by that index.
+        steps=None if pending_ids is None else [len(r.output_ids) + 1 for r in rows],
         kept=None if kept is None or any(r.key < 0 for r in rows) else (kept, [r.key for r in rows]),
         pending_ids=pending_ids,
     )
