@@ -131,8 +131,8 @@ def test_greedy_decodes_go_ahead_every_step_and_give_the_tokens_of_each_alone(ti
                 for p, n in zip(prompts, lengths, strict=True)]  # fmt: skip
     ahead, runner = run(llm, requests, ahead=True)
     assert [ahead[i][-1] for i in range(4)] == [summary(o) for o in alone]
-    # Every decode step goes ahead but the first after the prompts' step and, at worst, one after
-    # each request that ends by its length.
+    # Every step after the prompts' one goes ahead but, at worst, one after each request that ends by
+    # its length.
     assert runner.ahead >= max(lengths) - 1 - len(lengths)
 
 
