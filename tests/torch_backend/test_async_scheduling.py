@@ -27,7 +27,9 @@ from oxibonsai.torch_backend.graphs import DecodeGraphs  # noqa: E402
 from oxibonsai.torch_backend.model import TorchQwen3  # noqa: E402
 
 
-def torch_llm(path: Path, monkeypatch: pytest.MonkeyPatch, graphs: bool, **kwargs: Any) -> ob.LLM:
+def torch_llm(
+    path: Path, monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator, graphs: bool, **kwargs: Any
+) -> ob.LLM:
     """The torch runner on the CPU sampling on its device, as on a GPU, with a row-wise model (see
     ``rowwise_forward``); with ``graphs``, decode steps go through ``DecodeGraphs``' padded buffers, run
     eagerly."""
@@ -37,7 +39,8 @@ def torch_llm(path: Path, monkeypatch: pytest.MonkeyPatch, graphs: bool, **kwarg
     llm = ob.LLM(path, **args)
     runner = llm._engine._runner
     assert not runner.async_scheduling, "off by default off CUDA"
-    monkeypatch.setattr(TorchQwen3, "forward", rowwise_forward(llm.config["vocab"], 256))
+    seed = int(rng.integers(2**31))  # from the printed rng seed, so a failure replays
+    monkeypatch.setattr(TorchQwen3, "forward", rowwise_forward(llm.config["vocab"], 256, seed))
     if graphs:
         runner.graphs = DecodeGraphs(
             runner.model, runner.kv, max_num_seqs=4, max_model_len=256, capture=False
@@ -45,12 +48,12 @@ def torch_llm(path: Path, monkeypatch: pytest.MonkeyPatch, graphs: bool, **kwarg
     return llm
 
 
-def rowwise_forward(vocab: int, positions: int) -> Callable[..., torch.Tensor]:
+def rowwise_forward(vocab: int, positions: int, seed: int) -> Callable[..., torch.Tensor]:
     """A forward pass whose logits row is a fixed random function of its token and position alone: a
     row gets the same bits in any batch (the torch kernels' rows do not, and a step ahead can hold a
     row more than a step planned after the tokens: a request that just ended), and a step's rows
     depend on the ids it was fed."""
-    gen = torch.Generator().manual_seed(int(np.random.default_rng().integers(2**31)))
+    gen = torch.Generator().manual_seed(seed)
     by_token = torch.randn(vocab, vocab, generator=gen) * 4
     by_position = torch.randn(positions, vocab, generator=gen)
 
@@ -107,7 +110,7 @@ def run(
 
 @pytest.mark.parametrize("graphs", [True, False], ids=["graph-buffers", "eager"])
 def test_steps_launched_ahead_change_no_output(tiny_model, monkeypatch, rng, graphs):
-    llm = torch_llm(tiny_model, monkeypatch, graphs)
+    llm = torch_llm(tiny_model, monkeypatch, rng, graphs)
     requests = mixed_requests(llm, rng)
     plain, plain_runner = run(llm, requests, ahead=False)
     ahead, ahead_runner = run(llm, requests, ahead=True)
@@ -118,7 +121,7 @@ def test_steps_launched_ahead_change_no_output(tiny_model, monkeypatch, rng, gra
 
 def test_greedy_decodes_go_ahead_every_step_and_give_the_tokens_of_each_alone(tiny_model, monkeypatch, rng):
     llm = torch_llm(
-        tiny_model, monkeypatch, graphs=True, enable_prefix_caching=True, max_num_batched_tokens=256
+        tiny_model, monkeypatch, rng, graphs=True, enable_prefix_caching=True, max_num_batched_tokens=256
     )
     vocab = llm.config["vocab"]
     prompts = [[int(t) for t in rng.integers(0, vocab, int(rng.integers(3, 40)))] for _ in range(4)]
@@ -137,7 +140,7 @@ def test_greedy_decodes_go_ahead_every_step_and_give_the_tokens_of_each_alone(ti
 
 
 def test_a_request_aborted_while_a_step_runs_ahead_gets_no_more_output(tiny_model, monkeypatch, rng):
-    llm = torch_llm(tiny_model, monkeypatch, graphs=True, enable_prefix_caching=False)
+    llm = torch_llm(tiny_model, monkeypatch, rng, graphs=True, enable_prefix_caching=False)
     engine = llm._engine
     params = ob.SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
     prompts = [[int(t) for t in rng.integers(0, 300, int(rng.integers(2, 30)))] for _ in range(4)]
@@ -172,7 +175,7 @@ def test_a_step_ahead_bans_stop_ids_up_to_min_tokens_counting_the_token_in_fligh
 ):
     """A request alone (every decode goes ahead) with ``min_tokens`` m whose stop id is the token it
     draws at index m: banned before, so it ends exactly there, as when planned after each token."""
-    llm = torch_llm(tiny_model, monkeypatch, graphs=True)
+    llm = torch_llm(tiny_model, monkeypatch, rng, graphs=True)
     prompt = [int(t) for t in rng.integers(0, llm.config["vocab"], 9)]
     free = llm.generate(prompt, ob.SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
     drawn = free[0].outputs[0].token_ids
@@ -191,7 +194,7 @@ def test_a_step_ahead_bans_stop_ids_up_to_min_tokens_counting_the_token_in_fligh
 def test_a_failed_step_drops_the_step_launched_ahead_and_the_engine_goes_on(tiny_model, monkeypatch, rng):
     """NaN logits at one position fail ``generate`` (the sampler's error) while a step runs ahead of
     them; every block comes back, and the next request gets the tokens it gets on a fresh engine."""
-    llm = torch_llm(tiny_model, monkeypatch, graphs=True, enable_prefix_caching=False)
+    llm = torch_llm(tiny_model, monkeypatch, rng, graphs=True, enable_prefix_caching=False)
     prompt = [int(t) for t in rng.integers(0, llm.config["vocab"], 5)]
     params = ob.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     want = llm.generate(prompt, params)[0].outputs[0].token_ids
@@ -223,7 +226,7 @@ def test_a_step_ahead_penalizes_the_token_in_flight(tiny_model, monkeypatch, rng
     """A model that repeats its last token unless a penalty counts it (its logit 1 + u, the others'
     u, u uniform in [0, 0.5)): a request alone goes ahead every step, and its penalties count the
     token the step before sampled, which only the device knows then, as when planned after it."""
-    llm = torch_llm(tiny_model, monkeypatch, graphs=True)
+    llm = torch_llm(tiny_model, monkeypatch, rng, graphs=True)
     vocab = llm.config["vocab"]
     base = torch.rand(256, vocab, generator=torch.Generator().manual_seed(int(rng.integers(2**31)))) / 2
 
