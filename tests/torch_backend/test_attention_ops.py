@@ -205,11 +205,13 @@ def test_no_queries(attn_triton: ModuleType, rng: np.random.Generator) -> None:
 # (KV lengths, query lengths, decode_from): a recompute piece (2 prompt rows, then 10 sampled tokens),
 # a whole recompute (20 prompt rows, 13 sampled), a prompt piece, a decode, a one-row prompt piece.
 RECOMPUTE = ([40, 33, 20, 36, 18], [12, 33, 5, 1, 1], [30, 20, 25, 7, 18])
+BIT_EXACT = {"max_splits": 2, "precision": "ieee"}  # the batched call's and each lone one's
 
 
 def lone(attn_triton: ModuleType, case: PagedCase, seq: int, rows: slice, decode_from: int) -> torch.Tensor:
     """Rows ``rows`` of sequence ``seq``'s piece run as the only sequence of a step, ending at the last
-    of them."""
+    of them, with the batched call's settings (``BIT_EXACT``: on a GPU the defaults are 16 splits and
+    tf32 dots)."""
     starts = case.query_start_loc.tolist()
     first, end = starts[seq] + rows.start, starts[seq] + rows.stop
     kv_len = int(case.seq_lens[seq]) - (starts[seq + 1] - end)
@@ -220,6 +222,7 @@ def lone(attn_triton: ModuleType, case: PagedCase, seq: int, rows: slice, decode
         *(t.to(DEVICE) for t in args),
         0.2,
         decode_from=torch.tensor([decode_from], dtype=torch.int32, device=DEVICE),
+        **BIT_EXACT,
     )
     return out.cpu()
 
@@ -241,7 +244,7 @@ def test_decode_from_sends_sampled_rows_to_the_decode_kernel_bit_for_bit(
     hints = {"max_q_len": max(q_lens), "decode_rows": rows} if known else {}
     out = attn_triton.paged_attention(
         *case.args(DEVICE), 0.2, decode_from=torch.tensor(decode_from, dtype=torch.int32, device=DEVICE),
-        max_splits=2, precision="ieee", **hints,
+        **BIT_EXACT, **hints,
     ).cpu()  # fmt: skip
     check(out, ref_torch.paged_attention(*case.args(), 0.2))
     starts = case.query_start_loc.tolist()

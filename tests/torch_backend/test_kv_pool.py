@@ -200,6 +200,37 @@ def test_moves_between_device_and_pinned_host_pools(rng, dtype, host_major):
         assert_transfer(src_before, dst_before, src, dst, moves)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_page_aligned_tensor_owns_whole_pages(rng, dtype):
+    from oxibonsai.torch_backend.kv_pool import PAGE_BYTES, page_aligned_zeros
+
+    shape = (3, 2, int(rng.integers(1, 40)), 16, 2, 8)
+    data, ptr, span = page_aligned_zeros(shape, dtype)
+    assert data.shape == shape and data.dtype == dtype and data.is_contiguous()
+    assert ptr == data.data_ptr() and ptr % PAGE_BYTES == 0 and span % PAGE_BYTES == 0
+    assert span - PAGE_BYTES < data.numel() * data.element_size() <= span
+    storage = data.untyped_storage()
+    assert storage.data_ptr() + storage.nbytes() >= ptr + span, "the locked pages are the buffer's"
+    assert not data.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_small_pinned_pools_side_by_side_leave_no_cuda_error(rng):
+    """Small host pools, alive together: the pages each registers hold nothing another locked (a
+    failed registration leaves an error on the thread that torch's next launch check raises)."""
+    sizes = rng.integers(1, 6, 12)
+    pools = [random_pool(int(n), torch.float16, pin=True, block_major=True) for n in sizes]
+    device = random_pool(8, torch.float16, "cuda")
+    for host in pools:
+        assert host.pinned and host.data.is_pinned()
+        moves = random_moves(rng, host.num_blocks, device.num_blocks)
+        src_before, dst_before = layer_major(host), layer_major(device)
+        copy_blocks(host, device, moves)
+        torch.cuda.synchronize()
+        assert_transfer(src_before, dst_before, host, device, moves)
+
+
 def random_tier_step(rng: np.random.Generator, device_blocks: int, host_blocks: int):
     """One step's copies as the Rust core may record them: demotions of random device blocks, then
     promotions and prefetches into other device blocks (some into just-demoted ones), some of them

@@ -58,11 +58,11 @@ class KvPool:
         )
         # Zeros, not empty: attention may read a whole block past a sequence's end (masked out), and
         # masked garbage that happens to be NaN would still poison `probs @ v`.
-        data = torch.zeros(shape, dtype=dtype, device=device)
-        self.pinned = False
-        if pin and data.device.type == "cpu":
-            data, self.pinned = _pin_host(data)
-        self.data = data
+        self.pinned = pin and torch.device(device).type == "cpu" and torch.cuda.is_available()
+        if self.pinned:
+            self.data = _pinned_zeros(shape, dtype)
+        else:
+            self.data = torch.zeros(shape, dtype=dtype, device=device)
 
     @staticmethod
     def bytes_per_block(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -297,20 +297,44 @@ def _check_compatible(src: KvPool, dst: KvPool) -> None:
         )
 
 
-def _pin_host(data: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """Page-locks a host tensor where CUDA exists (no-op otherwise). ``cudaHostRegister`` on the tensor
-    as vLLM does: torch's pinned allocator would round the size up to a power of two. Falls back to
-    ``pin_memory()`` (a copy) when registering fails."""
-    if not torch.cuda.is_available():
-        return data, False
-    nbytes = data.numel() * data.element_size()
-    status = torch.cuda.cudart().cudaHostRegister(data.data_ptr(), nbytes, 0)  # type: ignore[no-untyped-call]
+PAGE_BYTES = 4096  # cudaHostRegister locks whole pages
+
+
+def _pinned_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeros in page-locked host memory. ``cudaHostRegister`` as vLLM does (torch's pinned allocator
+    would round the size up to a power of two) on a buffer whose pages hold nothing else: the driver
+    locks whole pages, and a small tensor from the heap shares its first and last pages with its
+    neighbours, so registering it after a registered neighbour fails (the range is already mapped).
+    Falls back to ``pin_memory()`` (a copy) when registering fails."""
+    data, ptr, span = page_aligned_zeros(shape, dtype)
+    status = torch.cuda.cudart().cudaHostRegister(ptr, span, 0)  # type: ignore[no-untyped-call]
     if int(status) == 0:
         # Unregister before the pages go back to the allocator: a later registration of a reused
         # address range would fail.
-        weakref.finalize(data, _host_unregister, data.data_ptr())
-        return data, True
-    return data.pin_memory(), True
+        weakref.finalize(data, _host_unregister, ptr)
+        return data
+    _clear_cuda_error()
+    return data.pin_memory()
+
+
+def page_aligned_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, int, int]:
+    """A contiguous zero tensor that starts a page and owns whole pages (a view into a buffer a page
+    larger), its first byte's address and the bytes of those pages."""
+    nbytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
+    span = -(-max(nbytes, 1) // PAGE_BYTES) * PAGE_BYTES
+    buffer = torch.zeros(span + PAGE_BYTES, dtype=torch.uint8)
+    offset = -buffer.data_ptr() % PAGE_BYTES
+    data = buffer[offset : offset + nbytes].view(dtype).view(shape)
+    return data, data.data_ptr(), span
+
+
+def _clear_cuda_error() -> None:
+    """Takes a failed runtime call's error off the thread, where torch's next kernel launch check would
+    report it as its own: torch binds no ``cudaGetLastError``, so a trivial launch reads it."""
+    try:
+        torch.zeros(1, device="cuda")
+    except RuntimeError:
+        pass
 
 
 def _host_unregister(ptr: int) -> None:
