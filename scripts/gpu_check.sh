@@ -39,7 +39,7 @@ gpu_only=(tests/torch_backend/test_pdl.py tests/torch_backend/test_pending.py
           tests/torch_backend/test_kv_pool.py)
 cache_entries() { ls "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" 2>/dev/null | wc -l; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$out/nvidia-smi.txt" 2>&1
-part precompile 90 python3 benches/gpu/precompile.py
+part precompile 150 python3 benches/gpu/precompile.py
 entries=("triton cache entries: $(cache_entries) after precompiling")
 part tests-cuda-first 150 python3 -m pytest -q -rs -p no:cacheprovider "${gpu_only[@]}"
 bench_s=$(( $(left) * 70 / 100 ))

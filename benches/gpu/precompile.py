@@ -50,8 +50,9 @@ def planned_launches(plan: Plan) -> list[Launch]:
 
 
 def q1_launches(spec: Any, plan: Plan) -> dict[tuple[Any, ...], Launch]:
-    """The q1 section's exact matmuls at each M, and its sweep's forms (``gpu.q1.sweep_forms``)."""
-    from oxibonsai.torch_backend.ops import q1_exact
+    """The q1 section's matmuls at each M: the exact op, its sweep's forms (``gpu.q1.sweep_forms``), the
+    float op, and where they run, the PTX kernels' twins and the plain Triton GEMV."""
+    from oxibonsai.torch_backend.ops import q1_exact, q1_fast, q1_triton
 
     meta = torch.device("meta")
     with recording() as launches, as_on_a_gpu(H100_SMS):
@@ -60,10 +61,16 @@ def q1_launches(spec: Any, plan: Plan) -> dict[tuple[Any, ...], Launch]:
             for m in plan.q1_m:
                 x = torch.empty(m, cols, device=meta)
                 q1_exact.fused_linear(x, w)
-                forms = sweep_forms(m, rows, cols // 128)
-                acts = q1_exact.quantize(x) if forms else None
-                for _, options in forms:
+                q1_fast.fused_linear(x, w)
+                acts = q1_exact.quantize(x)
+                for _, options in sweep_forms(m, rows, cols // 128):
                     q1_exact.linear_quantized(acts, w, **options)
+                if m <= q1_exact.GEMV_MAX_M:
+                    q1_exact.linear_quantized(acts, w, asm=False)
+                if m <= q1_fast.MAX_M:
+                    for asm in (True, False):
+                        q1_fast.q1_gemv_fast(x, w, asm=asm)
+                    q1_triton.q1_gemv_fused(x, w)
     return launches
 
 

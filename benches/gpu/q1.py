@@ -138,8 +138,9 @@ def exact_check(x: torch.Tensor, w: Q1Weight, device: torch.device) -> dict[str,
 def exact_sweep(x: torch.Tensor, ours: list[Q1Weight], plan: Plan, device: torch.device) -> dict[str, Any]:
     """At one or four activation rows, the quantization's time, then the exact matmul's (already
     quantized) in each GEMV form and split (K split inside programs, "gemv_split", or over them,
-    "gemv"); at 16 and 64 rows the GEMM at each tile width: for tuning ``q1_exact``'s defaults on the
-    GPU. ``sweep_default`` names the form the op picks (with the GEMM's width)."""
+    "gemv"); at 16 and 64 rows the GEMM at each tile width (its default K split over programs), then
+    unsplit and with the other dot depth (at the default width): for tuning ``q1_exact``'s defaults
+    on the GPU. ``sweep_default`` names the form the op picks (with the GEMM's width and split)."""
     from oxibonsai.torch_backend.ops import q1_exact
 
     m, w0 = x.shape[0], ours[0]
@@ -153,7 +154,10 @@ def exact_sweep(x: torch.Tensor, ours: list[Q1Weight], plan: Plan, device: torch
         times[label] = time_calls(calls, device, plan.reps)["ms"]
     default = q1_exact._default_kernel(m, w0.rows, w0.cols // 128, device)
     if default == "gemm":
-        default += f"/n{q1_exact.gemm_block_n(m, w0.rows, False, q1_exact._gemm_sms(device))}"
+        sms = q1_exact._gemm_sms(device)
+        block_n = q1_exact.gemm_block_n(m, w0.rows, False, sms)
+        tiles = -(-m // q1_exact.gemm_block_m(m)) * -(-w0.rows // block_n)
+        default += f"/n{block_n}/s{q1_exact.gemm_split_k(tiles, w0.cols // 128, sms)}"
     return {"sweep_ms": times, "sweep_default": default}
 
 
@@ -168,7 +172,10 @@ def sweep_forms(m: int, rows: int, groups: int) -> list[tuple[str, dict[str, Any
     from oxibonsai.torch_backend.ops import q1_exact
 
     if m in GEMM_SWEEP_ROWS and rows <= GEMM_SWEEP_MAX_ROWS:
-        return [(f"gemm/n{n}", {"kernel": "gemm", "block_n": n}) for n in q1_exact.gemm_block_ns(False)]
+        widths = [(f"gemm/n{n}", {"kernel": "gemm", "block_n": n}) for n in q1_exact.gemm_block_ns(False)]
+        unsplit = {"kernel": "gemm", "split_k": 1}  # each at the default width
+        group_dots = {"kernel": "gemm", "group_dot": not q1_exact.GEMM_GROUP_DOT}
+        return [*widths, ("gemm/s1", unsplit), (f"gemm/group_dot={group_dots['group_dot']}", group_dots)]
     if m not in SWEEP_ROWS:
         return []
     inside = (2, 4, 8, 16) if m == 1 else (4, 16)

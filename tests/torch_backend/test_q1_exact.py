@@ -87,7 +87,10 @@ def test_the_matmul_equals_the_cpu_engine_bit_for_bit(rng, kernel):
         x = activations(rng, m, k)
         acts = q1_exact().quantize(on_device(x))
         split_k = int(rng.choice([1, 2, 4, 8, 16])) if kernel == "gemv_split" else int(rng.integers(1, 4))
-        tile = {"block_n": int(rng.choice([64, 32, 16]))} if kernel == "gemm" else {"split_k": split_k}
+        tile = {"split_k": split_k}
+        if kernel == "gemm":  # any width, depth and split over programs
+            tile = {"block_n": int(rng.choice([64, 32, 16])), "group_dot": bool(rng.integers(2)),
+                    "split_k": int(rng.integers(1, 5))}  # fmt: skip
         got = q1_exact().linear_quantized(acts, w, kernel=kernel, asm=False, **tile)
         assert np.array_equal(got.cpu().numpy(), matrix.matmul(x).reshape(m, rows)), (m, rows, k, tile)
 
@@ -134,8 +137,10 @@ def test_the_fused_linear_matches_float64_and_every_kernel_gives_its_bits(rng):
             again = q1_exact().linear_quantized(acts, w, kernel=kernel, split_k=split_k, **args)
             assert torch.equal(again, got), (kernel, split_k)
         for block_n in q1_exact().gemm_block_ns(gated):
-            again = q1_exact().linear_quantized(acts, w, kernel="gemm", block_n=block_n, **args)
-            assert torch.equal(again, got), ("gemm", block_n)
+            for group_dot, split_k in ((True, 1), (False, 1), (True, 3)):
+                tile = {"block_n": block_n, "group_dot": group_dot, "split_k": split_k}
+                again = q1_exact().linear_quantized(acts, w, kernel="gemm", **tile, **args)
+                assert torch.equal(again, got), ("gemm", tile)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
@@ -165,6 +170,8 @@ def test_kernel_choices_are_checked(rng):
         q1_exact().linear_quantized(nine, w, kernel="gemv", block_n=32)
     with pytest.raises(ValueError, match="tile's width"):
         q1_exact().linear_quantized(nine, w, kernel="gemm", block_n=64, gated=True)
+    with pytest.raises(ValueError, match="'gemm' kernel's choice"):
+        q1_exact().linear_quantized(acts, w, kernel="gemv", group_dot=True)
 
 
 def test_the_gemm_tile_narrows_only_while_the_launch_still_fits_one_program_per_sm(rng):
@@ -181,6 +188,18 @@ def test_the_gemm_tile_narrows_only_while_the_launch_still_fits_one_program_per_
         programs = -(-m // block_m) * -(-out_rows // got)
         assert got == widest or programs <= sms, (m, out_rows, gated, sms, got)
         assert got == narrowest or -(-m // block_m) * -(-out_rows // (got // 2)) > sms
+
+
+def test_the_gemm_splits_k_only_for_launches_that_leave_sms_idle(rng):
+    exact = q1_exact()
+    per_sm, least = exact.GEMM_PROGRAMS_PER_SM, exact.GEMM_MIN_SPLIT_GROUPS
+    for _ in range(200):
+        tiles, groups, sms = int(rng.integers(1, 600)), int(rng.integers(1, 100)), int(rng.integers(1, 200))
+        assert exact.gemm_split_k(tiles, groups, None) == 1  # not a GPU
+        got = exact.gemm_split_k(tiles, groups, sms)
+        assert got >= 1 and (got == 1 or got * least <= groups), (tiles, groups, sms, got)
+        assert tiles * (got - 1) < per_sm * sms, "no split beyond filling the SMs"
+        assert got * least > groups - least or tiles * got >= per_sm * sms, "a short launch splits as it can"
 
 
 def test_arithmetic_choice_in_the_triton_op_set(monkeypatch):

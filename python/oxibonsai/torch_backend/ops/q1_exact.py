@@ -31,10 +31,16 @@ one weight word's bits ``j, j + 8, j + 16, j + 24`` (``(word >> j) & 0x01010101`
   barrier, then the program adds the groups in order), or, for comparison, over programs with a second
   kernel adding the groups (``_combine_kernel``). The SwiGLU of a gate|up matrix and the residual add
   run in the program that adds the groups.
-- the GEMM (larger M, prefill): each sign word becomes a 32 x BLOCK_N tile of 0/1 bytes and both
-  planes go through int8 ``tl.dot`` (integer tensor cores on a GPU, exact), gate and up rows of a
-  gate|up matrix in the same program, the epilogue in the same code as the GEMV's (``_finish``). Its
-  tiles narrow (``gemm_block_n``) where a matrix would otherwise leave SMs idle.
+- the GEMM (larger M, prefill): each sign word's bits become a 32 x BLOCK_N tile of 0/1 bytes (or a
+  whole group's a 128 x BLOCK_N tile, ``group_dot``) and both planes go through int8 ``tl.dot``
+  (integer tensor cores on a GPU, exact), gate and up rows of a gate|up matrix in the same program,
+  the epilogue in the same code as the GEMV's (``_finish``). A program adds its groups one after
+  another, so where a matrix has too few tiles to fill the GPU the tiles narrow (``gemm_block_n``)
+  and then K splits over programs (``gemm_split_k``: each split stores its groups' integer sums, and
+  the GEMV's ``_combine_kernel`` adds them in order). On the H200 (session 25), unsplit, it was
+  latency-bound: 25 us a launch at 16 rows for 1.7B's matrices, whose weights stream in about 1 us;
+  by the SASS a 16 x 32 program is 4 warps of some 330 instructions a group, one warp per scheduler,
+  so nothing hides a stall.
 
 Kernels launch with floating-point contraction off (``enable_fp_fusion=False``): every rounding is the
 one written, and the CPU's fused multiply-add is an explicit ``tl.fma``."""
@@ -63,6 +69,10 @@ GEMV_MAX_M = 8
 KERNELS = ("gemv", "gemv_split", "gemm")
 GEMM_BLOCK_N = 64  # weight rows of a GEMM tile (32 and 32 for gate|up), at most
 GEMM_MIN_BLOCK_N = 16  # the narrowest GEMM tile (int8 tl.dot needs 16)
+GEMM_GROUP_DOT = False  # whether the GEMM's dots take a whole 128-weight group, not one sign word
+GEMM_PROGRAMS_PER_SM = 2  # the GEMM splits K over programs until it has this many per SM
+GEMM_MIN_SPLIT_GROUPS = 4  # groups of a GEMM split, at least
+COMBINE_BLOCK_M, COMBINE_BLOCK_N = 16, 32  # a split GEMM's combine tile
 SPLIT_TILE = 256  # splits x weight rows of a "gemv_split" program: one pair per thread, 8 warps
 GROUP_CHUNK = 6  # a "gemv_split" split's groups in one stretch of straight code, at most (below 8 rows)
 PROGRAMS_PER_SM = 4  # the GEMV splits K until it has this many 4-warp programs per SM
@@ -164,12 +174,14 @@ def linear_quantized(
     kernel: str | None = None,
     split_k: int | None = None,
     block_n: int | None = None,
+    group_dot: bool | None = None,
 ) -> torch.Tensor:
     """Quantized rows times W with the epilogue. ``kernel`` (one of ``KERNELS``; by default, up to
     ``GEMV_MAX_M`` rows, "gemv_split" for a matrix too small to fill the GPU and "gemv" otherwise,
-    "gemm" above), ``split_k`` (the GEMV's K splits over programs, or "gemv_split"'s inside a
-    program) and ``block_n`` (the GEMM tile's weight rows, per half of a gate|up matrix; default
-    ``gemm_block_n``) exist for tests and tuning: every choice gives the same bits."""
+    "gemm" above), ``split_k`` (the GEMV's or the GEMM's K splits over programs, or "gemv_split"'s
+    inside a program), ``block_n`` (the GEMM tile's weight rows, per half of a gate|up matrix; default
+    ``gemm_block_n``) and ``group_dot`` (the GEMM's dot depth: a whole group, or one sign word) exist
+    for tests and tuning: every choice gives the same bits."""
     m = acts.rows
     out_rows = w.rows // 2 if gated else w.rows
     out = torch.empty(m, out_rows, dtype=torch.float32, device=acts.planes.device)
@@ -185,8 +197,11 @@ def linear_quantized(
         raise ValueError(
             f"block_n is the 'gemm' tile's width, one of {gemm_block_ns(gated)}; got {block_n} for {kernel!r}"
         )
+    if group_dot is not None and kernel != "gemm":
+        raise ValueError(f"group_dot is the 'gemm' kernel's choice, not {kernel!r}'s")
     if kernel == "gemm":
-        _gemm(acts, w, residual, gated, out, block_n)
+        group_dot = GEMM_GROUP_DOT if group_dot is None else group_dot
+        _gemm(acts, w, residual, gated, out, block_n, split_k, group_dot)
         return out
     asm = _asm_ok(acts.planes.device) if asm is None else asm
     if kernel != "gemm" and m > GEMV_MAX_M:
@@ -311,21 +326,51 @@ def _gemm(
     residual: torch.Tensor | None,
     gated: bool,
     out: torch.Tensor,
-    block_n: int | None = None,
+    block_n: int | None,
+    split_k: int | None,
+    group_dot: bool,
 ) -> None:
     m, out_rows = out.shape
-    block_m = gemm_block_m(m)
+    block_m, groups = gemm_block_m(m), w.cols // QK
     block_n = block_n or gemm_block_n(m, out_rows, gated, _gemm_sms(out.device))
+    tiles = (triton.cdiv(m, block_m), triton.cdiv(out_rows, block_n))
+    split_k = min(split_k or gemm_split_k(tiles[0] * tiles[1], groups, _gemm_sms(out.device)), groups)
+    per_split = triton.cdiv(groups, split_k)
+    split_k = triton.cdiv(groups, per_split)  # no empty splits
+    ones = torch.empty(groups, m, w.rows, dtype=torch.int32, device=out.device) if split_k > 1 else out
     columns = block_n * (2 if gated else 1)  # gate|up: two accumulators per tile
     residual_or_out = residual if residual is not None else out
-    _gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(out_rows, block_n))](
-        acts.planes, acts.scales, acts.sums, w.signs, w.scales, residual_or_out, out,
-        m, out_rows, w.cols, out_rows,
+    _gemm_kernel[(*tiles, split_k)](
+        acts.planes, acts.scales, acts.sums, w.signs, w.scales, residual_or_out, out, ones,
+        m, out_rows, w.cols, out_rows, per_split,
         acts.planes.stride(0), acts.planes.stride(1), acts.scales.stride(0), w.signs.stride(0),
         w.scales.stride(0), residual_or_out.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None,
-        num_warps=8 if block_m * columns >= 64 * 64 else 4, **pdl.launch(out.device), **NO_FUSION,
+        ones.stride(0) if split_k > 1 else 0, ones.stride(-2),
+        BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None, SPLIT=split_k > 1,
+        GROUP_DOT=group_dot, num_warps=8 if block_m * columns >= 64 * 64 else 4, **pdl.launch(out.device),
+        **NO_FUSION,
     )  # fmt: skip
+    if split_k > 1:
+        combine_m = min(block_m, COMBINE_BLOCK_M)
+        _combine_kernel[(triton.cdiv(out_rows, COMBINE_BLOCK_N), triton.cdiv(m, combine_m))](
+            ones, acts.scales, acts.sums, w.scales, residual_or_out, out,
+            m, out_rows, w.cols, out_rows,
+            acts.scales.stride(0), w.scales.stride(0), residual_or_out.stride(0), out.stride(0),
+            ones.stride(0), ones.stride(1),
+            BLOCK_M=combine_m, BLOCK_N=COMBINE_BLOCK_N, GATED=gated, RESIDUAL=residual is not None,
+            **pdl.launch(out.device), **NO_FUSION,
+        )  # fmt: skip
+
+
+def gemm_split_k(tiles: int, groups: int, sms: int | None) -> int:
+    """The GEMM's K splits over programs for a launch of ``tiles`` output tiles on a GPU of ``sms``
+    SMs (None: not a GPU, none): none while the tiles fill ``GEMM_PROGRAMS_PER_SM`` programs per SM,
+    otherwise enough to, keeping at least ``GEMM_MIN_SPLIT_GROUPS`` groups per split (each split's
+    integer sums go through a scratch of ``4 * groups * M * N`` bytes and a combine launch)."""
+    if sms is None:
+        return 1
+    wanted = triton.cdiv(GEMM_PROGRAMS_PER_SM * sms, tiles)
+    return max(1, min(wanted, groups // GEMM_MIN_SPLIT_GROUPS))
 
 
 def gemm_block_ns(gated: bool) -> tuple[int, ...]:

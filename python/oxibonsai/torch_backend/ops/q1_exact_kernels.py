@@ -404,11 +404,12 @@ def _combine_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    """The split GEMV's second half: every group's integer sums ``ones[g, m, n]`` combined in order, then
-    the epilogue, for rows ``n`` of program ``program_id(0)``."""
+    """A split GEMV's or GEMM's second half: every group's integer sums ``ones[g, m, n]`` combined in
+    order, then the epilogue, for rows ``n`` of program ``program_id(0)`` and activation rows ``m`` of
+    program ``program_id(1)``."""
     grid_dependency(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
     mask_m = offs_m < M
     _combine_groups_and_store(
@@ -420,50 +421,80 @@ def _combine_kernel(
 
 @triton.jit
 def _gemm_kernel(
-    planes_ptr, ascales_ptr, asums_ptr, signs_ptr, wscales_ptr, residual_ptr, out_ptr,
-    M, N, K, up_offset,
-    stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_rm, stride_om,
+    planes_ptr, ascales_ptr, asums_ptr, signs_ptr, wscales_ptr, residual_ptr, out_ptr, ones_ptr,
+    M, N, K, up_offset, groups_per_split,
+    stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_rm, stride_om, stride_og, stride_on,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-    PDL: tl.constexpr,
+    SPLIT: tl.constexpr, GROUP_DOT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """``out[m, n]`` for one ``BLOCK_M x BLOCK_N`` tile, the epilogue included: per sign word a 0/1 byte
-    tile ``[32, BLOCK_N]`` in the planes' dp4a order and two int8 ``tl.dot``s; with ``GATED`` the up
-    rows ``n + up_offset`` too, on the same activation tiles."""
+    """``out[m, n]`` for one ``BLOCK_M x BLOCK_N`` tile, the epilogue included: each 128-weight group's
+    integer sums from int8 ``tl.dot``s of both planes with 0/1 byte tiles of the weights' bits, in the
+    planes' dp4a order (``GROUP_DOT``: one ``[128, BLOCK_N]`` tile and one dot per plane for the whole
+    group; otherwise a ``[32, BLOCK_N]`` tile per sign word); with ``GATED`` the up rows
+    ``n + up_offset`` too, on the same activation tiles. ``SPLIT``: the program takes the groups of
+    split ``program_id(2)`` and stores each group's sums at ``ones[g, m, n]`` for ``_combine_kernel``."""
     grid_dependency(PDL)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < N
+    first = tl.program_id(2) * groups_per_split
+    last = tl.minimum(first + groups_per_split, K // 128)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for g in range(K // 128):
-        high = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-        low = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-        high_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-        low_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-        for w in tl.static_range(4):
-            acts = planes_ptr + offs_m[:, None] * stride_pm + g * 128 + w * 32 + tl.arange(0, 32)[None, :]
-            a_high = tl.load(acts, mask=mask_m[:, None], other=0)
-            a_low = tl.load(acts + stride_pp, mask=mask_m[:, None], other=0)
-            bits = _bit_tile(signs_ptr, offs_n * stride_sn + g * 4 + w, mask_n)
-            high = tl.dot(a_high, bits, high, out_dtype=tl.int32)
-            low = tl.dot(a_low, bits, low, out_dtype=tl.int32)
-            if GATED:
-                bits_up = _bit_tile(signs_ptr, (offs_n + up_offset) * stride_sn + g * 4 + w, mask_n)
-                high_up = tl.dot(a_high, bits_up, high_up, out_dtype=tl.int32)
-                low_up = tl.dot(a_low, bits_up, low_up, out_dtype=tl.int32)
-        acc, acc_up = _combine_group(
-            acc, acc_up, high * 256 + low, high_up * 256 + low_up, asums_ptr, ascales_ptr, wscales_ptr,
-            offs_m, mask_m, offs_n, mask_n, g, up_offset, stride_am, stride_dn, GATED,
+    for g in range(first, last):
+        ones, ones_up = _gemm_group(
+            planes_ptr, signs_ptr, offs_m, mask_m, offs_n, mask_n, g, up_offset, stride_pp, stride_pm,
+            stride_sn, BLOCK_M, BLOCK_N, GATED, GROUP_DOT,
         )  # fmt: skip
-    _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
-               GATED, RESIDUAL)  # fmt: skip
+        if SPLIT:
+            at = ones_ptr + g * stride_og + offs_m[:, None] * stride_on + offs_n[None, :]
+            tl.store(at, ones, mask=mask_m[:, None] & mask_n[None, :])
+            if GATED:
+                tl.store(at + up_offset, ones_up, mask=mask_m[:, None] & mask_n[None, :])
+        else:
+            acc, acc_up = _combine_group(
+                acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n,
+                mask_n, g, up_offset, stride_am, stride_dn, GATED,
+            )  # fmt: skip
+    if not SPLIT:
+        _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
+                   GATED, RESIDUAL)  # fmt: skip
 
 
 @triton.jit
-def _bit_tile(signs_ptr, word_at, mask_n):
-    """int8 ``[32, BLOCK_N]``: the 0/1 bits of the sign words at ``word_at`` (one per column), row ``r``
-    holding bit ``8 (r % 4) + r // 4`` (the planes' dp4a order: byte ``4j + i`` is column ``8i + j``)."""
-    pos = tl.arange(0, 32)
-    word = tl.load(signs_ptr + word_at, mask=mask_n, other=0)
-    return ((word[None, :] >> (8 * (pos % 4) + pos // 4)[:, None]) & 1).to(tl.int8)
+def _gemm_group(
+    planes_ptr, signs_ptr, offs_m, mask_m, offs_n, mask_n, g, up_offset, stride_pp, stride_pm, stride_sn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, GROUP_DOT: tl.constexpr,
+):  # fmt: skip
+    """Group ``g``'s integer sums ``sum q`` over the set bits, ``[BLOCK_M, BLOCK_N]`` (and the up
+    rows' with ``GATED``): ``256 * high + low`` of the two planes' dots."""
+    high = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    low = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    high_up = high
+    low_up = low
+    words = offs_n * stride_sn + g * 4
+    DEPTH: tl.constexpr = 128 if GROUP_DOT else 32
+    for w in tl.static_range(128 // DEPTH):
+        cols = g * 128 + w * DEPTH + tl.arange(0, DEPTH)[None, :]
+        acts = planes_ptr + offs_m[:, None] * stride_pm + cols
+        a_high = tl.load(acts, mask=mask_m[:, None], other=0)
+        a_low = tl.load(acts + stride_pp, mask=mask_m[:, None], other=0)
+        bits = _bit_tile(signs_ptr, words + w, mask_n, DEPTH)
+        high = tl.dot(a_high, bits, high, out_dtype=tl.int32)
+        low = tl.dot(a_low, bits, low, out_dtype=tl.int32)
+        if GATED:
+            bits_up = _bit_tile(signs_ptr, words + up_offset * stride_sn + w, mask_n, DEPTH)
+            high_up = tl.dot(a_high, bits_up, high_up, out_dtype=tl.int32)
+            low_up = tl.dot(a_low, bits_up, low_up, out_dtype=tl.int32)
+    return high * 256 + low, high_up * 256 + low_up
+
+
+@triton.jit
+def _bit_tile(signs_ptr, word_at, mask_n, DEPTH: tl.constexpr):
+    """int8 ``[DEPTH, BLOCK_N]`` (32: one sign word per column, at ``word_at``; 128: the four from
+    ``word_at``): the 0/1 bits in the planes' dp4a order, row ``r`` holding bit ``8 (r % 4) + (r % 32) //
+    4`` of word ``r // 32`` (byte ``4j + i`` of a 32-column stretch is its column ``8i + j``)."""
+    pos = tl.arange(0, DEPTH)
+    word = tl.load(signs_ptr + word_at[None, :] + (pos // 32)[:, None], mask=mask_n[None, :], other=0)
+    return ((word >> (8 * (pos % 4) + (pos % 32) // 4)[:, None]) & 1).to(tl.int8)
