@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The whole GPU check in one device command, sized to the device time a session gets (15 minutes,
 # start-up included; one command at most 10): the bench's Triton kernels compiled on every core
-# (benches/gpu/precompile.py, into Triton's cache), the CUDA-only tests (PDL, pinned copies, graphs,
-# the inline-PTX kernels against their twins, the side-stream tier copies: a minute or two), then
+# (benches/gpu/precompile.py, into Triton's cache) beside the CUDA-first tests (PDL, pinned copies,
+# graphs, the inline-PTX kernels against their twins, the side-stream tier copies), then
 # benches/bench_gpu.py within a budget (every figure of issue 23 and its correctness flags), then the
-# whole torch test suite on the GPU with what is left. Each part writes its log (and the bench its JSON)
-# under $OUT; the summary at the end (what the device tool's output_tail shows) gives each part's exit
-# status, the bench's table and the tests' last lines.
+# torch test suite on the GPU with what is left (it does not finish in one command: a second command
+# right after, while the machine is warm, can run the rest). Each part writes its log (and the bench
+# its JSON) under $OUT; the summary at the end (what the device tool's output_tail shows) gives each
+# part's exit status, the bench's table and the tests' failures and counts.
 #
 # Here: bash scripts/device_bundle.sh
 # Then, with the device tool:
 #   run(carry=[".device"], timeout_s=560, command="bash .device/run.sh bash scripts/gpu_check.sh 520")
-# Its argument is the seconds the three parts may take together (default 520).
+# Its argument is the seconds the parts may take together (default 520; the first phase gets 29%).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 total=${1:-520}
@@ -33,22 +34,42 @@ part() {  # part NAME SECONDS COMMAND...: runs COMMAND under a timeout, its outp
     status+=("$name: exit $? after $((SECONDS - start)) s")
 }
 
-gpu_only=(tests/torch_backend/test_pdl.py tests/torch_backend/test_pending.py
-          tests/torch_backend/test_decode_graphs.py tests/torch_backend/test_async_scheduling.py
-          tests/torch_backend/test_q1_exact.py tests/torch_backend/test_q1_fast.py
-          tests/torch_backend/test_kv_pool.py)
+gpu_only=(tests/torch_backend/test_kv_pool.py tests/torch_backend/test_pdl.py
+          tests/torch_backend/test_pending.py tests/torch_backend/test_decode_graphs.py
+          tests/torch_backend/test_async_scheduling.py tests/torch_backend/test_q1_exact.py
+          tests/torch_backend/test_q1_fast.py)
 cache_entries() { ls "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" 2>/dev/null | wc -l; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$out/nvidia-smi.txt" 2>&1
-part precompile 150 python3 benches/gpu/precompile.py
-entries=("triton cache entries: $(cache_entries) after precompiling")
-part tests-cuda-first 150 python3 -m pytest -q -rs -p no:cacheprovider "${gpu_only[@]}"
-bench_s=$(( $(left) * 70 / 100 ))
-entries+=("$(cache_entries) before the bench")
+
+# The precompile (all cores) and the CUDA-first tests (one process, compiling their own kernels one
+# at a time) side by side: neither is timed. One pytest per file, verbose, so a file cut off by the
+# time limit still leaves every result before it and each finished file its failures' tracebacks.
+first=$((total * 29 / 100))  # 150 s of 520
+echo "[0 s] precompile beside the CUDA-first tests (at most ${first}s)"
+( timeout --kill-after=10 "$first" python3 benches/gpu/precompile.py >"$out/precompile.log" 2>&1
+  echo "precompile: exit $? after $((SECONDS - start)) s" >"$out/precompile.status" ) &
+precompiling=$!
+for file in "${gpu_only[@]}"; do
+    budget=$((first - (SECONDS - start)))
+    if ((budget < 10)); then
+        echo "$file: not run (time)" >>"$out/tests-cuda-first.log"
+        continue
+    fi
+    timeout --kill-after=5 "$budget" python3 -m pytest -v -rs --tb=short -p no:cacheprovider "$file" \
+        >>"$out/tests-cuda-first.log" 2>&1
+    echo "$file: exit $?" >>"$out/tests-cuda-first.log"
+done
+status+=("tests-cuda-first: after $((SECONDS - start)) s")
+wait "$precompiling"
+status+=("$(cat "$out/precompile.status" 2>/dev/null || echo 'precompile: no status')")
+entries=("triton cache entries: $(cache_entries) before the bench")
+bench_s=$(( $(left) * 75 / 100 ))
 part bench $((bench_s + 60)) python3 benches/bench_gpu.py --budget-s "$bench_s" --out "$out/gpu.json"
 entries+=("$(cache_entries) after it (new ones: kernels the run compiled itself)")
 workers=()  # the torch suite in 8 processes where pytest-xdist came along: its time is mostly compiling
 python3 -c "import xdist" 2>/dev/null && workers=(-n 8)
-part tests-torch "$(( $(left) - 10 ))" python3 -m pytest -q -rs -p no:cacheprovider "${workers[@]}" tests/torch_backend
+part tests-torch "$(( $(left) - 10 ))" python3 -m pytest -v -rs --tb=short -p no:cacheprovider "${workers[@]}" \
+    tests/torch_backend
 
 echo "== summary"
 cat "$out/nvidia-smi.txt"
@@ -59,6 +80,7 @@ echo "== bench"
 tail -n 40 "$out/bench.log" 2>/dev/null
 for name in tests-cuda-first tests-torch; do
     echo "== $name"
-    grep -E "^(FAILED|ERROR)" "$out/$name.log" 2>/dev/null | head -n 20
-    tail -n 3 "$out/$name.log" 2>/dev/null
+    grep -E "(FAILED|ERROR)|: exit |not run" "$out/$name.log" 2>/dev/null | head -n 30
+    grep -cE "PASSED" "$out/$name.log" 2>/dev/null | sed 's/$/ passed/'
+    tail -n 2 "$out/$name.log" 2>/dev/null
 done

@@ -18,7 +18,7 @@ from oxibonsai.torch_backend.batch import BLOCK_TOKENS, DeviceBatch, StepBatch
 from oxibonsai.torch_backend.graphs import DecodeGraphs
 from oxibonsai.torch_backend.kv_pool import KvPool
 from oxibonsai.torch_backend.model import TorchQwen3
-from oxibonsai.torch_backend.ops import pdl
+from oxibonsai.torch_backend.ops import pdl, pdl_rows
 from oxibonsai.torch_backend.ops.dispatch import OP_NAMES, ops_for
 from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
 from oxibonsai.torch_backend.weights import DenseWeight, LayerWeights, Qwen3Weights, fused_layer
@@ -148,8 +148,9 @@ def decode_rate(
 ) -> dict[str, Any]:  # fmt: skip
     """Eager steps, then the same steps through ``DecodeGraphs`` (captured on CUDA; padded eager steps
     elsewhere), with the last step's logits compared bit for bit; with ``compare_pdl`` (our model),
-    where the kernels launch with PDL, the graphs once more with it off, and the device time per
-    kernel of a few eager steps (``gpu.kernels``) with the share of a graph step it covers."""
+    where the kernels can launch with PDL, the graphs once more the other way (``graphs_other_pdl``),
+    and the device time per kernel of a few eager steps (``gpu.kernels``) with the share of a graph
+    step it covers."""
     steps = plan.warmup + plan.decode_steps
     per_seq = blocks_for(plan.context + steps + 1)
     tables = rng.permutation(pool.num_blocks)[: batch * per_seq].reshape(batch, per_seq).tolist()
@@ -167,9 +168,9 @@ def decode_rate(
     graph_logits = graphs.run(plans[-1])
     graph_tok_s = batch * plan.decode_steps / graph_seconds
     graph_step_us = graph_seconds / plan.decode_steps * 1e6
-    without, kernels = {}, {}
+    other, kernels = {}, {}
     if compare_pdl:  # our model, not B2's
-        without = graphs_without_pdl(model, pool, plans, per_seq, plan.warmup, device, eager_logits)
+        other = graphs_other_pdl(model, pool, plans, per_seq, plan.warmup, device, eager_logits, graph_tok_s)
         kernels = kernel_times(model, pool, batches[-PROFILED_STEPS:], device)
     return {"tok_s": batch * plan.decode_steps / seconds, "step_ms": seconds / plan.decode_steps * 1e3,
             "steps": plan.decode_steps, "graph_tok_s": graph_tok_s,
@@ -178,28 +179,32 @@ def decode_rate(
             "graph_captured": graphs.replays > 0,
             "graph_logits_equal": bool(torch.equal(graph_logits, eager_logits)),
             "graph_logits_max_abs_diff": float((graph_logits - eager_logits).abs().max()),
-            "pdl": pdl.enabled(device), **without,
-            "pdl_gain": ratio(graph_tok_s, without.get("no_pdl_graph_tok_s")), **kernels,
+            "pdl": pdl.enabled(device) and batch <= pdl_rows.MAX_ROWS, **other, **kernels,
             "graph_busy_fraction": ratio(kernels.get("busy_us"), graph_step_us)}  # fmt: skip
 
 
-def graphs_without_pdl(
+def graphs_other_pdl(
     model: TorchQwen3, pool: KvPool, plans: list[StepBatch], per_seq: int, warmup: int, device: torch.device,
-    eager_logits: torch.Tensor,
+    eager_logits: torch.Tensor, graph_tok_s: float,
 ) -> dict[str, Any]:  # fmt: skip
-    """Where the kernels launch with PDL: the same graph steps captured with it off (``pdl.ENV_VAR``),
-    their tok/s and whether the last step's logits are eager's (PDL on) bit for bit."""
+    """Where the kernels can launch with PDL, the same graph steps captured the other way: with PDL off
+    (``no_pdl_*``) where the step's rows get it by default (``pdl_rows``), on for every step
+    (``all_pdl_*``, ``OXIBONSAI_PDL=all``) where they do not; their tok/s, whether the last step's
+    logits are eager's bit for bit, and ``pdl_gain``: tok/s with PDL over tok/s without."""
     if not pdl.enabled(device):
         return {}
-    with environment(pdl.ENV_VAR, "0"):
+    default_on = plans[0].num_seqs <= pdl_rows.MAX_ROWS
+    with environment(pdl.ENV_VAR, "0" if default_on else "all"):
         graphs = DecodeGraphs(
             model, pool, max_num_seqs=plans[0].num_seqs, max_model_len=per_seq * BLOCK_TOKENS, capture=True
         )
         seconds = timed_calls([partial(graphs.run, p) for p in plans], warmup, device)
         logits = graphs.run(plans[-1])
-    steps = len(plans) - warmup
-    return {"no_pdl_graph_tok_s": plans[0].num_seqs * steps / seconds,
-            "no_pdl_logits_equal": bool(torch.equal(logits, eager_logits))}  # fmt: skip
+    tok_s = plans[0].num_seqs * (len(plans) - warmup) / seconds
+    key = "no_pdl" if default_on else "all_pdl"
+    with_pdl, without = (graph_tok_s, tok_s) if default_on else (tok_s, graph_tok_s)
+    return {f"{key}_graph_tok_s": tok_s, f"{key}_logits_equal": bool(torch.equal(logits, eager_logits)),
+            "pdl_gain": ratio(with_pdl, without)}  # fmt: skip
 
 
 def prefill_rate(

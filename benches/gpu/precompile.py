@@ -5,11 +5,12 @@ them one at a time inside the device minutes.
 The launches are recorded as ``sass.py`` records them, on the ``meta`` device with Triton's own binder
 (the signature, constants and alignment hints the JIT derives at run time), for the GPU plan's models
 in decode at every CUDA-graph bucket up to its largest batch and in its prefill, both Q1 arithmetics,
-the exact kernels without PDL at the decode section's batches (its graphs without PDL and its kernel
-profile), and the q1 section's matmuls and sweep; each is then compiled exactly as the JIT would compile it
-(the same cache entry). A launch whose arguments differ at run time (another alignment, an int that is
-1 here and not there) is compiled then, as before: this only ever saves time. It needs no GPU, so it
-runs here too (``--arch`` 90: the H100 and H200).
+a step of a row count no multiple of 16 (the engine's prefill chunks), the exact kernels without PDL
+at the decode section's batches (its graphs without PDL and its kernel profile), and the q1
+section's matmuls, sweep, float op, twins and plain GEMV; each is then compiled exactly as the JIT
+would compile it (the same cache entry). A launch whose arguments differ at run time (another
+alignment, an int that is 1 here and not there) is compiled then, as before: this only ever saves
+time. It needs no GPU, so it runs here too (``--arch`` 90: the H100 and H200).
 
     python benches/gpu/precompile.py [--arch 90] [--jobs N]"""
 
@@ -34,6 +35,7 @@ from oxibonsai.torch_backend.graphs import decode_buckets
 from oxibonsai.torch_backend.ops.dispatch import Q1_ARITHMETICS
 
 _LAUNCHES: list[Launch] = []  # what the forked workers compile, by index
+ODD_ROWS = 37  # prefill rows of the extra step: not a multiple of 16, above the GEMV's 8
 
 
 def planned_launches(plan: Plan) -> list[Launch]:
@@ -43,6 +45,9 @@ def planned_launches(plan: Plan) -> list[Launch]:
     for spec in plan.models:
         for q1 in Q1_ARITHMETICS:
             launches.update(model_launches(spec, batches, plan.prefill_tokens, q1))
+            # a step of a row count no multiple of 16 (the JIT specializes ints on it): the engine's
+            # prefill chunks and mixed steps
+            launches.update(model_launches(spec, (1,), ODD_ROWS, q1))
         # the decode section's graphs without PDL and its kernel profile (PDL off) at its batches
         launches.update(model_launches(spec, tuple(plan.batches), plan.prefill_tokens, pdl_on=False))
         launches.update(q1_launches(spec, plan))

@@ -39,8 +39,10 @@ def kernels_line(row: dict[str, Any], top: int = 6) -> str:
     if row.get("kernels_error"):
         return f"kernels: {row['kernels_error']}"
     parts = [f"{k['name'][:32]} {fmt(k['us'])} us x{fmt(k['launches'], '.0f')}" for k in row["kernels"][:top]]
+    matmuls = ", ".join(f"{role} {fmt(us)}" for role, us in row.get("matmuls", {}).items())
+    by_matrix = f"; Q1 matmuls by matrix, us: {matmuls}" if matmuls else ""
     return (f"kernels: {fmt(row.get('busy_us'))} us/step busy ({fmt(row.get('graph_busy_fraction'), '.2f')} "
-            f"of a graph step): " + ", ".join(parts))  # fmt: skip
+            f"of a graph step): " + ", ".join(parts) + by_matrix)  # fmt: skip
 
 
 def table_lines(report: dict[str, Any]) -> list[str]:
@@ -59,16 +61,17 @@ def table_lines(report: dict[str, Any]) -> list[str]:
         if r.get("sweep_ms"):
             lines.append(f"{'':<8}sweep us: {sweep_line(r['sweep_ms'])} (default {r.get('sweep_default')})")
     lines.append(f"model {'name':<13} {'phase':<8} {'batch':>5} {'tok/s':>10} {'B2 tok/s':>10} {'xB2':>6} "
-                 f"{'graph':>10} {'xeager':>6} {'B2 graph':>10} {'xB2':>6} {'same':>5} {'no PDL':>10} "
+                 f"{'graph':>10} {'xeager':>6} {'B2 graph':>10} {'xB2':>6} {'same':>5} {'other PDL':>10} "
                  f"{'xPDL':>5}")  # fmt: skip
     for m in report.get("decode", {}).get("models", []):
         for r in m.get("results", [{"phase": "-", "batch": "-"}]):
+            other_pdl = r.get("no_pdl_graph_tok_s", r.get("all_pdl_graph_tok_s"))  # graphs_other_pdl
             lines.append(f"      {m['model']:<13} {r['phase']:<8} {r['batch']:>5} "
                          f"{fmt(r.get('ours_tok_s')):>10} {fmt(r.get('b2_tok_s')):>10} "
                          f"{fmt(r.get('speedup_vs_b2'), '.2f'):>6} {fmt(r.get('graph_tok_s')):>10} "
                          f"{fmt(r.get('graph_vs_eager'), '.2f'):>6} {fmt(r.get('b2_graph_tok_s')):>10} "
                          f"{fmt(r.get('graph_speedup_vs_b2'), '.2f'):>6} "
-                         f"{r.get('graph_logits_equal', '-')!s:>5} {fmt(r.get('no_pdl_graph_tok_s')):>10} "
+                         f"{r.get('graph_logits_equal', '-')!s:>5} {fmt(other_pdl):>10} "
                          f"{fmt(r.get('pdl_gain'), '.2f'):>5} {problem(m) or problem(r)}")  # fmt: skip
             if r.get("kernels") or r.get("kernels_error"):
                 lines.append(f"{'':<8}{kernels_line(r)}")

@@ -81,6 +81,27 @@ def test_launch_arguments_pair_the_switch_with_the_attribute(monkeypatch):
     assert pdl.launch(torch.device("cpu")) == {"PDL": True, "launch_pdl": True}
 
 
+def test_only_steps_of_few_rows_launch_with_pdl_unless_all_is_asked(monkeypatch, rng):
+    from oxibonsai.torch_backend.ops import pdl_rows
+
+    monkeypatch.setattr(pdl, "enabled", lambda device: True)
+    cpu = torch.device("cpu")
+    few, many = int(rng.integers(1, pdl_rows.MAX_ROWS + 1)), int(rng.integers(pdl_rows.MAX_ROWS + 1, 600))
+    with pdl_rows.step_rows(pdl_rows.MAX_ROWS):
+        assert pdl.launch(cpu)["PDL"]
+    with pdl_rows.step_rows(pdl_rows.MAX_ROWS + 1):
+        assert not pdl.launch(cpu)["PDL"]
+    with pdl_rows.step_rows(few):
+        assert pdl.launch(cpu)["PDL"]
+        with pdl_rows.step_rows(many):
+            assert pdl.launch(cpu) == {"PDL": False}
+        assert pdl.launch(cpu)["PDL"], "the outer step's choice comes back"
+    assert pdl.launch(cpu)["PDL"], "a kernel launched outside any step"
+    monkeypatch.setenv(pdl.ENV_VAR, "all")
+    with pdl_rows.step_rows(many):
+        assert pdl.launch(cpu) == {"PDL": True, "launch_pdl": True}
+
+
 def test_off_except_on_cuda_and_when_asked_off(monkeypatch):
     assert not pdl.enabled(torch.device("cpu"))
     assert not pdl.enabled(torch.device("meta"))

@@ -174,6 +174,28 @@ def test_a_step_without_logit_rows_only_fills_the_cache(model, rng):
     np.testing.assert_allclose(rest, whole[12:], atol=SPLIT_ATOL, rtol=0)
 
 
+def test_every_matmul_of_a_step_sees_whether_the_step_gets_pdl(model, rng, monkeypatch):
+    """The forward pass declares its rows (``pdl_rows.step_rows``): its kernels launch with PDL only in
+    steps of at most ``MAX_ROWS`` token rows."""
+    from oxibonsai.torch_backend.ops import pdl_rows
+
+    seen = []
+    real = ref_torch.q1_fused_linear
+
+    def spy(*args, **kwargs):
+        seen.append(pdl_rows.allowed())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ref_torch, "q1_fused_linear", spy)
+    kv = model.new_kv_pool(4)
+    edge = pdl_rows.MAX_ROWS
+    for rows in (int(rng.integers(1, edge)), edge, edge + 1, int(rng.integers(edge + 2, 40))):
+        seen.clear()
+        run(model, kv, [([0, 1, 2], 0, random_ids(rng, model, rows), "last")])
+        assert seen and set(seen) == {rows <= pdl_rows.MAX_ROWS}, rows
+    assert pdl_rows.allowed(), "outside a step again"
+
+
 def test_the_default_op_set_on_the_cpu_is_the_torch_reference(model_path, monkeypatch):
     monkeypatch.delenv("OXIBONSAI_TORCH_OPS", raising=False)
     model = TorchQwen3.from_gguf(model_path, "cpu")

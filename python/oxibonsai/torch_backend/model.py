@@ -26,7 +26,7 @@ import torch
 from oxibonsai import GGUFFile
 from oxibonsai.torch_backend.batch import DeviceBatch
 from oxibonsai.torch_backend.kv_pool import KvPool
-from oxibonsai.torch_backend.ops import ref_torch
+from oxibonsai.torch_backend.ops import pdl_rows, ref_torch
 from oxibonsai.torch_backend.weights import (
     DenseWeight,
     LayerWeights,
@@ -77,14 +77,15 @@ class TorchQwen3:
         """Runs the batch's tokens, writing their K/V into ``kv``; float32 logits ``[R, vocab]`` of the
         ``batch.logits_indices`` rows, in that order."""
         self._check_pool(kv)
-        x = self._embed(batch.input_ids)
-        for index, layer in enumerate(self.weights.layers):
-            x = self._attention(index, layer, x, batch, kv)
-            x = self._mlp(layer, x)
-        if batch.logits_indices.numel() == 0:  # a step that only fills the cache: no LM head launch
-            return x.new_empty((0, self.config.vocab))
-        rows = x if batch.logits_all_rows else x.index_select(0, batch.logits_indices)
-        return self._linear(rows, self.weights.lm_head, norm=self.weights.output_norm)
+        with pdl_rows.step_rows(int(batch.input_ids.shape[0])):
+            x = self._embed(batch.input_ids)
+            for index, layer in enumerate(self.weights.layers):
+                x = self._attention(index, layer, x, batch, kv)
+                x = self._mlp(layer, x)
+            if batch.logits_indices.numel() == 0:  # a step that only fills the cache: no LM head launch
+                return x.new_empty((0, self.config.vocab))
+            rows = x if batch.logits_all_rows else x.index_select(0, batch.logits_indices)
+            return self._linear(rows, self.weights.lm_head, norm=self.weights.output_norm)
 
     def _attention(
         self, index: int, layer: LayerWeights, x: torch.Tensor, batch: DeviceBatch, kv: KvPool

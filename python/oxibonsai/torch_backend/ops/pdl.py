@@ -15,8 +15,9 @@ hint that reads nothing), so the GEMVs' weights stream in while the kernel befor
 kernel launched without the attribute (torch's, the float op set's) is ordered as usual, and a PDL
 kernel after it still waits for it. Under CUDA graphs the attribute becomes a programmatic edge.
 
-On by default on CUDA devices of compute capability 9.0 and later; ``OXIBONSAI_PDL=0`` turns it off
-(for comparisons: ``benches/bench_gpu.py`` times decode both ways)."""
+On by default on CUDA devices of compute capability 9.0 and later, for steps of at most 8 token rows
+(``pdl_rows``: measured, it slowed the GEMM steps); ``OXIBONSAI_PDL=0`` turns it off, ``=all`` on for
+every step (for comparisons: ``benches/bench_gpu.py`` times decode both ways)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-ENV_VAR = "OXIBONSAI_PDL"
+from oxibonsai.torch_backend.ops import pdl_rows
+
+ENV_VAR = pdl_rows.ENV_VAR
 _verdicts: dict[int, bool] = {}  # per CUDA device index: whether PDL is used there
 
 
@@ -70,9 +73,9 @@ def enabled(device: torch.device) -> bool:
 
 
 def launch(device: torch.device) -> dict[str, bool]:
-    """The launch arguments of a kernel with a ``PDL`` parameter: ``PDL`` and, when on, the launch
-    attribute (never one without the other)."""
-    return {"PDL": True, "launch_pdl": True} if enabled(device) else {"PDL": False}
+    """The launch arguments of a kernel with a ``PDL`` parameter: ``PDL`` and, when on (and the step's
+    rows allow it: ``pdl_rows``), the launch attribute (never one without the other)."""
+    return {"PDL": True, "launch_pdl": True} if enabled(device) and pdl_rows.allowed() else {"PDL": False}
 
 
 def chain_works(device: torch.device) -> bool:
