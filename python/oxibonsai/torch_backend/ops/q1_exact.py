@@ -241,14 +241,31 @@ def _gemv(
         ASM=asm, **pdl.launch(out.device), **_gemv_options(block_m),
     )  # fmt: skip
     if split_k > 1:
-        _combine_kernel[(n_tiles,)](
-            ones, acts.scales, acts.sums, w.scales, residual_or_out, out,
-            m, out_rows, w.cols, out_rows,
-            acts.scales.stride(0), w.scales.stride(0), residual_or_out.stride(0), out.stride(0),
-            ones.stride(0), ones.stride(1),
-            BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None,
-            **pdl.launch(out.device), **NO_FUSION,
-        )  # fmt: skip
+        _combine(ones, acts, w, residual, gated, out, block_m, block_n)
+
+
+def _combine(
+    ones: torch.Tensor,
+    acts: QuantizedRows,
+    w: Q1Weight,
+    residual: torch.Tensor | None,
+    gated: bool,
+    out: torch.Tensor,
+    block_m: int,
+    block_n: int,
+) -> None:
+    """A split matmul's second launch: every group's integer sums ``ones [groups, M, w.rows]`` added in
+    order into ``out`` with the epilogue, in ``block_m x block_n`` tiles."""
+    m, out_rows = out.shape
+    residual_or_out = residual if residual is not None else out
+    _combine_kernel[(triton.cdiv(out_rows, block_n), triton.cdiv(m, block_m))](
+        ones, acts.scales, acts.sums, w.scales, residual_or_out, out,
+        m, out_rows, w.cols, out_rows,
+        acts.scales.stride(0), w.scales.stride(0), residual_or_out.stride(0), out.stride(0),
+        ones.stride(0), ones.stride(1),
+        BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None,
+        **pdl.launch(out.device), **NO_FUSION,
+    )  # fmt: skip
 
 
 def _default_kernel(m: int, out_rows: int, groups: int, device: torch.device) -> str:
@@ -351,15 +368,7 @@ def _gemm(
         **NO_FUSION,
     )  # fmt: skip
     if split_k > 1:
-        combine_m = min(block_m, COMBINE_BLOCK_M)
-        _combine_kernel[(triton.cdiv(out_rows, COMBINE_BLOCK_N), triton.cdiv(m, combine_m))](
-            ones, acts.scales, acts.sums, w.scales, residual_or_out, out,
-            m, out_rows, w.cols, out_rows,
-            acts.scales.stride(0), w.scales.stride(0), residual_or_out.stride(0), out.stride(0),
-            ones.stride(0), ones.stride(1),
-            BLOCK_M=combine_m, BLOCK_N=COMBINE_BLOCK_N, GATED=gated, RESIDUAL=residual is not None,
-            **pdl.launch(out.device), **NO_FUSION,
-        )  # fmt: skip
+        _combine(ones, acts, w, residual, gated, out, min(block_m, COMBINE_BLOCK_M), COMBINE_BLOCK_N)
 
 
 def gemm_split_k(tiles: int, groups: int, sms: int | None) -> int:

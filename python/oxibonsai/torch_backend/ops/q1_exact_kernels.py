@@ -195,19 +195,33 @@ def _gemv_kernel(
         if GATED:
             up_at = word_at + up_offset * stride_sn
             ones_up = _ones(planes_ptr, signs_ptr, act_pairs, up_at, words_mask, stride_pp, zeros, ASM)
-        if SPLIT:
-            at = ones_ptr + g * stride_og + offs_m[:, None] * stride_on + offs_n[None, :]
-            tl.store(at, ones, mask=mask_m[:, None] & mask_n[None, :])
-            if GATED:
-                tl.store(at + up_offset, ones_up, mask=mask_m[:, None] & mask_n[None, :])
-        else:
-            acc, acc_up = _combine_group(
-                acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n,
-                mask_n, g, up_offset, stride_am, stride_dn, GATED,
-            )  # fmt: skip
+        acc, acc_up = _take_group(
+            acc, acc_up, ones, ones_up, ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n,
+            mask_n, g, up_offset, stride_am, stride_dn, stride_og, stride_on, GATED, SPLIT,
+        )  # fmt: skip
     if not SPLIT:
         _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
                    GATED, RESIDUAL)  # fmt: skip
+
+
+@triton.jit
+def _take_group(
+    acc, acc_up, ones, ones_up, ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n,
+    g, up_offset, stride_am, stride_dn, stride_og, stride_on, GATED: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """Group ``g``'s integer sums ``ones`` (and ``ones_up``) stored at ``ones[g, m, n]`` for
+    ``_combine_kernel`` when ``SPLIT``, otherwise added to ``acc`` (and ``acc_up``), which it returns."""
+    if SPLIT:
+        at = ones_ptr + g * stride_og + offs_m[:, None] * stride_on + offs_n[None, :]
+        tl.store(at, ones, mask=mask_m[:, None] & mask_n[None, :])
+        if GATED:
+            tl.store(at + up_offset, ones_up, mask=mask_m[:, None] & mask_n[None, :])
+    else:
+        acc, acc_up = _combine_group(
+            acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n,
+            g, up_offset, stride_am, stride_dn, GATED,
+        )  # fmt: skip
+    return acc, acc_up
 
 
 @triton.jit
@@ -447,16 +461,10 @@ def _gemm_kernel(
             planes_ptr, signs_ptr, offs_m, mask_m, offs_n, mask_n, g, up_offset, stride_pp, stride_pm,
             stride_sn, BLOCK_M, BLOCK_N, GATED, GROUP_DOT,
         )  # fmt: skip
-        if SPLIT:
-            at = ones_ptr + g * stride_og + offs_m[:, None] * stride_on + offs_n[None, :]
-            tl.store(at, ones, mask=mask_m[:, None] & mask_n[None, :])
-            if GATED:
-                tl.store(at + up_offset, ones_up, mask=mask_m[:, None] & mask_n[None, :])
-        else:
-            acc, acc_up = _combine_group(
-                acc, acc_up, ones, ones_up, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n,
-                mask_n, g, up_offset, stride_am, stride_dn, GATED,
-            )  # fmt: skip
+        acc, acc_up = _take_group(
+            acc, acc_up, ones, ones_up, ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n,
+            mask_n, g, up_offset, stride_am, stride_dn, stride_og, stride_on, GATED, SPLIT,
+        )  # fmt: skip
     if not SPLIT:
         _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
                    GATED, RESIDUAL)  # fmt: skip
