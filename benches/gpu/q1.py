@@ -157,7 +157,8 @@ def exact_sweep(x: torch.Tensor, ours: list[Q1Weight], plan: Plan, device: torch
         sms = q1_exact._gemm_sms(device)
         block_n = q1_exact.gemm_block_n(m, w0.rows, False, sms)
         tiles = -(-m // q1_exact.gemm_block_m(m)) * -(-w0.rows // block_n)
-        default += f"/n{block_n}/s{q1_exact.gemm_split_k(tiles, w0.cols // 128, sms)}"
+        scratch = 4 * (w0.cols // 128) * m * w0.rows
+        default += f"/n{block_n}/s{q1_exact.gemm_split_k(tiles, w0.cols // 128, sms, scratch)}"
     return {"sweep_ms": times, "sweep_default": default}
 
 

@@ -195,8 +195,12 @@ def test_the_gemm_splits_k_only_for_launches_that_leave_sms_idle(rng):
     per_sm, least = exact.GEMM_PROGRAMS_PER_SM, exact.GEMM_MIN_SPLIT_GROUPS
     for _ in range(200):
         tiles, groups, sms = int(rng.integers(1, 600)), int(rng.integers(1, 100)), int(rng.integers(1, 200))
-        assert exact.gemm_split_k(tiles, groups, None) == 1  # not a GPU
-        got = exact.gemm_split_k(tiles, groups, sms)
+        scratch = int(rng.integers(1, 2 * exact.GEMM_MAX_SCRATCH))
+        assert exact.gemm_split_k(tiles, groups, None, scratch) == 1  # not a GPU
+        got = exact.gemm_split_k(tiles, groups, sms, scratch)
+        if scratch > exact.GEMM_MAX_SCRATCH:
+            assert got == 1, "a scratch too large for L2"
+            continue
         assert got >= 1 and (got == 1 or got * least <= groups), (tiles, groups, sms, got)
         assert tiles * (got - 1) < per_sm * sms, "no split beyond filling the SMs"
         assert got * least > groups - least or tiles * got >= per_sm * sms, "a short launch splits as it can"

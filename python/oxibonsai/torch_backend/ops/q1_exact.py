@@ -72,6 +72,7 @@ GEMM_MIN_BLOCK_N = 16  # the narrowest GEMM tile (int8 tl.dot needs 16)
 GEMM_GROUP_DOT = False  # whether the GEMM's dots take a whole 128-weight group, not one sign word
 GEMM_PROGRAMS_PER_SM = 2  # the GEMM splits K over programs until it has this many per SM
 GEMM_MIN_SPLIT_GROUPS = 4  # groups of a GEMM split, at least
+GEMM_MAX_SCRATCH = 32 << 20  # bytes of a split GEMM's integer sums, at most (H100 L2: 50 MB)
 COMBINE_BLOCK_M, COMBINE_BLOCK_N = 16, 32  # a split GEMM's combine tile
 SPLIT_TILE = 256  # splits x weight rows of a "gemv_split" program: one pair per thread, 8 warps
 GROUP_CHUNK = 6  # a "gemv_split" split's groups in one stretch of straight code, at most (below 8 rows)
@@ -351,7 +352,9 @@ def _gemm(
     block_m, groups = gemm_block_m(m), w.cols // QK
     block_n = block_n or gemm_block_n(m, out_rows, gated, _gemm_sms(out.device))
     tiles = (triton.cdiv(m, block_m), triton.cdiv(out_rows, block_n))
-    split_k = min(split_k or gemm_split_k(tiles[0] * tiles[1], groups, _gemm_sms(out.device)), groups)
+    scratch_bytes = 4 * groups * m * w.rows
+    split_k = split_k or gemm_split_k(tiles[0] * tiles[1], groups, _gemm_sms(out.device), scratch_bytes)
+    split_k = min(split_k, groups)
     per_split = triton.cdiv(groups, split_k)
     split_k = triton.cdiv(groups, per_split)  # no empty splits
     ones = torch.empty(groups, m, w.rows, dtype=torch.int32, device=out.device) if split_k > 1 else out
@@ -371,12 +374,14 @@ def _gemm(
         _combine(ones, acts, w, residual, gated, out, min(block_m, COMBINE_BLOCK_M), COMBINE_BLOCK_N)
 
 
-def gemm_split_k(tiles: int, groups: int, sms: int | None) -> int:
+def gemm_split_k(tiles: int, groups: int, sms: int | None, scratch_bytes: int) -> int:
     """The GEMM's K splits over programs for a launch of ``tiles`` output tiles on a GPU of ``sms``
     SMs (None: not a GPU, none): none while the tiles fill ``GEMM_PROGRAMS_PER_SM`` programs per SM,
-    otherwise enough to, keeping at least ``GEMM_MIN_SPLIT_GROUPS`` groups per split (each split's
-    integer sums go through a scratch of ``4 * groups * M * N`` bytes and a combine launch)."""
-    if sms is None:
+    otherwise enough to, keeping at least ``GEMM_MIN_SPLIT_GROUPS`` groups per split. A split GEMM's
+    integer sums go through a scratch of ``scratch_bytes`` (every group's, ``4 * groups * M * N``) and
+    a combine launch: none above ``GEMM_MAX_SCRATCH``, which should stay in L2 between the two (a
+    512-token prefill's would be 67 MB for 1.7B's Q; it has tiles enough anyway)."""
+    if sms is None or scratch_bytes > GEMM_MAX_SCRATCH:
         return 1
     wanted = triton.cdiv(GEMM_PROGRAMS_PER_SM * sms, tiles)
     return max(1, min(wanted, groups // GEMM_MIN_SPLIT_GROUPS))
