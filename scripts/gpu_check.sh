@@ -5,7 +5,7 @@
 # graphs, the inline-PTX kernels against their twins, the side-stream tier copies), then
 # benches/bench_gpu.py within a budget (every figure of issue 23 and its correctness flags), then the
 # torch test suite on the GPU with what is left (it does not finish in one command: a second command
-# right after, while the machine is warm, can run the rest). Each part writes its log (and the bench
+# right after, while the machine is warm, runs the rest: scripts/gpu_followup.sh). Each part writes its log (and the bench
 # its JSON) under $OUT; the summary at the end (what the device tool's output_tail shows) gives each
 # part's exit status, the bench's table and the tests' failures and counts.
 #
