@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# The whole GPU check in one device command, sized to the device time a session gets (15 minutes,
-# start-up included; one command at most 10): the bench's Triton kernels compiled on every core
+# The first GPU command of a session, sized to the device time a session gets (15 minutes, start-up
+# included; one command at most 10): the bench's Triton kernels compiled on every core
 # (benches/gpu/precompile.py, into Triton's cache) beside the CUDA-first tests (PDL, pinned copies,
 # graphs, the inline-PTX kernels against their twins, the side-stream tier copies), then
-# benches/bench_gpu.py within a budget (every figure of issue 23 and its correctness flags), then the
-# torch test suite on the GPU with what is left (it does not finish in one command: a second command
-# right after, while the machine is warm, runs the rest: scripts/gpu_followup.sh). Each part writes its log (and the bench
-# its JSON) under $OUT; the summary at the end (what the device tool's output_tail shows) gives each
-# part's exit status, the bench's table and the tests' failures and counts.
+# benches/bench_gpu.py with the rest of the time (every figure of issue 23 and its correctness
+# flags). The rest of the torch suite, and any bench section this one did not reach, go in a second
+# command right after, while the machine is warm (scripts/gpu_followup.sh). Each part writes its log
+# (and the bench its JSON) under $OUT; the summary at the end (what the device tool's output_tail
+# shows) gives each part's exit status, the bench's table and the tests' failures and counts.
 #
 # Here: bash scripts/device_bundle.sh
 # Then, with the device tool:
 #   run(carry=[".device"], timeout_s=560, command="bash .device/run.sh bash scripts/gpu_check.sh 520")
 # Its argument is the seconds the parts may take together (default 520; the first phase gets 29%).
+# Then at once: run(..., command="bash .device/run.sh bash scripts/gpu_followup.sh SECONDS [SECTION...]").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 total=${1:-520}
@@ -63,13 +64,9 @@ status+=("tests-cuda-first: after $((SECONDS - start)) s")
 wait "$precompiling"
 status+=("$(cat "$out/precompile.status" 2>/dev/null || echo 'precompile: no status')")
 entries=("triton cache entries: $(cache_entries) before the bench")
-bench_s=$(( $(left) * 75 / 100 ))
-part bench $((bench_s + 60)) python3 benches/bench_gpu.py --budget-s "$bench_s" --out "$out/gpu.json"
+bench_s=$(( $(left) - 45 ))  # its budget: sections start only within it; the timeout allows one more
+part bench $((bench_s + 40)) python3 benches/bench_gpu.py --budget-s "$bench_s" --out "$out/gpu.json"
 entries+=("$(cache_entries) after it (new ones: kernels the run compiled itself)")
-workers=()  # the torch suite in 8 processes where pytest-xdist came along: its time is mostly compiling
-python3 -c "import xdist" 2>/dev/null && workers=(-n 8)
-part tests-torch "$(( $(left) - 10 ))" python3 -m pytest -v -rs --tb=short -p no:cacheprovider "${workers[@]}" \
-    tests/torch_backend
 
 echo "== summary"
 cat "$out/nvidia-smi.txt"
@@ -78,7 +75,7 @@ printf '%s; ' "${entries[@]}"; echo
 tail -n 2 "$out/precompile.log" 2>/dev/null
 echo "== bench"
 tail -n 40 "$out/bench.log" 2>/dev/null
-for name in tests-cuda-first tests-torch; do
+for name in tests-cuda-first; do
     echo "== $name"
     grep -E "(FAILED|ERROR)|: exit |not run" "$out/$name.log" 2>/dev/null | head -n 30
     grep -cE "PASSED" "$out/$name.log" 2>/dev/null | sed 's/$/ passed/'
