@@ -26,11 +26,13 @@ one weight word's bits ``j, j + 8, j + 16, j + 24`` (``(word >> j) & 0x01010101`
   each, and per activation row two ``dp4a`` (high and low plane) add them; about 1.4 SASS instructions
   per weight at one row (``benches/gpu/sass.py``). ``ASM`` picks the inline-PTX ``dp4a`` or its
   plain-Triton twin, which gives the same integers and runs in the interpreter. A matrix with too few
-  rows to fill the GPU splits K inside each program ("gemv_split", ``_gemv_split_kernel``: each lane
-  takes one (split, weight row) pair for every activation row, stores each group's integer sums, a
-  barrier, then the program adds the groups in order), or, for comparison, over programs with a second
-  kernel adding the groups (``_combine_kernel``). The SwiGLU of a gate|up matrix and the residual add
-  run in the program that adds the groups.
+  rows to fill the GPU splits K: at one row inside each program ("gemv_split", ``_gemv_split_kernel``:
+  each lane takes one (split, weight row) pair for every activation row, stores each group's integer
+  sums, a barrier, then the program adds the groups in order), at 2-8 rows over programs with a
+  second kernel adding the groups (``_combine_kernel``): on the H200 (session 25, 1.7B's 2048 x 2048
+  Q) that took 8.8 us at 4 rows against 19-21 us for the in-program split, and 5.3 against 6.0 us at
+  one row. The SwiGLU of a gate|up matrix and the residual add run in the program that adds the
+  groups.
 - the GEMM (larger M, prefill): each sign word's bits become a 32 x BLOCK_N tile of 0/1 bytes (or a
   whole group's a 128 x BLOCK_N tile, ``group_dot``) and both planes go through int8 ``tl.dot``
   (integer tensor cores on a GPU, exact), gate and up rows of a gate|up matrix in the same program,
@@ -178,7 +180,7 @@ def linear_quantized(
     group_dot: bool | None = None,
 ) -> torch.Tensor:
     """Quantized rows times W with the epilogue. ``kernel`` (one of ``KERNELS``; by default, up to
-    ``GEMV_MAX_M`` rows, "gemv_split" for a matrix too small to fill the GPU and "gemv" otherwise,
+    ``GEMV_MAX_M`` rows "gemv", or at one row "gemv_split" for a matrix too small to fill the GPU;
     "gemm" above), ``split_k`` (the GEMV's or the GEMM's K splits over programs, or "gemv_split"'s
     inside a program), ``block_n`` (the GEMM tile's weight rows, per half of a gate|up matrix; default
     ``gemm_block_n``) and ``group_dot`` (the GEMM's dot depth: a whole group, or one sign word) exist
@@ -270,10 +272,12 @@ def _combine(
 
 
 def _default_kernel(m: int, out_rows: int, groups: int, device: torch.device) -> str:
+    """The kernel for ``m`` rows: the GEMM above ``GEMV_MAX_M``, the in-program split GEMV at one row
+    where K splits, the GEMV otherwise (at 2-8 rows its K split is over programs: module doc)."""
     if m > GEMV_MAX_M:
         return "gemm"
     tiles = triton.cdiv(out_rows, gemv_rows(int(triton.next_power_of_2(m)), False))
-    return "gemv_split" if _default_split_k(tiles, groups, device) > 1 else "gemv"
+    return "gemv_split" if m == 1 and _default_split_k(tiles, groups, device) > 1 else "gemv"
 
 
 def _program_splits(groups: int) -> int:
