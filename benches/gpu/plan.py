@@ -52,13 +52,13 @@ class Plan:
 
 
 GPU_PLAN = Plan(
-    device="cuda", models=(BONSAI_1P7B, BONSAI_8B), q1_roles=("q", "kv", "gate", "down", "head"),
+    device="cuda", models=(BONSAI_1P7B, BONSAI_8B), q1_roles=("qkv", "o", "gate_up", "down", "head"),
     q1_m=(1, 16, 64, 512, 4), batches=(1, 16, 64), context=512, decode_steps=16, prefill_tokens=512,
     copy_bytes=GIB, promote_blocks=64, ttft_prefix=1024, ttft_tail=16, ttft_repeats=3, warmup=2, reps=10,
     engine_tokens=128,
 )  # fmt: skip
 SMOKE_PLAN = Plan(
-    device="cpu", models=(TINY_TIED, TINY_UNTIED), q1_roles=("kv", "down"), q1_m=(1, 16, 4), batches=(1, 16),
-    context=32, decode_steps=2, prefill_tokens=32, copy_bytes=16 << 20, promote_blocks=8, ttft_prefix=64,
-    ttft_tail=16, ttft_repeats=1, warmup=1, reps=2, max_copies=1, engine_tokens=4,
+    device="cpu", models=(TINY_TIED, TINY_UNTIED), q1_roles=("gate_up", "down"), q1_m=(1, 16, 4),
+    batches=(1, 16), context=32, decode_steps=2, prefill_tokens=32, copy_bytes=16 << 20, promote_blocks=8,
+    ttft_prefix=64, ttft_tail=16, ttft_repeats=1, warmup=1, reps=2, max_copies=1, engine_tokens=4,
 )  # fmt: skip

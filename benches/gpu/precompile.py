@@ -61,21 +61,22 @@ def q1_launches(spec: Any, plan: Plan) -> dict[tuple[Any, ...], Launch]:
 
     meta = torch.device("meta")
     with recording() as launches, as_on_a_gpu(H100_SMS):
-        for _, rows, cols in q1_shapes(spec, plan.q1_roles):
+        for _, rows, cols, gated in q1_shapes(spec, plan.q1_roles):
             w = random_q1(rows, cols, 0.02, meta)
             for m in plan.q1_m:
                 x = torch.empty(m, cols, device=meta)
-                q1_exact.fused_linear(x, w)
-                q1_fast.fused_linear(x, w)
+                q1_exact.fused_linear(x, w, gated=gated)
+                q1_exact.fused_linear(x, w)  # its CPU engine check
+                q1_fast.fused_linear(x, w, gated=gated)
                 acts = q1_exact.quantize(x)
-                for _, options in sweep_forms(m, rows, cols // 128):
-                    q1_exact.linear_quantized(acts, w, **options)
+                for _, options in sweep_forms(m, rows // 2 if gated else rows, cols // 128, gated):
+                    q1_exact.linear_quantized(acts, w, gated=gated, **options)
                 if m <= q1_exact.GEMV_MAX_M:
-                    q1_exact.linear_quantized(acts, w, asm=False)
+                    q1_exact.linear_quantized(acts, w, asm=False, gated=gated)
                 if m <= q1_fast.MAX_M:
                     for asm in (True, False):
-                        q1_fast.q1_gemv_fast(x, w, asm=asm)
-                    q1_triton.q1_gemv_fused(x, w)
+                        q1_fast.q1_gemv_fast(x, w, asm=asm, gated=gated)
+                    q1_triton.q1_gemv_fused(x, w, gated=gated)
     return launches
 
 

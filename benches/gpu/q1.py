@@ -38,10 +38,14 @@ def dequantize_half(w: Q1Weight, chunk_floats: int = 1 << 24) -> torch.Tensor:
     return out
 
 
-def q1_shapes(spec: ModelSpec, roles: Sequence[str]) -> list[tuple[str, int, int]]:
+def q1_shapes(spec: ModelSpec, roles: Sequence[str]) -> list[tuple[str, int, int, bool]]:
+    """``(name, rows, cols, gated)`` of each role's matrix: the model's own (its fused QKV, its gate|up
+    with the SwiGLU epilogue, O, down, the LM head) or single projections (q, kv, gate)."""
     c = spec.config
-    shapes = {"q": (c.q_dim, c.hidden), "kv": (c.kv_dim, c.hidden), "gate": (c.ffn, c.hidden),
-              "down": (c.hidden, c.ffn), "head": (c.vocab, c.hidden)}  # fmt: skip
+    shapes = {"qkv": (c.q_dim + 2 * c.kv_dim, c.hidden, False), "o": (c.hidden, c.q_dim, False),
+              "gate_up": (2 * c.ffn, c.hidden, True), "down": (c.hidden, c.ffn, False),
+              "head": (c.vocab, c.hidden, False), "q": (c.q_dim, c.hidden, False),
+              "kv": (c.kv_dim, c.hidden, False), "gate": (c.ffn, c.hidden, False)}  # fmt: skip
     return [(f"{spec.name}.{role}", *shapes[role]) for role in roles]
 
 
@@ -52,11 +56,11 @@ def q1_section(plan: Plan, device: torch.device, budget: Budget, b1: float | Non
 
     rows: list[dict[str, Any]] = []
     for spec in plan.models:
-        for name, n, k in q1_shapes(spec, plan.q1_roles):
+        for name, n, k, gated in q1_shapes(spec, plan.q1_roles):
             if budget.over():
                 rows.append({"shape": name, **budget.skipped()})
                 continue
-            rows += q1_shape(linear, name, n, k, plan, device, b1)
+            rows += q1_shape(partial(linear, gated=gated), name, n, k, gated, plan, device, b1)
             gc.collect()
     return {"b1_d2d_gbps": b1, "kernel": f"{linear.__module__}.{linear.__name__}",
             "float_kernel": f"{float_linear(device).__module__}.{float_linear(device).__name__}",
@@ -83,8 +87,8 @@ def copies(nbytes: int, plan: Plan) -> int:
 
 
 def q1_shape(
-    kernel: Callable[..., torch.Tensor], name: str, n: int, k: int, plan: Plan, device: torch.device,
-    b1: float | None,
+    kernel: Callable[..., torch.Tensor], name: str, n: int, k: int, gated: bool, plan: Plan,
+    device: torch.device, b1: float | None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     q1_bytes, fp16_bytes = n * k * 18 // 128, n * k * 2
     torch.manual_seed(SEED)
@@ -92,27 +96,33 @@ def q1_shape(
     dense = [dequantize_half(w) for w in ours[: copies(fp16_bytes, plan)]]
     out = []
     for m in plan.q1_m:
-        label = {"shape": name, "rows": n, "cols": k, "m": m, "weight_bytes": q1_bytes}
-        out.append(guarded(partial(q1_case, kernel, ours, dense, m, plan, device, b1), **label))
+        label = {"shape": name, "rows": n, "cols": k, "gated": gated, "m": m, "weight_bytes": q1_bytes}
+        out.append(guarded(partial(q1_case, kernel, ours, dense, m, gated, plan, device, b1), **label))
     return out
 
 
 def q1_case(
     kernel: Callable[..., torch.Tensor], ours: list[Q1Weight], dense: list[torch.Tensor], m: int,
-    plan: Plan, device: torch.device, b1: float | None,
+    gated: bool, plan: Plan, device: torch.device, b1: float | None,
 ) -> dict[str, Any]:  # fmt: skip
+    """One shape at ``m`` rows (``kernel`` and the float op with the SwiGLU epilogue when ``gated``;
+    B2 is the plain matmul either way, and the CPU engine check is of the plain exact matmul)."""
+    from oxibonsai.torch_backend.ops import q1_exact
+
     w0 = ours[0]
     x = torch.randn(m, w0.cols, device=device)
     x16 = x.to(torch.float16)
-    got, want = kernel(x, w0), ref_torch.q1_linear(x, w0)
+    got, want = kernel(x, w0), ref_torch.q1_fused_linear(x, w0, gated=gated)
     mine = time_calls([partial(kernel, x, w) for w in ours], device, plan.reps)
-    floats = time_calls([partial(float_linear(device), x, w) for w in ours], device, plan.reps)
+    float_op = partial(float_linear(device), gated=gated)
+    floats = time_calls([partial(float_op, x, w) for w in ours], device, plan.reps)
     base = time_calls([partial(torch.matmul, x16, w.T) for w in dense], device, plan.reps)
     ours_gbps = gbps(w0.rows * w0.cols * 18 / 128, mine["ms"])
+    plain = q1_exact.fused_linear(x, w0) if gated else got
     cpu = cpu_matrix(w0).matmul(x.cpu().numpy()).reshape(m, w0.rows)
-    return {**exact_check(x, w0, device), **fast_check(x, ours, plan, device, floats["ms"]),
-        **exact_sweep(x, ours, plan, device),
-        "equals_cpu_engine": bool(np.array_equal(got.cpu().numpy(), cpu)),
+    return {**exact_check(x, w0, device, gated), **fast_check(x, ours, plan, device, floats["ms"], gated),
+        **exact_sweep(x, ours, plan, device, gated),
+        "equals_cpu_engine": bool(np.array_equal(plain.cpu().numpy(), cpu)),
         "float_ms": floats["ms"], "float_over_ours": ratio(floats["ms"], mine["ms"]),
         "ours_ms": mine["ms"], "ours_eager_ms": mine["eager_ms"], "timing": mine["timing"],
         "weight_copies": len(ours), "ours_gbps": ours_gbps, "ours_over_b1": ratio(ours_gbps, b1),
@@ -122,7 +132,7 @@ def q1_case(
     }  # fmt: skip
 
 
-def exact_check(x: torch.Tensor, w: Q1Weight, device: torch.device) -> dict[str, Any]:
+def exact_check(x: torch.Tensor, w: Q1Weight, device: torch.device, gated: bool) -> dict[str, Any]:
     """Up to ``q1_exact.GEMV_MAX_M`` rows on CUDA: whether the dp4a PTX GEMV equals its twin bit for bit
     and whether the op set used it."""
     from oxibonsai.torch_backend.ops import q1_exact
@@ -130,12 +140,14 @@ def exact_check(x: torch.Tensor, w: Q1Weight, device: torch.device) -> dict[str,
     if device.type != "cuda" or x.shape[0] > q1_exact.GEMV_MAX_M:
         return {}
     acts = q1_exact.quantize(x)
-    ptx, twin = (q1_exact.linear_quantized(acts, w, asm=asm) for asm in (True, False))
+    ptx, twin = (q1_exact.linear_quantized(acts, w, asm=asm, gated=gated) for asm in (True, False))
     same = torch.equal(ptx, twin)
     return {"dp4a_used": q1_exact._asm_ok(device), "dp4a_asm_equals_twin": same}
 
 
-def exact_sweep(x: torch.Tensor, ours: list[Q1Weight], plan: Plan, device: torch.device) -> dict[str, Any]:
+def exact_sweep(
+    x: torch.Tensor, ours: list[Q1Weight], plan: Plan, device: torch.device, gated: bool
+) -> dict[str, Any]:
     """At one or four activation rows, the quantization's time, then the exact matmul's (already
     quantized) in each GEMV form and split (K split inside programs, "gemv_split", or over them,
     "gemv"); at 16 and 64 rows the GEMM at each tile width (its default K split over programs), then
@@ -144,19 +156,20 @@ def exact_sweep(x: torch.Tensor, ours: list[Q1Weight], plan: Plan, device: torch
     from oxibonsai.torch_backend.ops import q1_exact
 
     m, w0 = x.shape[0], ours[0]
-    forms = sweep_forms(m, w0.rows, w0.cols // 128)
+    out_rows = w0.rows // 2 if gated else w0.rows
+    forms = sweep_forms(m, out_rows, w0.cols // 128, gated)
     if not forms:
         return {}
     acts = q1_exact.quantize(x)
     times = {"quantize": time_calls([partial(q1_exact.quantize, x)], device, plan.reps)["ms"]}
     for label, options in forms:
-        calls = [partial(q1_exact.linear_quantized, acts, w, **options) for w in ours]
+        calls = [partial(q1_exact.linear_quantized, acts, w, gated=gated, **options) for w in ours]
         times[label] = time_calls(calls, device, plan.reps)["ms"]
-    default = q1_exact._default_kernel(m, w0.rows, w0.cols // 128, device)
+    default = q1_exact._default_kernel(m, out_rows, w0.cols // 128, device)
     if default == "gemm":
         sms = q1_exact._gemm_sms(device)
-        block_n = q1_exact.gemm_block_n(m, w0.rows, False, sms)
-        tiles = -(-m // q1_exact.gemm_block_m(m)) * -(-w0.rows // block_n)
+        block_n = q1_exact.gemm_block_n(m, out_rows, gated, sms)
+        tiles = -(-m // q1_exact.gemm_block_m(m)) * -(-out_rows // block_n)
         scratch = 4 * (w0.cols // 128) * m * w0.rows
         default += f"/n{block_n}/s{q1_exact.gemm_split_k(tiles, w0.cols // 128, sms, scratch)}"
     return {"sweep_ms": times, "sweep_default": default}
@@ -167,13 +180,14 @@ GEMM_SWEEP_ROWS = (16, 64)  # and the GEMM's tile widths
 GEMM_SWEEP_MAX_ROWS = 16384  # weight rows: wider matrices (the LM head) fill the GPU at any width
 
 
-def sweep_forms(m: int, rows: int, groups: int) -> list[tuple[str, dict[str, Any]]]:
-    """``exact_sweep``'s forms at ``m`` activation rows of a ``rows x 128 groups`` matrix: a label and
-    ``q1_exact.linear_quantized``'s keyword arguments for each."""
+def sweep_forms(m: int, rows: int, groups: int, gated: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """``exact_sweep``'s forms at ``m`` activation rows of a matrix of ``rows`` output rows (a gate|up
+    matrix's half, ``gated``) and 128-weight ``groups``: a label and ``q1_exact.linear_quantized``'s
+    keyword arguments (but ``gated``) for each."""
     from oxibonsai.torch_backend.ops import q1_exact
 
     if m in GEMM_SWEEP_ROWS and rows <= GEMM_SWEEP_MAX_ROWS:
-        widths = [(f"gemm/n{n}", {"kernel": "gemm", "block_n": n}) for n in q1_exact.gemm_block_ns(False)]
+        widths = [(f"gemm/n{n}", {"kernel": "gemm", "block_n": n}) for n in q1_exact.gemm_block_ns(gated)]
         unsplit = {"kernel": "gemm", "split_k": 1}  # each at the default width
         group_dots = {"kernel": "gemm", "group_dot": not q1_exact.GEMM_GROUP_DOT}
         return [*widths, ("gemm/s1", unsplit), (f"gemm/group_dot={group_dots['group_dot']}", group_dots)]
@@ -186,7 +200,7 @@ def sweep_forms(m: int, rows: int, groups: int) -> list[tuple[str, dict[str, Any
 
 
 def fast_check(
-    x: torch.Tensor, ours: list[Q1Weight], plan: Plan, device: torch.device, ms: float
+    x: torch.Tensor, ours: list[Q1Weight], plan: Plan, device: torch.device, ms: float, gated: bool
 ) -> dict[str, Any]:
     """Up to ``q1_fast.MAX_M`` rows on CUDA: whether the f16x2 PTX equals its twin bit for bit, and the
     plain Triton GEMV's time beside the float op's (``ms``)."""
@@ -195,7 +209,9 @@ def fast_check(
     if device.type != "cuda" or x.shape[0] > q1_fast.MAX_M:
         return {}
     w0 = ours[0]
-    same = torch.equal(q1_fast.q1_gemv_fast(x, w0, asm=True), q1_fast.q1_gemv_fast(x, w0, asm=False))
-    plain = time_calls([partial(q1_triton.q1_gemv_fused, x, w) for w in ours], device, plan.reps)
+    fast = partial(q1_fast.q1_gemv_fast, x, w0, gated=gated)
+    same = torch.equal(fast(asm=True), fast(asm=False))
+    plain_op = partial(q1_triton.q1_gemv_fused, gated=gated)
+    plain = time_calls([partial(plain_op, x, w) for w in ours], device, plan.reps)
     return {"fast_used": q1_fast._asm_ok(device), "fast_asm_equals_twin": same, "plain_ms": plain["ms"],
             "plain_over_float": ratio(plain["ms"], ms)}  # fmt: skip
