@@ -206,6 +206,20 @@ def test_the_gemm_splits_k_only_for_launches_that_leave_sms_idle(rng):
         assert got * least > groups - least or tiles * got >= per_sm * sms, "a short launch splits as it can"
 
 
+def test_k_splits_inside_programs_at_one_row_and_over_them_at_more(rng, monkeypatch):
+    """The default kernels where a matrix is too small to fill the GPU (its K splits), and where it is
+    not: the in-program split only at one row (on the H200 the split over programs was 2.2x faster at
+    4 rows), the GEMM above ``GEMV_MAX_M``."""
+    exact = q1_exact()
+    cpu = torch.device("cpu")
+    for splits, m in ((int(rng.integers(2, 64)), int(rng.integers(1, 40))) for _ in range(50)):
+        monkeypatch.setattr(exact, "_default_split_k", lambda tiles, groups, device, s=splits: s)
+        want = "gemm" if m > exact.GEMV_MAX_M else "gemv_split" if m == 1 else "gemv"
+        assert exact._default_kernel(m, 2048, 16, cpu) == want, (m, splits)
+    monkeypatch.setattr(exact, "_default_split_k", lambda tiles, groups, device: 1)
+    assert exact._default_kernel(1, 2048, 16, cpu) == "gemv", "K unsplit: the plain GEMV"
+
+
 def test_arithmetic_choice_in_the_triton_op_set(monkeypatch):
     from oxibonsai.torch_backend.ops import dispatch, q1_exact, q1_fast
 

@@ -76,6 +76,7 @@ GEMM_PROGRAMS_PER_SM = 2  # the GEMM splits K over programs until it has this ma
 GEMM_MIN_SPLIT_GROUPS = 4  # groups of a GEMM split, at least
 GEMM_MAX_SCRATCH = 32 << 20  # bytes of a split GEMM's integer sums, at most (H100 L2: 50 MB)
 COMBINE_BLOCK_M, COMBINE_BLOCK_N = 16, 32  # a split GEMM's combine tile
+COMBINE_ELEMENTS = 512  # a GEMV combine program's outputs, gate and up counted ([8, 128] gated spilled)
 SPLIT_TILE = 256  # splits x weight rows of a "gemv_split" program: one pair per thread, 8 warps
 GROUP_CHUNK = 6  # a "gemv_split" split's groups in one stretch of straight code, at most (below 8 rows)
 PROGRAMS_PER_SM = 4  # the GEMV splits K until it has this many 4-warp programs per SM
@@ -243,8 +244,9 @@ def _gemv(
         BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None, SPLIT=split_k > 1,
         ASM=asm, **pdl.launch(out.device), **_gemv_options(block_m),
     )  # fmt: skip
-    if split_k > 1:
-        _combine(ones, acts, w, residual, gated, out, block_m, block_n)
+    if split_k > 1:  # the same rows per program, as many as the combine holds without spilling
+        combine_n = min(block_n, COMBINE_ELEMENTS // (block_m * (2 if gated else 1)))
+        _combine(ones, acts, w, residual, gated, out, block_m, combine_n)
 
 
 def _combine(
