@@ -58,7 +58,7 @@ for file in "${gpu_only[@]}"; do
     fi
     timeout --kill-after=5 "$budget" python3 -m pytest -v -rs --tb=short -p no:cacheprovider "$file" \
         >>"$out/tests-cuda-first.log" 2>&1
-    echo "$file: exit $?" >>"$out/tests-cuda-first.log"
+    printf '\n%s: exit %s\n' "$file" "$?" >>"$out/tests-cuda-first.log"  # after a line cut short
 done
 status+=("tests-cuda-first: after $((SECONDS - start)) s")
 wait "$precompiling"
