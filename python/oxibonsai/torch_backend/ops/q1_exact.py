@@ -230,10 +230,7 @@ def _gemv(
     block_m = triton.next_power_of_2(m)
     block_n = gemv_rows(block_m, gated)
     n_tiles, groups = triton.cdiv(out_rows, block_n), w.cols // QK
-    split_k = min(split_k or _default_split_k(n_tiles, groups, out.device), groups)
-    per_split = triton.cdiv(groups, split_k)
-    split_k = triton.cdiv(groups, per_split)  # no empty splits
-    ones = torch.empty(groups, m, w.rows, dtype=torch.int32, device=out.device) if split_k > 1 else out
+    split_k, per_split, ones = _k_splits(split_k or _default_split_k(n_tiles, groups, out.device), w, out)
     words = acts.planes.view(torch.int32)  # [2, M, K / 4]
     residual_or_out = residual if residual is not None else out
     _gemv_kernel[(n_tiles, split_k)](
@@ -247,6 +244,18 @@ def _gemv(
     if split_k > 1:  # the same rows per program, as many as the combine holds without spilling
         combine_n = min(block_n, COMBINE_ELEMENTS // (block_m * (2 if gated else 1)))
         _combine(ones, acts, w, residual, gated, out, block_m, combine_n)
+
+
+def _k_splits(split_k: int, w: Q1Weight, out: torch.Tensor) -> tuple[int, int, torch.Tensor]:
+    """K split over programs into about ``split_k`` parts: the splits (none empty), the groups each
+    takes, and the integer sums' scratch ``[groups, M, w.rows]`` when split (``out`` otherwise, an
+    unused pointer)."""
+    groups = w.cols // QK
+    per_split = triton.cdiv(groups, min(split_k, groups))
+    split_k = triton.cdiv(groups, per_split)
+    if split_k == 1:
+        return 1, per_split, out
+    return split_k, per_split, torch.empty(groups, out.shape[0], w.rows, dtype=torch.int32, device=out.device)
 
 
 def _combine(
@@ -360,10 +369,7 @@ def _gemm(
     tiles = (triton.cdiv(m, block_m), triton.cdiv(out_rows, block_n))
     scratch_bytes = 4 * groups * m * w.rows
     split_k = split_k or gemm_split_k(tiles[0] * tiles[1], groups, _gemm_sms(out.device), scratch_bytes)
-    split_k = min(split_k, groups)
-    per_split = triton.cdiv(groups, split_k)
-    split_k = triton.cdiv(groups, per_split)  # no empty splits
-    ones = torch.empty(groups, m, w.rows, dtype=torch.int32, device=out.device) if split_k > 1 else out
+    split_k, per_split, ones = _k_splits(split_k, w, out)
     columns = block_n * (2 if gated else 1)  # gate|up: two accumulators per tile
     residual_or_out = residual if residual is not None else out
     _gemm_kernel[(*tiles, split_k)](
