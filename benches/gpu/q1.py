@@ -167,11 +167,7 @@ def exact_sweep(
         times[label] = time_calls(calls, device, plan.reps)["ms"]
     default = q1_exact._default_kernel(m, out_rows, w0.cols // 128, device)
     if default == "gemm":
-        sms = q1_exact._gemm_sms(device)
-        block_n = q1_exact.gemm_block_n(m, out_rows, gated, sms)
-        tiles = -(-m // q1_exact.gemm_block_m(m)) * -(-out_rows // block_n)
-        scratch = 4 * (w0.cols // 128) * m * w0.rows
-        default += f"/n{block_n}/s{q1_exact.gemm_split_k(tiles, w0.cols // 128, sms, scratch)}"
+        default += "/n{}/s{}".format(*q1_exact.gemm_tiling(m, w0, gated, device))
     return {"sweep_ms": times, "sweep_default": default}
 
 

@@ -364,12 +364,11 @@ def _gemm(
     group_dot: bool,
 ) -> None:
     m, out_rows = out.shape
-    block_m, groups = gemm_block_m(m), w.cols // QK
-    block_n = block_n or gemm_block_n(m, out_rows, gated, _gemm_sms(out.device))
+    block_m = gemm_block_m(m)
+    default_n, default_split = gemm_tiling(m, w, gated, out.device, block_n)
+    block_n = block_n or default_n
     tiles = (triton.cdiv(m, block_m), triton.cdiv(out_rows, block_n))
-    scratch_bytes = 4 * groups * m * w.rows
-    split_k = split_k or gemm_split_k(tiles[0] * tiles[1], groups, _gemm_sms(out.device), scratch_bytes)
-    split_k, per_split, ones = _k_splits(split_k, w, out)
+    split_k, per_split, ones = _k_splits(split_k or default_split, w, out)
     columns = block_n * (2 if gated else 1)  # gate|up: two accumulators per tile
     residual_or_out = residual if residual is not None else out
     _gemm_kernel[(*tiles, split_k)](
@@ -384,6 +383,17 @@ def _gemm(
     )  # fmt: skip
     if split_k > 1:
         _combine(ones, acts, w, residual, gated, out, min(block_m, COMBINE_BLOCK_M), COMBINE_BLOCK_N)
+
+
+def gemm_tiling(
+    m: int, w: Q1Weight, gated: bool, device: torch.device, block_n: int | None = None
+) -> tuple[int, int]:
+    """The GEMM's default tile width (``gemm_block_n``) and K split (``gemm_split_k``) for ``m`` rows
+    of ``w`` on ``device``; the split for tiles ``block_n`` wide when given."""
+    out_rows, groups, sms = w.rows // 2 if gated else w.rows, w.cols // QK, _gemm_sms(device)
+    block_n = block_n or gemm_block_n(m, out_rows, gated, sms)
+    tiles = triton.cdiv(m, gemm_block_m(m)) * triton.cdiv(out_rows, block_n)
+    return block_n, gemm_split_k(tiles, groups, sms, 4 * groups * m * w.rows)
 
 
 def gemm_split_k(tiles: int, groups: int, sms: int | None, scratch_bytes: int) -> int:
