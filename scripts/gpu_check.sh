@@ -35,10 +35,7 @@ part() {  # part NAME SECONDS COMMAND...: runs COMMAND under a timeout, its outp
     status+=("$name: exit $? after $((SECONDS - start)) s")
 }
 
-gpu_only=(tests/torch_backend/test_kv_pool.py tests/torch_backend/test_pdl.py
-          tests/torch_backend/test_pending.py tests/torch_backend/test_decode_graphs.py
-          tests/torch_backend/test_async_scheduling.py tests/torch_backend/test_q1_exact.py
-          tests/torch_backend/test_q1_fast.py)
+source scripts/gpu_tests_first.sh  # gpu_first: the CUDA-first test files
 cache_entries() { ls "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" 2>/dev/null | wc -l; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$out/nvidia-smi.txt" 2>&1
 
@@ -50,7 +47,7 @@ echo "[0 s] precompile beside the CUDA-first tests (at most ${first}s)"
 ( timeout --kill-after=10 "$first" python3 benches/gpu/precompile.py >"$out/precompile.log" 2>&1
   echo "precompile: exit $? after $((SECONDS - start)) s" >"$out/precompile.status" ) &
 precompiling=$!
-for file in "${gpu_only[@]}"; do
+for file in "${gpu_first[@]}"; do
     budget=$((first - (SECONDS - start)))
     if ((budget < 10)); then
         echo "$file: not run (time)" >>"$out/tests-cuda-first.log"

@@ -22,11 +22,10 @@ if (($#)); then
     echo "bench: exit $? after $((SECONDS - start)) s"
     tail -n 30 "$out/bench.log"
 fi
-first=(test_kv_pool.py test_pdl.py test_pending.py test_decode_graphs.py test_async_scheduling.py
-       test_q1_exact.py test_q1_fast.py)  # gpu_check.sh's CUDA-first files
+source scripts/gpu_tests_first.sh  # gpu_first: the files gpu_check.sh ran
 rest=()
 for file in tests/torch_backend/test_*.py; do
-    [[ " ${first[*]} " == *" $(basename "$file") "* ]] || rest+=("$file")
+    [[ " ${gpu_first[*]} " == *" $file "* ]] || rest+=("$file")
 done
 workers=()
 python3 -c "import xdist" 2>/dev/null && workers=(-n 8)
