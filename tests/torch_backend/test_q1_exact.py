@@ -80,8 +80,8 @@ def test_a_non_finite_value_gives_a_nan_scale_and_a_nan_row(rng, bad):
 
 @pytest.mark.parametrize("kernel", ["gemv", "gemv_split", "gemm"])
 def test_the_matmul_equals_the_cpu_engine_bit_for_bit(rng, kernel):
-    for _ in range(3):
-        m = int(rng.integers(1, 20 if kernel == "gemm" else 9))
+    for first in (True, False, False):  # one row always: the GEMVs' loads take another form there
+        m = 1 if first else int(rng.integers(1, 20 if kernel == "gemm" else 9))
         rows, k = int(rng.choice([40, 96, 136])), 128 * int(rng.integers(1, 9))
         matrix, w = random_matrix(rng, rows, k)
         x = activations(rng, m, k)
@@ -99,7 +99,7 @@ def test_the_in_program_split_takes_long_splits_a_chunk_at_a_time(rng):
     """Splits of 10 and 19 groups: more than one ``GROUP_CHUNK`` of straight code, the last one short."""
     matrix, w = random_matrix(rng, 40, 128 * 19)
     for splits in (1, 2):
-        m = int(rng.integers(1, 9))
+        m = 1 if splits == 1 else int(rng.integers(1, 9))
         x = activations(rng, m, 128 * 19)
         acts = q1_exact().quantize(on_device(x))
         got = q1_exact().linear_quantized(acts, w, kernel="gemv_split", split_k=splits, asm=False)

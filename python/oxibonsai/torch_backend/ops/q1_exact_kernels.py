@@ -145,20 +145,46 @@ def _ones(planes_ptr, signs_ptr, act_pairs, word_at, word_mask, stride_pp, zeros
     """int32 tile shaped like ``zeros``: ``sum q`` over the set bits of one 128-group, for the weight
     rows whose group starts at sign word ``word_at`` (loaded where ``word_mask``) and the activation
     rows whose group starts at int64 ``act_pairs`` of the high plane, the low plane ``stride_pp``
-    words on (planes read two words a load); ``word_at`` and ``act_pairs`` broadcast to the tile."""
+    words on; ``word_at`` and ``act_pairs`` broadcast to the tile. At one activation row a thread
+    loads its group's four sign words at once and each plane's activations two pairs a load (16 bytes
+    each: a quarter and half of the load instructions); at more rows Triton 3.6 spreads such loads
+    over threads and converts layouts through shared memory (sm_90 SASS), so there each word and pair
+    is a load of its own."""
     high = zeros
     low = zeros
     pairs = planes_ptr.to(tl.pointer_type(tl.int64))
+    if zeros.shape[0] == 1:
+        quad = tl.arange(0, 4)
+        words = tl.load(signs_ptr + tl.expand_dims(word_at, -1) + quad, mask=tl.expand_dims(word_mask, -1),
+                        other=0)  # fmt: skip
+        act_pairs = act_pairs + zeros  # the tile's shape, so a thread's two pairs are its own elements
     for w in tl.static_range(4):
-        word = tl.load(signs_ptr + word_at + w, mask=word_mask, other=0)
+        if zeros.shape[0] == 1:
+            word = _pick(words, quad, w)
+        else:
+            word = tl.load(signs_ptr + word_at + w, mask=word_mask, other=0)
         for p in tl.static_range(4):
-            high2 = tl.load(pairs + act_pairs + w * 4 + p)
-            low2 = tl.load(pairs + act_pairs + stride_pp // 2 + w * 4 + p)
+            if zeros.shape[0] == 1:
+                if p % 2 == 0:
+                    at = tl.expand_dims(act_pairs + w * 4 + p, -1) + tl.arange(0, 2)
+                    high4 = tl.load(pairs + at)
+                    low4 = tl.load(pairs + at + stride_pp // 2)
+                high2 = _pick(high4, tl.arange(0, 2), p % 2)
+                low2 = _pick(low4, tl.arange(0, 2), p % 2)
+            else:
+                high2 = tl.load(pairs + act_pairs + w * 4 + p)
+                low2 = tl.load(pairs + act_pairs + stride_pp // 2 + w * 4 + p)
             for half in tl.static_range(2):
                 bits = (word >> (2 * p + half)) & LANES
                 high = _dot4(bits, (high2 >> (32 * half)).to(tl.int32), high, ASM)
                 low = _dot4(bits, (low2 >> (32 * half)).to(tl.int32), low, ASM)
     return high * 256 + low
+
+
+@triton.jit
+def _pick(x, index, i):
+    """``x[..., i]`` of an integer tile whose last axis is ``index`` (a thread's own elements)."""
+    return tl.sum(tl.where(index == i, x, 0), axis=len(x.shape) - 1)
 
 
 @triton.jit
