@@ -145,22 +145,37 @@ def _ones(planes_ptr, signs_ptr, act_pairs, word_at, word_mask, stride_pp, zeros
     """int32 tile shaped like ``zeros``: ``sum q`` over the set bits of one 128-group, for the weight
     rows whose group starts at sign word ``word_at`` (loaded where ``word_mask``) and the activation
     rows whose group starts at int64 ``act_pairs`` of the high plane, the low plane ``stride_pp``
-    words on; ``word_at`` and ``act_pairs`` broadcast to the tile. At one activation row a thread
-    loads its group's four sign words at once and each plane's activations two pairs a load (16 bytes
-    each: a quarter and half of the load instructions); at more rows Triton 3.6 spreads such loads
-    over threads and converts layouts through shared memory (sm_90 SASS), so there each word and pair
-    is a load of its own."""
+    words on; ``word_at`` and ``act_pairs`` broadcast to the tile."""
+    words = _group_words(signs_ptr, word_at, word_mask, zeros)
+    return _ones_of(words, planes_ptr, signs_ptr, act_pairs, word_at, word_mask, stride_pp, zeros, ASM)
+
+
+@triton.jit
+def _group_words(signs_ptr, word_at, word_mask, zeros):
+    """At one activation row (``zeros``: the tile), the four sign words of the group at ``word_at``,
+    one 16-byte load a thread (``[..., 4]``); at more rows nothing (``_ones_of`` loads them itself)."""
+    if zeros.shape[0] == 1:
+        at = tl.expand_dims(word_at, -1) + tl.arange(0, 4)
+        return tl.load(signs_ptr + at, mask=tl.expand_dims(word_mask, -1), other=0)
+    else:
+        return zeros
+
+
+@triton.jit
+def _ones_of(words, planes_ptr, signs_ptr, act_pairs, word_at, word_mask, stride_pp, zeros, ASM: tl.constexpr):
+    """``_ones`` of the group whose sign words ``_group_words`` gave. At one activation row a thread
+    reads the four words from one 16-byte load and each plane's activations two pairs a load (a
+    quarter and half of the load instructions); at more rows Triton 3.6 spreads such loads over
+    threads and converts layouts through shared memory (sm_90 SASS), so there each word and pair is a
+    load of its own."""
     high = zeros
     low = zeros
     pairs = planes_ptr.to(tl.pointer_type(tl.int64))
     if zeros.shape[0] == 1:
-        quad = tl.arange(0, 4)
-        words = tl.load(signs_ptr + tl.expand_dims(word_at, -1) + quad, mask=tl.expand_dims(word_mask, -1),
-                        other=0)  # fmt: skip
         act_pairs = act_pairs + zeros  # the tile's shape, so a thread's two pairs are its own elements
     for w in tl.static_range(4):
         if zeros.shape[0] == 1:
-            word = _pick(words, quad, w)
+            word = _pick(words, tl.arange(0, 4), w)
         else:
             word = tl.load(signs_ptr + word_at + w, mask=word_mask, other=0)
         for p in tl.static_range(4):
@@ -198,7 +213,8 @@ def _gemv_kernel(
     """Rows ``n`` of program ``program_id(0)`` for every activation row ``m``, ``planes`` read as int32
     words; with ``GATED`` also rows ``n + up_offset``. ``SPLIT``: the program covers the groups of
     split ``program_id(1)`` and stores each group's integer sums at ``ones[g, m, n]`` for
-    ``_combine_kernel``; otherwise it covers every group, combines them and stores ``out[m, n]``."""
+    ``_combine_kernel``; otherwise it covers every group, combines them and stores ``out[m, n]``.
+    At one row each group's sign words load during the group before (``_group_words``)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
@@ -212,19 +228,28 @@ def _gemv_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     zeros = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    words_mask = mask_n[None, :]
+    word_at = (offs_n * stride_sn)[None, :]
+    up_at = word_at + up_offset * stride_sn
+    words = _group_words(signs_ptr, word_at + first * 4, words_mask, zeros)
+    words_up = _group_words(signs_ptr, up_at + first * 4, words_mask, zeros) if GATED else words
     for g in range(first, last):
-        act_pairs = (offs_m * (stride_pm // 2) + g * 16)[:, None]  # the planes hold BLOCK_M rows
-        word_at = (offs_n * stride_sn + g * 4)[None, :]
-        words_mask = mask_n[None, :]
-        ones = _ones(planes_ptr, signs_ptr, act_pairs, word_at, words_mask, stride_pp, zeros, ASM)
+        ahead = tl.minimum(g + 1, last - 1) * 4  # at one row the next group's sign words load now: ptxas
+        words_next = _group_words(signs_ptr, word_at + ahead, words_mask, zeros)  # issues them after this
+        words_up_next = _group_words(signs_ptr, up_at + ahead, words_mask, zeros) if GATED else words_next
+        act_pairs = (offs_m * (stride_pm // 2) + g * 16)[:, None]  # group's work, before the next one's
+        ones = _ones_of(words, planes_ptr, signs_ptr, act_pairs, word_at + g * 4, words_mask, stride_pp, zeros,
+                        ASM)  # fmt: skip
         ones_up = ones
         if GATED:
-            up_at = word_at + up_offset * stride_sn
-            ones_up = _ones(planes_ptr, signs_ptr, act_pairs, up_at, words_mask, stride_pp, zeros, ASM)
+            ones_up = _ones_of(words_up, planes_ptr, signs_ptr, act_pairs, up_at + g * 4, words_mask, stride_pp,
+                               zeros, ASM)  # fmt: skip
         acc, acc_up = _take_group(
             acc, acc_up, ones, ones_up, ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n,
             mask_n, g, up_offset, stride_am, stride_dn, stride_og, stride_on, GATED, SPLIT,
         )  # fmt: skip
+        words = words_next
+        words_up = words_up_next
     if not SPLIT:
         _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
                    GATED, RESIDUAL)  # fmt: skip
