@@ -162,7 +162,8 @@ def _group_words(signs_ptr, word_at, word_mask, zeros):
 
 
 @triton.jit
-def _ones_of(words, planes_ptr, signs_ptr, act_pairs, word_at, word_mask, stride_pp, zeros, ASM: tl.constexpr):
+def _ones_of(words, planes_ptr, signs_ptr, act_pairs, word_at, word_mask, stride_pp, zeros,
+             ASM: tl.constexpr):  # fmt: skip
     """``_ones`` of the group whose sign words ``_group_words`` gave. At one activation row a thread
     reads the four words from one 16-byte load and each plane's activations two pairs a load (a
     quarter and half of the load instructions); at more rows Triton 3.6 spreads such loads over
@@ -238,12 +239,12 @@ def _gemv_kernel(
         words_next = _group_words(signs_ptr, word_at + ahead, words_mask, zeros)  # issues them after this
         words_up_next = _group_words(signs_ptr, up_at + ahead, words_mask, zeros) if GATED else words_next
         act_pairs = (offs_m * (stride_pm // 2) + g * 16)[:, None]  # group's work, before the next one's
-        ones = _ones_of(words, planes_ptr, signs_ptr, act_pairs, word_at + g * 4, words_mask, stride_pp, zeros,
-                        ASM)  # fmt: skip
+        ones = _ones_of(words, planes_ptr, signs_ptr, act_pairs, word_at + g * 4, words_mask, stride_pp,
+                        zeros, ASM)  # fmt: skip
         ones_up = ones
         if GATED:
-            ones_up = _ones_of(words_up, planes_ptr, signs_ptr, act_pairs, up_at + g * 4, words_mask, stride_pp,
-                               zeros, ASM)  # fmt: skip
+            ones_up = _ones_of(words_up, planes_ptr, signs_ptr, act_pairs, up_at + g * 4, words_mask,
+                               stride_pp, zeros, ASM)  # fmt: skip
         acc, acc_up = _take_group(
             acc, acc_up, ones, ones_up, ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n,
             mask_n, g, up_offset, stride_am, stride_dn, stride_og, stride_on, GATED, SPLIT,
