@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import triton
 
 import oxibonsai
 from oxibonsai.torch_backend.ops import ref_torch
@@ -192,7 +193,11 @@ def sweep_forms(m: int, rows: int, groups: int, gated: bool = False) -> list[tup
     inside = (2, 4, 8, 16) if m == 1 else (4, 16)
     over = (1, 4, None) if m == 1 else (None,)
     gemvs = [("gemv_split", s) for s in inside if s <= groups] + [("gemv", s) for s in over]
-    return [(f"{kernel}/{split or 'auto'}", {"kernel": kernel, "split_k": split}) for kernel, split in gemvs]
+    forms = [(f"{kernel}/{split or 'auto'}", {"kernel": kernel, "split_k": split}) for kernel, split in gemvs]
+    narrow = q1_exact.gemv_block_ns(m, gated)[0]  # one weight row a thread where the default takes two
+    if narrow != q1_exact.gemv_rows(int(triton.next_power_of_2(m)), gated):
+        forms.append((f"gemv/1/n{narrow}", {"kernel": "gemv", "split_k": 1, "block_n": narrow}))
+    return forms
 
 
 def fast_check(

@@ -117,8 +117,9 @@ def test_the_op_set_linear_is_the_cpu_engines_matmul(rng):
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 def test_the_fused_linear_matches_float64_and_every_kernel_gives_its_bits(rng):
-    for _ in range(3):
-        m, rows, k = int(rng.integers(1, 12)), int(rng.choice([48, 96])), 128 * int(rng.integers(1, 4))
+    for first in (True, False, False):
+        m = 1 if first else int(rng.integers(1, 12))
+        rows, k = int(rng.choice([48, 96])), 128 * int(rng.integers(1, 4))
         matrix, w = random_matrix(rng, rows, k)
         x = rng.standard_normal((m, k)).astype(np.float32)
         gated, normed = bool(rng.integers(2)), bool(rng.integers(2))
@@ -141,6 +142,12 @@ def test_the_fused_linear_matches_float64_and_every_kernel_gives_its_bits(rng):
                 tile = {"block_n": block_n, "group_dot": group_dot, "split_k": split_k}
                 again = q1_exact().linear_quantized(acts, w, kernel="gemm", **tile, **args)
                 assert torch.equal(again, got), ("gemm", tile)
+        for block_n in q1_exact().gemv_block_ns(m, gated) if m <= 8 else ():
+            for split_k in (1, 2):
+                again = q1_exact().linear_quantized(
+                    acts, w, kernel="gemv", block_n=block_n, split_k=split_k, **args
+                )
+                assert torch.equal(again, got), ("gemv", block_n, split_k)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
@@ -170,6 +177,10 @@ def test_kernel_choices_are_checked(rng):
         q1_exact().linear_quantized(nine, w, kernel="gemv", block_n=32)
     with pytest.raises(ValueError, match="tile's width"):
         q1_exact().linear_quantized(nine, w, kernel="gemm", block_n=64, gated=True)
+    with pytest.raises(ValueError, match="tile's width"):
+        q1_exact().linear_quantized(acts, w, kernel="gemv_split", block_n=128)
+    with pytest.raises(ValueError, match="tile's width"):
+        q1_exact().linear_quantized(acts, w, kernel="gemv", block_n=256)  # two rows: one weight row a thread
     with pytest.raises(ValueError, match="'gemm' kernel's choice"):
         q1_exact().linear_quantized(acts, w, kernel="gemv", group_dot=True)
 

@@ -183,9 +183,10 @@ def linear_quantized(
     """Quantized rows times W with the epilogue. ``kernel`` (one of ``KERNELS``; by default, up to
     ``GEMV_MAX_M`` rows "gemv", or at one row "gemv_split" for a matrix too small to fill the GPU;
     "gemm" above), ``split_k`` (the GEMV's or the GEMM's K splits over programs, or "gemv_split"'s
-    inside a program), ``block_n`` (the GEMM tile's weight rows, per half of a gate|up matrix; default
-    ``gemm_block_n``) and ``group_dot`` (the GEMM's dot depth: a whole group, or one sign word) exist
-    for tests and tuning: every choice gives the same bits."""
+    inside a program), ``block_n`` (the GEMM tile's weight rows, per half of a gate|up matrix, default
+    ``gemm_block_n``; or the "gemv" program's, ``gemv_block_ns``) and ``group_dot`` (the GEMM's dot
+    depth: a whole group, or one sign word) exist for tests and tuning: every choice gives the same
+    bits."""
     m = acts.rows
     out_rows = w.rows // 2 if gated else w.rows
     out = torch.empty(m, out_rows, dtype=torch.float32, device=acts.planes.device)
@@ -197,10 +198,9 @@ def linear_quantized(
     kernel = kernel or _default_kernel(m, out_rows, w.cols // QK, out.device)
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    if block_n is not None and (kernel != "gemm" or block_n not in gemm_block_ns(gated)):
-        raise ValueError(
-            f"block_n is the 'gemm' tile's width, one of {gemm_block_ns(gated)}; got {block_n} for {kernel!r}"
-        )
+    widths = gemm_block_ns(gated) if kernel == "gemm" else gemv_block_ns(m, gated) if kernel == "gemv" else ()
+    if block_n is not None and block_n not in widths:
+        raise ValueError(f"block_n is a 'gemm' or 'gemv' tile's width, one of {widths} here; got {block_n}")
     if group_dot is not None and kernel != "gemm":
         raise ValueError(f"group_dot is the 'gemm' kernel's choice, not {kernel!r}'s")
     if kernel == "gemm":
@@ -213,7 +213,7 @@ def linear_quantized(
     if kernel == "gemv_split":
         _gemv_split(acts, w, residual, gated, out, asm, split_k or _program_splits(w.cols // QK))
     else:
-        _gemv(acts, w, residual, gated, out, asm, split_k)
+        _gemv(acts, w, residual, gated, out, asm, split_k, block_n)
     return out
 
 
@@ -225,10 +225,11 @@ def _gemv(
     out: torch.Tensor,
     asm: bool,
     split_k: int | None = None,
+    block_n: int | None = None,
 ) -> None:
     m, out_rows = out.shape
     block_m = triton.next_power_of_2(m)
-    block_n = gemv_rows(block_m, gated)
+    block_n = block_n or gemv_rows(block_m, gated)
     n_tiles, groups = triton.cdiv(out_rows, block_n), w.cols // QK
     split_k, per_split, ones = _k_splits(split_k or _default_split_k(n_tiles, groups, out.device), w, out)
     words = acts.planes.view(torch.int32)  # [2, M, K / 4]
@@ -344,6 +345,12 @@ def gemv_rows(block_m: int, gated: bool) -> int:
     for the LM head), one otherwise, never less, so activation rows stay in a thread (a thread that
     shared a weight row with others would repeat its unpacking)."""
     return 128 * max(1, 2 // (block_m * (2 if gated else 1)))
+
+
+def gemv_block_ns(m: int, gated: bool) -> tuple[int, ...]:
+    """The "gemv" tile widths (weight rows per 4-warp program) at ``m`` activation rows: one weight row
+    a thread, and two where ``gemv_rows`` gives two (one plain activation row)."""
+    return tuple(sorted({128, gemv_rows(int(triton.next_power_of_2(m)), gated)}))
 
 
 def _default_split_k(n_tiles: int, groups: int, device: torch.device) -> int:
