@@ -149,6 +149,7 @@ def decode_rate(
     """Eager steps, then the same steps through ``DecodeGraphs`` (captured on CUDA; padded eager steps
     elsewhere), with the last step's logits compared bit for bit; with ``compare_pdl`` (our model),
     where the kernels can launch with PDL, the graphs once more the other way (``graphs_other_pdl``),
+    at one row once more without the quantizations fused into the matmuls (``graphs_unfused``),
     and the device time per kernel of a few eager steps (``gpu.kernels``) with the share of a graph
     step it covers."""
     steps = plan.warmup + plan.decode_steps
@@ -170,7 +171,8 @@ def decode_rate(
     graph_step_us = graph_seconds / plan.decode_steps * 1e6
     other, kernels = {}, {}
     if compare_pdl:  # our model, not B2's
-        other = graphs_other_pdl(model, pool, plans, per_seq, plan.warmup, device, eager_logits, graph_tok_s)
+        args = (model, pool, plans, per_seq, plan.warmup, device, eager_logits, graph_tok_s)
+        other = {**graphs_other_pdl(*args), **graphs_unfused(*args)}
         kernels = kernel_times(model, pool, batches[-PROFILED_STEPS:], device)
     return {"tok_s": batch * plan.decode_steps / seconds, "step_ms": seconds / plan.decode_steps * 1e3,
             "steps": plan.decode_steps, "graph_tok_s": graph_tok_s,
@@ -194,17 +196,51 @@ def graphs_other_pdl(
     if not pdl.enabled(device):
         return {}
     default_on = plans[0].num_seqs <= pdl_rows.MAX_ROWS
-    with environment(pdl.ENV_VAR, "0" if default_on else "all"):
+    value = "0" if default_on else "all"
+    tok_s, equal = graphs_under(pdl.ENV_VAR, value, model, pool, plans, per_seq, warmup, device, eager_logits)
+    key = "no_pdl" if default_on else "all_pdl"
+    with_pdl, without = (graph_tok_s, tok_s) if default_on else (tok_s, graph_tok_s)
+    return {f"{key}_graph_tok_s": tok_s, f"{key}_logits_equal": equal, "pdl_gain": ratio(with_pdl, without)}
+
+
+def graphs_unfused(
+    model: TorchQwen3, pool: KvPool, plans: list[StepBatch], per_seq: int, warmup: int, device: torch.device,
+    eager_logits: torch.Tensor, graph_tok_s: float,
+) -> dict[str, Any]:  # fmt: skip
+    """At one row, where the split GEMVs quantize their outputs for the next matmul (``ops.ahead``),
+    the same graph steps with those quantizations in launches of their own
+    (``OXIBONSAI_FUSE_QUANTIZE=0``): ``unfused_graph_tok_s``, whether the last step's logits are
+    eager's bit for bit, and ``fuse_gain`` (tok/s fused over unfused)."""
+    if plans[0].num_seqs != 1 or not model.quantizes_ahead:
+        return {}
+    from oxibonsai.torch_backend.ops import q1_exact
+
+    args = (model, pool, plans, per_seq, warmup, device, eager_logits)
+    tok_s, equal = graphs_under(q1_exact.FUSE_ENV_VAR, "0", *args)
+    return {
+        "unfused_graph_tok_s": tok_s,
+        "unfused_logits_equal": equal,
+        "fuse_gain": ratio(graph_tok_s, tok_s),
+    }
+
+
+def graphs_under(
+    env_var: str, value: str, model: TorchQwen3, pool: KvPool, plans: list[StepBatch], per_seq: int,
+    warmup: int, device: torch.device, eager_logits: torch.Tensor,
+) -> tuple[float, bool]:  # fmt: skip
+    """The decode steps ``plans`` through graphs captured with ``env_var=value``: tok/s, and whether
+    the last step's logits are ``eager_logits`` bit for bit."""
+    with environment(env_var, value):
         graphs = DecodeGraphs(
-            model, pool, max_num_seqs=plans[0].num_seqs, max_model_len=per_seq * BLOCK_TOKENS, capture=True
+            model,
+            pool,
+            max_num_seqs=plans[0].num_seqs,
+            max_model_len=per_seq * BLOCK_TOKENS,
+            capture=device.type == "cuda",
         )
         seconds = timed_calls([partial(graphs.run, p) for p in plans], warmup, device)
         logits = graphs.run(plans[-1])
-    tok_s = plans[0].num_seqs * (len(plans) - warmup) / seconds
-    key = "no_pdl" if default_on else "all_pdl"
-    with_pdl, without = (graph_tok_s, tok_s) if default_on else (tok_s, graph_tok_s)
-    return {f"{key}_graph_tok_s": tok_s, f"{key}_logits_equal": bool(torch.equal(logits, eager_logits)),
-            "pdl_gain": ratio(with_pdl, without)}  # fmt: skip
+    return plans[0].num_seqs * (len(plans) - warmup) / seconds, bool(torch.equal(logits, eager_logits))
 
 
 def prefill_rate(

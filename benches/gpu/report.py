@@ -62,7 +62,7 @@ def table_lines(report: dict[str, Any]) -> list[str]:
             lines.append(f"{'':<8}sweep us: {sweep_line(r['sweep_ms'])} (default {r.get('sweep_default')})")
     lines.append(f"model {'name':<13} {'phase':<8} {'batch':>5} {'tok/s':>10} {'B2 tok/s':>10} {'xB2':>6} "
                  f"{'graph':>10} {'xeager':>6} {'B2 graph':>10} {'xB2':>6} {'same':>5} {'other PDL':>10} "
-                 f"{'xPDL':>5}")  # fmt: skip
+                 f"{'xPDL':>5} {'xfuse':>5}")  # fmt: skip
     for m in report.get("decode", {}).get("models", []):
         for r in m.get("results", [{"phase": "-", "batch": "-"}]):
             other_pdl = r.get("no_pdl_graph_tok_s", r.get("all_pdl_graph_tok_s"))  # graphs_other_pdl
@@ -72,7 +72,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                          f"{fmt(r.get('graph_vs_eager'), '.2f'):>6} {fmt(r.get('b2_graph_tok_s')):>10} "
                          f"{fmt(r.get('graph_speedup_vs_b2'), '.2f'):>6} "
                          f"{r.get('graph_logits_equal', '-')!s:>5} {fmt(other_pdl):>10} "
-                         f"{fmt(r.get('pdl_gain'), '.2f'):>5} {problem(m) or problem(r)}")  # fmt: skip
+                         f"{fmt(r.get('pdl_gain'), '.2f'):>5} {fmt(r.get('fuse_gain'), '.2f'):>5} "
+                         f"{problem(m) or problem(r)}")  # fmt: skip
             if r.get("kernels") or r.get("kernels_error"):
                 lines.append(f"{'':<8}{kernels_line(r)}")
     e = report.get("engine", {})

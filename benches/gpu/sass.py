@@ -143,6 +143,7 @@ def as_on_a_gpu(multiprocessors: int, pdl_on: bool = True) -> Iterator[None]:
         (pdl, "enabled", lambda device: pdl_on and pdl.triton_has_pdl()),
         (q1_fast, "_asm_ok", lambda device: True),
         (q1_exact, "_asm_ok", lambda device: True),
+        (q1_exact, "_fences", lambda device: True),
         (q1_triton, "_default_split_k", lambda tiles, groups, device: split_k(2, tiles, groups)),
         (q1_exact, "_gemm_sms", lambda device: multiprocessors),
         (

@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'oxibonsai[torch]')")
 
-from oxibonsai.torch_backend.ops import dispatch, ref_torch  # noqa: E402
+from oxibonsai.torch_backend.ops import ahead, dispatch, ref_torch  # noqa: E402
 
 import qwen3_reference  # noqa: E402
 
@@ -140,7 +140,9 @@ def test_dispatch_forced_triton(monkeypatch: pytest.MonkeyPatch, device: str) ->
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")
     monkeypatch.delenv(dispatch.Q1_ENV_VAR, raising=False)
     ops = dispatch.ops_for(device)
-    assert set(vars(ops)) == set(dispatch.OP_NAMES)
+    assert set(vars(ops)) == set(dispatch.OP_NAMES) | set(ahead.OPS) and ahead.supported(ops)
+    assert ops.q1_fused_linear_ahead is q1_exact.fused_linear_ahead
+    assert ops.attention_linear_ahead is attn_triton.attention_linear_ahead
     assert ops.q1_linear is q1_exact.q1_linear and ops.paged_attention is attn_triton.paged_attention
     assert ops.write_kv is kv_triton.write_kv and ops.rms_norm is norm_triton.rms_norm
     assert ops.embedding is triton_module("embed_triton").embedding and ops.rope_neox is ref_torch.rope_neox

@@ -203,3 +203,36 @@ def test_requests_batched_by_the_engine_get_their_alone_bits(small_model, monkey
     assert batched == [
         bits(alone.generate([{"prompt_token_ids": p}], params, use_tqdm=False))[0] for p in prompts
     ]
+
+
+def test_matmuls_that_quantize_ahead_give_the_plain_forward_bits(two_layer_model, monkeypatch, rng):
+    """The exact set's matmuls quantize their outputs for the next matmul (``ops.ahead``: at one row
+    inside the split GEMV, forced here as on a GPU; a launch of its own elsewhere): a prefill and
+    one-row decodes give the logits of the forward pass without those ops bit for bit, and at one row
+    the first layer's QKV is the only matmul that quantizes in a launch of its own."""
+    from types import SimpleNamespace
+
+    from oxibonsai.torch_backend.ops import ahead, q1_exact
+
+    monkeypatch.setenv("OXIBONSAI_TORCH_OPS", "triton")
+    monkeypatch.setenv("OXIBONSAI_Q1_ARITHMETIC", "exact")
+    monkeypatch.setattr(q1_exact, "_default_split_k", lambda tiles, groups, device: 2)  # as on a GPU
+    ops = ops_for(DEVICE)
+    plain_ops = SimpleNamespace(**{k: v for k, v in vars(ops).items() if k not in ahead.OPS})
+    fused = TorchQwen3.from_gguf(two_layer_model, DEVICE, ops=ops)
+    plain = TorchQwen3.from_gguf(two_layer_model, DEVICE, ops=plain_ops)
+    assert fused.quantizes_ahead and not plain.quantizes_ahead
+    vocab = fused.config.vocab
+    prompt, decodes = [int(t) for t in rng.integers(0, vocab, 6)], [int(t) for t in rng.integers(0, vocab, 2)]
+    launches = []
+    real_quantize = q1_exact.quantize
+    monkeypatch.setattr(q1_exact, "quantize", lambda *a, **kw: launches.append(1) or real_quantize(*a, **kw))
+    counts, logits = [], []
+    for model in (fused, plain):
+        launches.clear()
+        logits.append(steps(model, prompt, decodes))
+        counts.append(len(launches))
+    for a, b in zip(*logits, strict=True):
+        assert np.array_equal(a, b)
+    per_step = 3 * fused.config.n_layers + 1  # before QKV, gate|up and down in each layer; the LM head
+    assert counts == [per_step + len(decodes), per_step * (1 + len(decodes))], counts  # decodes: 1st QKV's

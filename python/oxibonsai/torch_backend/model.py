@@ -27,7 +27,7 @@ import torch
 from oxibonsai import GGUFFile
 from oxibonsai.torch_backend.batch import DeviceBatch
 from oxibonsai.torch_backend.kv_pool import KvPool
-from oxibonsai.torch_backend.ops import pdl_rows, ref_torch
+from oxibonsai.torch_backend.ops import ahead, pdl_rows, ref_torch
 from oxibonsai.torch_backend.weights import (
     DenseWeight,
     LayerWeights,
@@ -80,6 +80,8 @@ class TorchQwen3:
         self._check_pool(kv)
         with pdl_rows.step_rows(int(batch.input_ids.shape[0])):
             x = self._embed(batch.input_ids)
+            if self.quantizes_ahead:
+                return self._forward_ahead(x, batch, kv)
             for index, layer in enumerate(self.weights.layers):
                 x = self._attention(index, layer, x, batch, kv)
                 x = self._mlp(layer, x)
@@ -87,6 +89,51 @@ class TorchQwen3:
                 return x.new_empty((0, self.config.vocab))
             rows = x if batch.logits_all_rows else x.index_select(0, batch.logits_indices)
             return self._linear(rows, self.weights.lm_head, norm=self.weights.output_norm)
+
+    @property
+    def quantizes_ahead(self) -> bool:
+        """Whether ``forward`` runs ``_forward_ahead``: the op set quantizes ahead (``ops.ahead``) and
+        every matrix is a fused Q1 one."""
+        w = self.weights
+        q1 = [
+            w.lm_head,
+            *(m for layer in w.layers for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)),
+        ]
+        return ahead.supported(self.ops) and all(m is not None and not isinstance(m, DenseWeight) for m in q1)
+
+    def _forward_ahead(self, x: torch.Tensor, batch: DeviceBatch, kv: KvPool) -> torch.Tensor:
+        """``forward``'s layers where each matmul quantizes its output for the next one (``ops.ahead``):
+        the same arithmetic in the same order, the quantizations inside the matmuls' launches where the
+        kernels allow. The last layer's output is quantized for the LM head only when every row's
+        logits are wanted."""
+        ops, eps, layers = self.ops, self.config.rms_eps, self.weights.layers
+        acts = None  # x quantized (and normalized) for the next matmul, when the matmul before did it
+        for index, layer in enumerate(layers):
+            qkv, _ = ops.q1_fused_linear_ahead(x, layer.wqkv, norm=layer.attn_norm, eps=eps, acts=acts)
+            args, hints = self._attention_inputs(index, layer, qkv, batch, kv)
+            after_o = ahead.QuantizeNext(layer.ffn_norm, eps)
+            x, acts = ops.attention_linear_ahead(*args, layer.wo, residual=x, then=after_o, **hints)
+            gated, gated_acts = ops.q1_fused_linear_ahead(
+                x,
+                layer.w_gate_up,
+                norm=layer.ffn_norm,
+                eps=eps,
+                gated=True,
+                acts=acts,
+                then=ahead.QuantizeNext(),
+            )
+            last = index + 1 == len(layers)
+            next_norm = self.weights.output_norm if last else layers[index + 1].attn_norm
+            then = ahead.QuantizeNext(next_norm, eps) if not last or batch.logits_all_rows else None
+            x, acts = ops.q1_fused_linear_ahead(gated, layer.w_down, residual=x, acts=gated_acts, then=then)
+        if batch.logits_indices.numel() == 0:
+            return x.new_empty((0, self.config.vocab))
+        if not batch.logits_all_rows:
+            rows = x.index_select(0, batch.logits_indices)
+            return self._linear(rows, self.weights.lm_head, norm=self.weights.output_norm)
+        logits, _ = ops.q1_fused_linear_ahead(x, self.weights.lm_head, norm=self.weights.output_norm, eps=eps,
+                                              acts=acts)  # fmt: skip
+        return logits
 
     def _attention(
         self, index: int, layer: LayerWeights, x: torch.Tensor, batch: DeviceBatch, kv: KvPool
@@ -98,8 +145,21 @@ class TorchQwen3:
         else:
             h = self._norm(x, layer.attn_norm)
             qkv = torch.cat([self._linear(h, w) for w in (layer.wq, layer.wk, layer.wv)], dim=1)
+        args, hints = self._attention_inputs(index, layer, qkv, batch, kv)
+        if not isinstance(layer.wo, DenseWeight):  # one op: the exact set quantizes in attention
+            out: torch.Tensor = ops.attention_linear(*args, layer.wo, residual=x, **hints)
+            return out
+        attention = ops.paged_attention(*args, **hints)
+        return self._linear(attention.reshape(x.shape[0], c.q_dim), layer.wo, residual=x)
+
+    def _attention_inputs(
+        self, index: int, layer: LayerWeights, qkv: torch.Tensor, batch: DeviceBatch, kv: KvPool
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """QK-norm, RoPE and the K/V write of a layer's QKV rows; then the attention's arguments (q,
+        the layer's caches, the plan, the scale) and its hints."""
+        c = self.config
         k_cache, v_cache = kv.layer(index)
-        q = ops.qk_norm_rope_write_kv(
+        q = self.ops.qk_norm_rope_write_kv(
             qkv, layer.q_norm, layer.k_norm, batch.positions, k_cache, v_cache, batch.slot_mapping,
             q_heads=c.n_heads, cos_sin=self.cos_sin, eps=c.rms_eps,
         )  # fmt: skip
@@ -109,11 +169,7 @@ class TorchQwen3:
             "decode_rows": batch.decode_rows,
             "max_q_len": batch.max_query_len,
         }
-        if not isinstance(layer.wo, DenseWeight):  # one op: the exact set quantizes in attention
-            out: torch.Tensor = ops.attention_linear(*args, layer.wo, residual=x, **hints)
-            return out
-        attention = ops.paged_attention(*args, **hints)
-        return self._linear(attention.reshape(x.shape[0], c.q_dim), layer.wo, residual=x)
+        return args, hints
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         """``x`` plus the SwiGLU MLP's output."""

@@ -39,8 +39,16 @@ import triton.language as tl
 
 from oxibonsai.torch_backend import batch
 from oxibonsai.torch_backend.ops import pdl
+from oxibonsai.torch_backend.ops.ahead import QuantizeNext
 from oxibonsai.torch_backend.ops.pdl import grid_dependency
-from oxibonsai.torch_backend.ops.q1_exact import NO_FUSION, QK, QuantizedRows, linear_quantized, quantize
+from oxibonsai.torch_backend.ops.q1_exact import (
+    NO_FUSION,
+    QK,
+    QuantizedRows,
+    linear_quantized,
+    linear_then_quantize,
+    quantize,
+)
 from oxibonsai.torch_backend.ops.q1_exact_kernels import _store_block
 from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
 
@@ -309,6 +317,28 @@ def attention_linear(
 ) -> torch.Tensor:
     """``ref_torch.attention_linear`` in the exact arithmetic: the O projection of
     ``quantized_attention``'s rows (in a decode step, quantized by the merge kernel)."""
+    out, _ = attention_linear_ahead(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, w, residual=residual, **hints
+    )
+    return out
+
+
+def attention_linear_ahead(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    w: Q1Weight,
+    *,
+    residual: torch.Tensor | None = None,
+    then: QuantizeNext | None = None,
+    **hints: Any,
+) -> tuple[torch.Tensor, QuantizedRows | None]:
+    """``attention_linear`` with its output quantized ahead for the next matmul as ``then`` asks
+    (``ops.ahead``; None without ``then``)."""
     tokens, width = q.shape[0], q.shape[1] * q.shape[2]
     if w.cols != width or (residual is not None and residual.shape != (tokens, w.rows)):
         raise ValueError(
@@ -316,7 +346,9 @@ def attention_linear(
             f"do not fit attention rows [{tokens}, {width}]"
         )
     acts = quantized_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, **hints)
-    return linear_quantized(acts, w, residual=residual)
+    if then is None:
+        return linear_quantized(acts, w, residual=residual), None
+    return linear_then_quantize(acts, w, then, residual=residual)
 
 
 class _Rows:

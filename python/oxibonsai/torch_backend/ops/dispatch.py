@@ -1,15 +1,17 @@
 """Which op set a device runs: the one place that chooses between Triton kernels and plain torch.
 
-``ops_for(device)`` returns a namespace with exactly ``OP_NAMES``. CUDA gets the Triton kernels (with
-the reference op wherever no Triton twin exists) when Triton is installed; MPS gets ``ref_torch`` with
-the int4-pack Q1 linear (``q1_int4pack``: Triton does not run on Metal); every other device gets
-``ref_torch``. ``OXIBONSAI_TORCH_OPS=ref|triton|int4pack`` forces a set. Triton off CUDA means Triton's CPU
-interpreter (tests only), which must have been enabled (``TRITON_INTERPRET=1``) before the kernel
-modules were imported; anything else raises here rather than at the first launch.
+``ops_for(device)`` returns a namespace with ``OP_NAMES`` (the exact Triton set ``ops.ahead.OPS`` too).
+CUDA gets the Triton kernels (with the reference op wherever no Triton twin exists) when Triton is
+installed; MPS gets ``ref_torch`` with the int4-pack Q1 linear (``q1_int4pack``: Triton does not run
+on Metal); every other device gets ``ref_torch``. ``OXIBONSAI_TORCH_OPS=ref|triton|int4pack`` forces
+a set. Triton off CUDA means Triton's CPU interpreter (tests only), which must have been enabled
+(``TRITON_INTERPRET=1``) before the kernel modules were imported; anything else raises here rather
+than at the first launch.
 
 ``attention_linear`` is the attention followed by its output projection: each set composes its own
 ``paged_attention`` and ``q1_fused_linear``, except the exact Triton set, which quantizes the
-projection's activations inside the attention (``attn_triton.attention_linear``).
+projection's activations inside the attention (``attn_triton.attention_linear``). The exact Triton
+set also has ``ops.ahead.OPS``: its matmuls quantize their outputs for the next matmul.
 
 The Triton set's Q1 matmuls run the CPU engine's exact integer arithmetic (``q1_exact``: the same bits
 at every batch size) unless ``OXIBONSAI_Q1_ARITHMETIC=float`` picks the float kernels (``q1_triton``
@@ -101,7 +103,12 @@ def triton_op_set(q1: str = "exact") -> SimpleNamespace:
 
     exact = q1 == "exact"
     fused_linear = q1_exact.fused_linear if exact else q1_fast.fused_linear
+    ahead = {
+        "q1_fused_linear_ahead": q1_exact.fused_linear_ahead,
+        "attention_linear_ahead": attn_triton.attention_linear_ahead,
+    }
     return SimpleNamespace(
+        **(ahead if exact else {}),
         q1_linear=q1_exact.q1_linear if exact else q1_triton.q1_linear,
         q1_fused_linear=fused_linear,
         embedding=embed_triton.embedding,

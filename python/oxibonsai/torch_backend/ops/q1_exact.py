@@ -50,6 +50,7 @@ one written, and the CPU's fused multiply-add is an explicit ``tl.fma``."""
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -57,6 +58,7 @@ import torch
 import triton
 
 from oxibonsai.torch_backend.ops import pdl
+from oxibonsai.torch_backend.ops.ahead import QuantizeNext
 from oxibonsai.torch_backend.ops.q1_exact_kernels import (
     _combine_kernel,
     _gemm_kernel,
@@ -83,6 +85,9 @@ PROGRAMS_PER_SM = 4  # the GEMV splits K until it has this many 4-warp programs 
 QUANTIZE_BLOCKS = 4  # 128-value blocks per quantization program, a warp each
 NORM_CHUNK = 2048  # values of a row a quantization program squares at once for its RMSNorm
 NO_FUSION = {"enable_fp_fusion": False}
+QUANTIZE_UNIT = 1024  # output columns a "gemv_split" launch quantizes per unit for the next matmul (no norm)
+ARRIVAL_COUNTS = 64  # units a launch may count its programs in
+FUSE_ENV_VAR = "OXIBONSAI_FUSE_QUANTIZE"
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,31 @@ def fused_linear(
     return linear_quantized(acts, w, residual=residual, gated=gated, asm=asm)
 
 
+def fused_linear_ahead(
+    x: torch.Tensor,
+    w: Q1Weight,
+    *,
+    norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+    acts: QuantizedRows | None = None,
+    then: QuantizeNext | None = None,
+    asm: bool | None = None,
+) -> tuple[torch.Tensor, QuantizedRows | None]:
+    """``fused_linear`` with its activations quantized ahead (``ops.ahead``): ``acts``, when given, is
+    ``quantize(x, norm, eps)`` already; with ``then`` the output's quantization for the next matmul
+    comes back beside it (``linear_then_quantize``), None without."""
+    if acts is None:
+        check_fused(x, w, norm, residual, gated)
+        acts = quantize(x, norm, eps)
+    elif acts.rows != x.shape[0] or acts.planes.shape[2] != w.cols:
+        raise ValueError(f"acts hold {acts.rows} rows of {acts.planes.shape[2]}, not x's {list(x.shape)}")
+    if then is None:
+        return linear_quantized(acts, w, residual=residual, gated=gated, asm=asm), None
+    return linear_then_quantize(acts, w, then, residual=residual, gated=gated, asm=asm)
+
+
 def q1_linear(x: torch.Tensor, w: Q1Weight) -> torch.Tensor:
     """``x [M, K] @ W.T`` -> float32 ``[M, N]``, exactly as the CPU engine computes it."""
     return fused_linear(x, w)
@@ -187,11 +217,47 @@ def linear_quantized(
     ``gemm_block_n``; or the "gemv" program's, ``gemv_block_ns``) and ``group_dot`` (the GEMM's dot
     depth: a whole group, or one sign word) exist for tests and tuning: every choice gives the same
     bits."""
+    out, _ = _linear(acts, w, residual, gated, asm, kernel, split_k, block_n, group_dot, None)
+    return out
+
+
+def linear_then_quantize(
+    acts: QuantizedRows,
+    w: Q1Weight,
+    then: QuantizeNext,
+    *,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+    asm: bool | None = None,
+    kernel: str | None = None,
+    split_k: int | None = None,
+) -> tuple[torch.Tensor, QuantizedRows]:
+    """``linear_quantized`` and its output quantized for the next matmul, ``quantize(out, then.norm,
+    then.eps)``: inside the matmul's launch where its kernel is "gemv_split" and ``fuses_quantize``
+    (the program that stores a unit's last columns quantizes the unit: the whole row with a norm,
+    1,024 columns without), a launch of its own otherwise. The same bits either way."""
+    out, ahead = _linear(acts, w, residual, gated, asm, kernel, split_k, None, None, then)
+    return out, ahead if ahead is not None else quantize(out, then.norm, then.eps)
+
+
+def _linear(
+    acts: QuantizedRows,
+    w: Q1Weight,
+    residual: torch.Tensor | None,
+    gated: bool,
+    asm: bool | None,
+    kernel: str | None,
+    split_k: int | None,
+    block_n: int | None,
+    group_dot: bool | None,
+    then: QuantizeNext | None,
+) -> tuple[torch.Tensor, QuantizedRows | None]:
+    """``linear_quantized``'s work, and the output's quantization where the matmul's launch made it."""
     m = acts.rows
     out_rows = w.rows // 2 if gated else w.rows
     out = torch.empty(m, out_rows, dtype=torch.float32, device=acts.planes.device)
     if m == 0:
-        return out
+        return out, None
     if residual is not None:
         residual = residual.to(torch.float32)
         residual = residual if residual.stride(1) == 1 else residual.contiguous()
@@ -206,15 +272,18 @@ def linear_quantized(
     if kernel == "gemm":
         group_dot = GEMM_GROUP_DOT if group_dot is None else group_dot
         _gemm(acts, w, residual, gated, out, block_n, split_k, group_dot)
-        return out
+        return out, None
     asm = _asm_ok(acts.planes.device) if asm is None else asm
     if kernel != "gemm" and m > GEMV_MAX_M:
         raise ValueError(f"the {kernel!r} kernel takes up to {GEMV_MAX_M} activation rows, got {m}")
     if kernel == "gemv_split":
-        _gemv_split(acts, w, residual, gated, out, asm, split_k or _program_splits(w.cols // QK))
-    else:
-        _gemv(acts, w, residual, gated, out, asm, split_k, block_n)
-    return out
+        fused = then if then is not None and fuses_quantize(out_rows) else None
+        ahead = _gemv_split(
+            acts, w, residual, gated, out, asm, split_k or _program_splits(w.cols // QK), fused
+        )
+        return out, ahead
+    _gemv(acts, w, residual, gated, out, asm, split_k, block_n)
+    return out, None
 
 
 def _gemv(
@@ -305,7 +374,10 @@ def _gemv_split(
     out: torch.Tensor,
     asm: bool,
     splits: int,
-) -> None:
+    then: QuantizeNext | None = None,
+) -> QuantizedRows | None:
+    """The in-program split GEMV into ``out``; with ``then``, its output quantized in the same launch
+    (returned)."""
     if splits & (splits - 1) or not 1 <= splits <= SPLIT_TILE // 16:
         raise ValueError(f"'gemv_split' splits K in a power of 2 to {SPLIT_TILE // 16}, got {splits}")
     m, out_rows = out.shape
@@ -314,6 +386,7 @@ def _gemv_split(
     ones = torch.empty(groups, m, w.rows, dtype=torch.int32, device=out.device)
     words = acts.planes.view(torch.int32)
     residual_or_out = residual if residual is not None else out
+    ahead, quantizing = _quantize_args(then, out, block_n)
     _gemv_split_kernel[(triton.cdiv(out_rows, block_n),)](
         words, acts.scales, acts.sums, w.signs, w.scales, residual_or_out, out, ones,
         m, out_rows, w.cols, out_rows, per_split,
@@ -321,9 +394,58 @@ def _gemv_split(
         residual_or_out.stride(0), out.stride(0), ones.stride(0), ones.stride(1),
         BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, SPLITS=splits, GATED=gated,
         RESIDUAL=residual is not None, ASM=asm, GROUP_CHUNK=_group_chunk(m, per_split),
-        num_warps=SPLIT_TILE // 32, **pdl.launch(out.device),
-        **NO_FUSION,
+        num_warps=SPLIT_TILE // 32, **quantizing, **pdl.launch(out.device), **NO_FUSION,
     )  # fmt: skip
+    return ahead
+
+
+def _quantize_args(
+    then: QuantizeNext | None, out: torch.Tensor, block_n: int
+) -> tuple[QuantizedRows | None, dict[str, object]]:
+    """``_gemv_split_kernel``'s quantization arguments for ``then`` (none without) and the rows they
+    fill: units of ``QUANTIZE_UNIT`` columns (the whole row with a norm, or where the columns do not
+    divide), whose programs count in ``arrival_counts``."""
+    if then is None:
+        return None, {}
+    m, cols = out.shape
+    ahead = QuantizedRows.empty(m, cols, out.device)
+    unit = QUANTIZE_UNIT if then.norm is None and cols % QUANTIZE_UNIT == 0 else cols
+    if unit < cols and (unit % block_n or cols // unit > ARRIVAL_COUNTS):
+        unit = cols  # one unit: programs never straddle two
+    args = {
+        "norm_ptr": then.norm if then.norm is not None else out, "qplanes_ptr": ahead.planes,
+        "qscales_ptr": ahead.scales, "qsums_ptr": ahead.sums, "counts_ptr": arrival_counts(out.device),
+        "eps": then.eps, "unit_cols": unit, "stride_qp": ahead.planes.stride(0),
+        "stride_qm": ahead.planes.stride(1), "stride_qs": ahead.scales.stride(0), "QUANTIZE": True,
+        "QNORM": then.norm is not None, "NORM_CHUNK": min(triton.next_power_of_2(cols), NORM_CHUNK),
+        "FENCE": _fences(out.device),
+    }  # fmt: skip
+    return ahead, args
+
+
+def _fences(device: torch.device) -> bool:
+    """Whether the kernels on ``device`` fence their stores before counting (PTX: CUDA only)."""
+    return device.type == "cuda"
+
+
+@functools.cache
+def _counts_on(device: torch.device) -> torch.Tensor:
+    return torch.zeros(ARRIVAL_COUNTS, dtype=torch.int32, device=device)
+
+
+def arrival_counts(device: torch.device) -> torch.Tensor:
+    """The zeroed counters a launch that quantizes its output counts its programs in, one per unit of
+    columns, one set per device: each launch leaves them at zero (the last program of a unit resets
+    its count), and the launches that use them run one after another on the model's stream (with PDL
+    a launch counts only after its grid-dependency wait, when the launch before has finished)."""
+    return _counts_on(torch.device(device.type, device.index if device.index is not None else 0)
+                      if device.type == "cuda" else device)  # fmt: skip
+
+
+def fuses_quantize(out_rows: int) -> bool:
+    """Whether a "gemv_split" launch of ``out_rows`` output columns quantizes them for the next matmul
+    itself: a whole number of 128-value blocks, unless ``OXIBONSAI_FUSE_QUANTIZE=0``."""
+    return out_rows % QK == 0 and os.environ.get(FUSE_ENV_VAR, "1").strip() != "0"
 
 
 def _group_chunk(m: int, per_split: int) -> int:

@@ -19,6 +19,7 @@ NAN = tl.constexpr(float("nan"))
 ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (v + ROUND) - ROUND rounds |v| < 2^22 half to even
 LANES = tl.constexpr(0x01010101)
 COMBINE_CHUNK = tl.constexpr(16)  # groups whose integer sums a split GEMV's combine loads at once
+QUANTIZE_UNIT_BLOCKS = tl.constexpr(8)  # 128-value blocks ``_quantize_when_last`` quantizes at once
 
 
 @triton.jit
@@ -42,18 +43,18 @@ def _quantize_kernel(
     x = tl.load(row + at, mask=live[:, None], other=0.0).to(tl.float32)
     if NORM:
         weight = tl.load(norm_ptr + at, mask=live[:, None], other=0.0).to(tl.float32)
-        x = x * _inverse_rms(row, K, eps, NORM_CHUNK) * weight
+        x = x * _inverse_rms(row, K, eps, NORM_CHUNK, "") * weight
     _store_blocks(x, live, planes_ptr, scales_ptr, sums_ptr, m, blocks, stride_pp, stride_pm, stride_sm)
 
 
 @triton.jit
-def _inverse_rms(row, K, eps, CHUNK: tl.constexpr):
+def _inverse_rms(row, K, eps, CHUNK: tl.constexpr, CACHE: tl.constexpr):
     """``1 / sqrt(mean(row[:K]^2) + eps)``, the squares added in ``CHUNK`` lanes then across them, each
-    division and the root correctly rounded as on the CPU."""
+    division and the root correctly rounded as on the CPU; ``row`` loaded with cache modifier ``CACHE``."""
     squares = tl.zeros([CHUNK], dtype=tl.float32)
     for start in range(0, K, CHUNK):
         offs = start + tl.arange(0, CHUNK)
-        v = tl.load(row + offs, mask=offs < K, other=0.0).to(tl.float32)
+        v = tl.load(row + offs, mask=offs < K, other=0.0, cache_modifier=CACHE).to(tl.float32)
         squares += v * v
     mean = tl.math.div_rn(tl.sum(squares), K.to(tl.float32))
     return tl.math.div_rn(1.0, tl.math.sqrt_rn(mean + eps))
@@ -283,6 +284,10 @@ def _gemv_split_kernel(
     stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_rm, stride_om, stride_og, stride_on,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, GATED: tl.constexpr,
     RESIDUAL: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr, GROUP_CHUNK: tl.constexpr,
+    norm_ptr=None, qplanes_ptr=None, qscales_ptr=None, qsums_ptr=None, counts_ptr=None, eps=0.0, unit_cols=0,
+    stride_qp=0, stride_qm=0, stride_qs=0,
+    QUANTIZE: tl.constexpr = False, QNORM: tl.constexpr = False, NORM_CHUNK: tl.constexpr = 1,
+    FENCE: tl.constexpr = False,
 ):  # fmt: skip
     """Rows ``n`` of program ``program_id(0)`` for every activation row ``m``, with K split inside the
     program: the ``[SPLITS, BLOCK_N]`` tile's row ``s`` takes groups ``s * groups_per_split`` onwards
@@ -290,7 +295,9 @@ def _gemv_split_kernel(
     sums at ``ones[g, m, n]``; after a barrier the program adds every group in order. For matrices with
     too few rows to fill the GPU, one launch instead of the split GEMV's two. A split's groups go
     ``GROUP_CHUNK`` at a time through straight code, and below 8 rows a chunk's sums are stored after
-    its last group's loads, so the loads of all its groups can be in flight at once."""
+    its last group's loads, so the loads of all its groups can be in flight at once. With ``QUANTIZE``
+    the output is also quantized for the next matmul (``_quantize_when_last``; the arguments after
+    ``GROUP_CHUNK``)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
@@ -315,6 +322,63 @@ def _gemv_split_kernel(
         groups, up_offset, stride_am, stride_dn, stride_og, stride_on, stride_rm, stride_om,
         BLOCK_M, BLOCK_N, GATED, RESIDUAL,
     )  # fmt: skip
+    if QUANTIZE:
+        _quantize_when_last(
+            out_ptr, norm_ptr, qplanes_ptr, qscales_ptr, qsums_ptr, counts_ptr, M, N, eps,
+            tl.program_id(0) * BLOCK_N, unit_cols, BLOCK_N, stride_om, stride_qp, stride_qm, stride_qs,
+            QNORM, NORM_CHUNK, FENCE,
+        )  # fmt: skip
+
+
+@triton.jit
+def _quantize_when_last(
+    out_ptr, norm_ptr, planes_ptr, scales_ptr, sums_ptr, counts_ptr, M, N, eps, first_col, unit_cols, block_n,
+    stride_om, stride_pp, stride_pm, stride_sm, NORM: tl.constexpr, NORM_CHUNK: tl.constexpr,
+    FENCE: tl.constexpr,
+):  # fmt: skip
+    """Called by each program once it has stored its ``block_n`` columns from ``first_col`` of ``out``
+    (every row, ``M``; ``N`` columns): the ``unit_cols`` columns they lie in (a multiple of
+    ``block_n``; the whole row with ``NORM``) are quantized into ``QuantizedRows`` (``act.rs``'s rule,
+    RMS-normalized first with weight ``norm`` when ``NORM``, exactly as ``_quantize_kernel``) by the
+    program that stores the unit's last columns, whichever it is: each program adds one to
+    ``counts[unit]`` and the one that brings it to the unit's programs resets it to 0 for the next
+    launch and quantizes. ``FENCE`` (on a GPU) makes every thread's stores visible device-wide before
+    the count, and the others' visible to it after; the quantizing program reads ``out`` from L2."""
+    unit = first_col // unit_cols
+    start = unit * unit_cols
+    cols = tl.minimum(unit_cols, N - start)
+    _fence(FENCE)
+    tl.debug_barrier()  # every thread's columns are stored before the count
+    arrived = tl.atomic_add(counts_ptr + unit, 1, sem="acq_rel", scope="gpu")
+    if arrived == tl.cdiv(cols, block_n) - 1:
+        tl.store(counts_ptr + unit, 0)
+        _fence(FENCE)
+        tl.debug_barrier()
+        first_block, end_block = start // 128, (start + cols) // 128
+        for m in range(M):
+            row = out_ptr + m * stride_om
+            inverse = 1.0
+            if NORM:
+                inverse = _inverse_rms(row, N, eps, NORM_CHUNK, ".cg")
+            for b in range(first_block, end_block, QUANTIZE_UNIT_BLOCKS):
+                blocks = b + tl.arange(0, QUANTIZE_UNIT_BLOCKS)
+                live = blocks < end_block
+                at = blocks[:, None] * 128 + tl.arange(0, 128)[None, :]
+                x = tl.load(row + at, mask=live[:, None], other=0.0, cache_modifier=".cg")
+                if NORM:
+                    weight = tl.load(norm_ptr + at, mask=live[:, None], other=0.0).to(tl.float32)
+                    x = x * inverse * weight
+                _store_blocks(x, live, planes_ptr, scales_ptr, sums_ptr, m, blocks, stride_pp, stride_pm,
+                              stride_sm)  # fmt: skip
+
+
+@triton.jit
+def _fence(FENCE: tl.constexpr):
+    """``fence.acq_rel.gpu`` in every thread when ``FENCE`` (CUDA only: the interpreter runs programs one
+    after another and has no PTX)."""
+    if FENCE:
+        tl.inline_asm_elementwise("fence.acq_rel.gpu;\n mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)  # fmt: skip
 
 
 @triton.jit
