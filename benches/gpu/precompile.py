@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benches/, for th
 from gpu.plan import GPU_PLAN, Plan
 from gpu.q1 import q1_shapes, random_q1, sweep_forms
 from gpu.sass import H100_SMS, Launch, as_on_a_gpu, compile_exactly, model_launches, recording
+from gpu.timing import environment
 from oxibonsai.torch_backend.graphs import decode_buckets
+from oxibonsai.torch_backend.ops import q1_exact
 from oxibonsai.torch_backend.ops.dispatch import Q1_ARITHMETICS
 
 _LAUNCHES: list[Launch] = []  # what the forked workers compile, by index
@@ -50,6 +52,8 @@ def planned_launches(plan: Plan) -> list[Launch]:
             launches.update(model_launches(spec, (1,), ODD_ROWS, q1))
         # the decode section's graphs without PDL and its kernel profile (PDL off) at its batches
         launches.update(model_launches(spec, tuple(plan.batches), plan.prefill_tokens, pdl_on=False))
+        with environment(q1_exact.FUSE_ENV_VAR, "0"):  # and its one-row graphs quantizing apart
+            launches.update(model_launches(spec, (1,), plan.prefill_tokens))
         launches.update(q1_launches(spec, plan))
     return list(launches.values())
 
