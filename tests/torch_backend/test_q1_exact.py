@@ -260,10 +260,10 @@ def test_the_dp4a_ptx_equals_its_twin_and_the_cpu_engine(rng):
 @pytest.mark.parametrize("fuse", ["1", "0"])
 def test_the_split_gemv_quantizes_its_output_for_the_next_matmul_bit_for_bit(rng, monkeypatch, fuse):
     """``linear_then_quantize``: the output and its quantization equal ``linear_quantized`` then
-    ``quantize`` bit for bit, whether the split GEMV's last program of each unit quantizes it (units of
-    256 columns here, so a launch has several: 4 and 2 programs a unit, or the whole row with a norm)
-    or a launch of its own does (``OXIBONSAI_FUSE_QUANTIZE=0``, and the other kernels); the arrival
-    counts are back at zero after each launch."""
+    ``quantize`` bit for bit, whether the split GEMV's (or a split "gemv"'s combine's) last program of
+    each unit quantizes it (units of 256 columns here, so a launch has several: 4 and 2 programs a
+    unit, or the whole row with a norm) or a launch of its own does (``OXIBONSAI_FUSE_QUANTIZE=0``, an
+    unsplit "gemv", the GEMM); the arrival counts are back at zero after each launch."""
     exact = q1_exact()
     exact_quantize, launches = exact.quantize, []
     monkeypatch.setattr(exact, "QUANTIZE_UNIT", 256)
@@ -271,7 +271,8 @@ def test_the_split_gemv_quantizes_its_output_for_the_next_matmul_bit_for_bit(rng
     monkeypatch.setattr(exact, "quantize", lambda *a, **kw: launches.append(a) or exact_quantize(*a, **kw))
     cases = ((512, 256, False, False, 1, "gemv_split", 4), (768, 384, True, True, 2, "gemv_split", 2),
              (256, 384, False, True, 1, "gemv_split", 16), (512, 128, True, False, 1, "gemv_split", 1),
-             (256, 256, False, True, 3, "gemv", None), (256, 256, False, False, 9, "gemm", None))  # fmt: skip
+             (256, 256, False, True, 3, "gemv", None), (512, 256, True, False, 4, "gemv", 2),
+             (256, 256, False, False, 9, "gemm", None))  # fmt: skip
     for rows, k, gated, normed, m, kernel, split_k in cases:
         _, w = random_matrix(rng, rows, k)
         acts = exact_quantize(on_device(activations(rng, m, k)))
@@ -281,7 +282,10 @@ def test_the_split_gemv_quantizes_its_output_for_the_next_matmul_bit_for_bit(rng
         args = {"residual": residual, "gated": gated, "asm": False, "kernel": kernel, "split_k": split_k}
         launches.clear()  # the quantization's own launches
         out, ahead = exact.linear_then_quantize(acts, w, exact.QuantizeNext(norm, EPS), **args)
-        assert len(launches) == (0 if fuse == "1" and kernel == "gemv_split" else 1), (rows, k, kernel)
+        fused = fuse == "1" and (
+            kernel == "gemv_split" or (kernel == "gemv" and split_k)
+        )  # "gemv": its combine
+        assert len(launches) == (0 if fused else 1), (rows, k, kernel)
         want = exact.linear_quantized(acts, w, **args)
         assert torch.equal(out, want), (rows, k, kernel)
         again = exact_quantize(want, norm, EPS)

@@ -7,8 +7,10 @@ projection and residual; RMSNorm, SwiGLU MLP and residual. The ops fuse what sur
 (``q1_fused_linear``: the RMSNorm before it, the SwiGLU and the residual add after it) and what lies
 between the QKV matmul and attention (``qk_norm_rope_write_kv``) and the attention with the output
 projection (``attention_linear``: the exact CUDA op set quantizes the projection's activations in the
-attention kernels), so on CUDA a one-row decode layer is 10 launches (plus one per matmul whose K
-splits over programs at more rows). The final norm and the LM head run on the ``logits_indices`` rows
+attention kernels). Where the op set quantizes ahead (``ops.ahead``: the exact CUDA set), each matmul
+also quantizes its output for the next one (``_forward_ahead``), inside its launch at one row, so on
+CUDA a one-row decode layer is 7 launches (10 at more rows, plus one per matmul whose K splits over
+programs). The final norm and the LM head run on the ``logits_indices`` rows
 only (read in place when those are every row, in order). Activations are float32; the KV pool may be
 float16.
 

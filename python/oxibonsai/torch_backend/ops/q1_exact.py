@@ -23,9 +23,11 @@ one weight word's bits ``j, j + 8, j + 16, j + 24`` (``(word >> j) & 0x01010101`
   square itself, in the same order).
 - the GEMV (``M <= GEMV_MAX_M``): one weight row per thread lane and every activation row in the same
   thread, no reduction across threads: per sign word, 8 shift-and-mask operations expose 4 weights
-  each, and per activation row two ``dp4a`` (high and low plane) add them; about 1.4 SASS instructions
-  per weight at one row (``benches/gpu/sass.py``). ``ASM`` picks the inline-PTX ``dp4a`` or its
-  plain-Triton twin, which gives the same integers and runs in the interpreter. A matrix with too few
+  each, and per activation row two ``dp4a`` (high and low plane) add them; about 1.3 SASS instructions
+  per weight at one row (``benches/gpu/sass.py``), where a thread loads a group's sign words in one
+  16-byte load and its activations two pairs a load, the next group's words during this one's work.
+  ``ASM`` picks the inline-PTX ``dp4a`` or its plain-Triton twin, which gives the same integers and
+  runs in the interpreter. A matrix with too few
   rows to fill the GPU splits K: at one row inside each program ("gemv_split", ``_gemv_split_kernel``:
   each lane takes one (split, weight row) pair for every activation row, stores each group's integer
   sums, a barrier, then the program adds the groups in order), at 2-8 rows over programs with a
@@ -33,6 +35,13 @@ one weight word's bits ``j, j + 8, j + 16, j + 24`` (``(word >> j) & 0x01010101`
   Q) that took 8.8 us at 4 rows against 19-21 us for the in-program split, and 5.3 against 6.0 us at
   one row. The SwiGLU of a gate|up matrix and the residual add run in the program that adds the
   groups.
+- quantized ahead (``linear_then_quantize``, ``ops.ahead``): a "gemv_split" launch, or a split "gemv"'s
+  combine launch, also quantizes its output for the next matmul, RMSNorm included, so a decode step
+  of up to 8 rows runs no quantization launch after its first matmul where K splits. Each program,
+  once its columns are stored, fences and adds one to an arrival count of its unit of columns
+  (``QUANTIZE_UNIT``, or the whole row with a norm, whose mean square needs every column); the
+  program that completes a unit resets the count and quantizes the unit from L2, exactly as
+  ``quantize`` would. Other kernels quantize in a launch of their own.
 - the GEMM (larger M, prefill): each sign word's bits become a 32 x BLOCK_N tile of 0/1 bytes (or a
   whole group's a 128 x BLOCK_N tile, ``group_dot``) and both planes go through int8 ``tl.dot``
   (integer tensor cores on a GPU, exact), gate and up rows of a gate|up matrix in the same program,
@@ -233,9 +242,10 @@ def linear_then_quantize(
     split_k: int | None = None,
 ) -> tuple[torch.Tensor, QuantizedRows]:
     """``linear_quantized`` and its output quantized for the next matmul, ``quantize(out, then.norm,
-    then.eps)``: inside the matmul's launch where its kernel is "gemv_split" and ``fuses_quantize``
-    (the program that stores a unit's last columns quantizes the unit: the whole row with a norm,
-    1,024 columns without), a launch of its own otherwise. The same bits either way."""
+    then.eps)``: inside the matmul's launches where its kernel is "gemv_split", or "gemv" with K split
+    over programs (its combine launch), and ``fuses_quantize`` (the program that stores a unit's last
+    columns quantizes the unit: the whole row with a norm, 1,024 columns without), in a launch of its
+    own otherwise. The same bits either way."""
     out, ahead = _linear(acts, w, residual, gated, asm, kernel, split_k, None, None, then)
     return out, ahead if ahead is not None else quantize(out, then.norm, then.eps)
 
@@ -276,14 +286,13 @@ def _linear(
     asm = _asm_ok(acts.planes.device) if asm is None else asm
     if kernel != "gemm" and m > GEMV_MAX_M:
         raise ValueError(f"the {kernel!r} kernel takes up to {GEMV_MAX_M} activation rows, got {m}")
+    fused = then if then is not None and fuses_quantize(out_rows) else None
     if kernel == "gemv_split":
-        fused = then if then is not None and fuses_quantize(out_rows) else None
         ahead = _gemv_split(
             acts, w, residual, gated, out, asm, split_k or _program_splits(w.cols // QK), fused
         )
         return out, ahead
-    _gemv(acts, w, residual, gated, out, asm, split_k, block_n)
-    return out, None
+    return out, _gemv(acts, w, residual, gated, out, asm, split_k, block_n, fused)
 
 
 def _gemv(
@@ -295,7 +304,10 @@ def _gemv(
     asm: bool,
     split_k: int | None = None,
     block_n: int | None = None,
-) -> None:
+    then: QuantizeNext | None = None,
+) -> QuantizedRows | None:
+    """The GEMV into ``out``; where K splits over programs and ``then`` is given, its output quantized in
+    the combine launch (returned; None otherwise)."""
     m, out_rows = out.shape
     block_m = triton.next_power_of_2(m)
     block_n = block_n or gemv_rows(block_m, gated)
@@ -311,9 +323,10 @@ def _gemv(
         BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None, SPLIT=split_k > 1,
         ASM=asm, **pdl.launch(out.device), **_gemv_options(block_m),
     )  # fmt: skip
-    if split_k > 1:  # the same rows per program, as many as the combine holds without spilling
-        combine_n = min(block_n, COMBINE_ELEMENTS // (block_m * (2 if gated else 1)))
-        _combine(ones, acts, w, residual, gated, out, block_m, combine_n)
+    if split_k == 1:
+        return None
+    combine_n = min(block_n, COMBINE_ELEMENTS // (block_m * (2 if gated else 1)))  # as many rows as the
+    return _combine(ones, acts, w, residual, gated, out, block_m, combine_n, then)  # combine holds unspilled
 
 
 def _k_splits(split_k: int, w: Q1Weight, out: torch.Tensor) -> tuple[int, int, torch.Tensor]:
@@ -337,19 +350,27 @@ def _combine(
     out: torch.Tensor,
     block_m: int,
     block_n: int,
-) -> None:
+    then: QuantizeNext | None = None,
+) -> QuantizedRows | None:
     """A split matmul's second launch: every group's integer sums ``ones [groups, M, w.rows]`` added in
-    order into ``out`` with the epilogue, in ``block_m x block_n`` tiles."""
+    order into ``out`` with the epilogue, in ``block_m x block_n`` tiles; with ``then`` (one tile of
+    rows) the output quantized for the next matmul too (returned)."""
     m, out_rows = out.shape
+    if then is not None and block_m < m:
+        raise ValueError(
+            f"a combine that quantizes holds every row in one tile: {m} rows, tiles of {block_m}"
+        )
     residual_or_out = residual if residual is not None else out
+    ahead, quantizing = _quantize_args(then, out, block_n)
     _combine_kernel[(triton.cdiv(out_rows, block_n), triton.cdiv(m, block_m))](
         ones, acts.scales, acts.sums, w.scales, residual_or_out, out,
         m, out_rows, w.cols, out_rows,
         acts.scales.stride(0), w.scales.stride(0), residual_or_out.stride(0), out.stride(0),
         ones.stride(0), ones.stride(1),
         BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None,
-        **pdl.launch(out.device), **NO_FUSION,
+        **quantizing, **pdl.launch(out.device), **NO_FUSION,
     )  # fmt: skip
+    return ahead
 
 
 def _default_kernel(m: int, out_rows: int, groups: int, device: torch.device) -> str:
@@ -443,8 +464,8 @@ def arrival_counts(device: torch.device) -> torch.Tensor:
 
 
 def fuses_quantize(out_rows: int) -> bool:
-    """Whether a "gemv_split" launch of ``out_rows`` output columns quantizes them for the next matmul
-    itself: a whole number of 128-value blocks, unless ``OXIBONSAI_FUSE_QUANTIZE=0``."""
+    """Whether a GEMV launch of ``out_rows`` output columns quantizes them for the next matmul itself
+    (where its kernel can): a whole number of 128-value blocks, unless ``OXIBONSAI_FUSE_QUANTIZE=0``."""
     return out_rows % QK == 0 and os.environ.get(FUSE_ENV_VAR, "1").strip() != "0"
 
 

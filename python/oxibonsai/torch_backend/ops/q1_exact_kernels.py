@@ -533,10 +533,15 @@ def _combine_kernel(
     stride_am, stride_dn, stride_rm, stride_om, stride_og, stride_on,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     PDL: tl.constexpr,
+    norm_ptr=None, qplanes_ptr=None, qscales_ptr=None, qsums_ptr=None, counts_ptr=None, eps=0.0, unit_cols=0,
+    stride_qp=0, stride_qm=0, stride_qs=0,
+    QUANTIZE: tl.constexpr = False, QNORM: tl.constexpr = False, NORM_CHUNK: tl.constexpr = 1,
+    FENCE: tl.constexpr = False,
 ):  # fmt: skip
     """A split GEMV's or GEMM's second half: every group's integer sums ``ones[g, m, n]`` combined in
     order, then the epilogue, for rows ``n`` of program ``program_id(0)`` and activation rows ``m`` of
-    program ``program_id(1)``."""
+    program ``program_id(1)``. With ``QUANTIZE`` (one tile of activation rows: a GEMV's) the output is
+    also quantized for the next matmul, as in ``_gemv_split_kernel``."""
     grid_dependency(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -547,6 +552,12 @@ def _combine_kernel(
         K // 128, up_offset, stride_am, stride_dn, stride_og, stride_on, stride_rm, stride_om,
         BLOCK_M, BLOCK_N, GATED, RESIDUAL,
     )  # fmt: skip
+    if QUANTIZE:
+        _quantize_when_last(
+            out_ptr, norm_ptr, qplanes_ptr, qscales_ptr, qsums_ptr, counts_ptr, M, N, eps,
+            tl.program_id(0) * BLOCK_N, unit_cols, BLOCK_N, stride_om, stride_qp, stride_qm, stride_qs,
+            QNORM, NORM_CHUNK, FENCE,
+        )  # fmt: skip
 
 
 @triton.jit
