@@ -152,8 +152,9 @@ def exact_sweep(
     """At one or four activation rows, the quantization's time, then the exact matmul's (already
     quantized) in each GEMV form and split (K split inside programs, "gemv_split", or over them,
     "gemv"); at 16 and 64 rows the GEMM at each tile width (its default K split over programs), then
-    unsplit and with the other dot depth (at the default width): for tuning ``q1_exact``'s defaults
-    on the GPU. ``sweep_default`` names the form the op picks (with the GEMM's width and split)."""
+    unsplit, with the other dot depth and on weights expanded to bytes (at the default width); at 512
+    rows the last of those: for tuning ``q1_exact``'s defaults on the GPU. ``sweep_default`` names
+    the form the op picks (with the GEMM's width and split)."""
     from oxibonsai.torch_backend.ops import q1_exact
 
     m, w0 = x.shape[0], ours[0]
@@ -166,6 +167,9 @@ def exact_sweep(
     for label, options in forms:
         calls = [partial(q1_exact.linear_quantized, acts, w, gated=gated, **options) for w in ours]
         times[label] = time_calls(calls, device, plan.reps)["ms"]
+        if options.get("kernel") == "gemm_expanded":  # its expansion alone: what keeping the bytes saves
+            expand = [partial(q1_exact.expand_bits, w) for w in ours]
+            times["expand"] = time_calls(expand, device, plan.reps)["ms"]
     default = q1_exact._default_kernel(m, out_rows, w0.cols // 128, device)
     if default == "gemm":
         default += "/n{}/s{}".format(*q1_exact.gemm_tiling(m, w0, gated, device))
@@ -175,6 +179,7 @@ def exact_sweep(
 SWEEP_ROWS = (1, 4)  # the activation rows at which ``exact_sweep`` runs the GEMV forms
 GEMM_SWEEP_ROWS = (16, 64)  # and the GEMM's tile widths
 GEMM_SWEEP_MAX_ROWS = 16384  # weight rows: wider matrices (the LM head) fill the GPU at any width
+PREFILL_SWEEP_ROWS = (512,)  # and the GEMM on expanded weights alone
 
 
 def sweep_forms(m: int, rows: int, groups: int, gated: bool = False) -> list[tuple[str, dict[str, Any]]]:
@@ -183,11 +188,19 @@ def sweep_forms(m: int, rows: int, groups: int, gated: bool = False) -> list[tup
     keyword arguments (but ``gated``) for each."""
     from oxibonsai.torch_backend.ops import q1_exact
 
+    expanded = ("gemm_expanded", {"kernel": "gemm_expanded"})  # the weights as bytes, at the default tile
     if m in GEMM_SWEEP_ROWS and rows <= GEMM_SWEEP_MAX_ROWS:
         widths = [(f"gemm/n{n}", {"kernel": "gemm", "block_n": n}) for n in q1_exact.gemm_block_ns(gated)]
         unsplit = {"kernel": "gemm", "split_k": 1}  # each at the default width
         group_dots = {"kernel": "gemm", "group_dot": not q1_exact.GEMM_GROUP_DOT}
-        return [*widths, ("gemm/s1", unsplit), (f"gemm/group_dot={group_dots['group_dot']}", group_dots)]
+        return [
+            *widths,
+            ("gemm/s1", unsplit),
+            (f"gemm/group_dot={group_dots['group_dot']}", group_dots),
+            expanded,
+        ]
+    if m in PREFILL_SWEEP_ROWS and rows <= GEMM_SWEEP_MAX_ROWS:
+        return [expanded]
     if m not in SWEEP_ROWS:
         return []
     inside = (2, 4, 8, 16) if m == 1 else (4, 16)

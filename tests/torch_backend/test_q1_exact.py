@@ -80,19 +80,20 @@ def test_a_non_finite_value_gives_a_nan_scale_and_a_nan_row(rng, bad):
         assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2]]).all()
 
 
-@pytest.mark.parametrize("kernel", ["gemv", "gemv_split", "gemm"])
+@pytest.mark.parametrize("kernel", ["gemv", "gemv_split", "gemm", "gemm_expanded"])
 def test_the_matmul_equals_the_cpu_engine_bit_for_bit(rng, kernel):
+    gemm = kernel.startswith("gemm")
     for first in (True, False, False):  # one row always: the GEMVs' loads take another form there
-        m = 1 if first else int(rng.integers(1, 20 if kernel == "gemm" else 9))
+        m = 1 if first else int(rng.integers(1, 20 if gemm else 9))
         rows, k = int(rng.choice([40, 96, 136])), 128 * int(rng.integers(1, 9))
         matrix, w = random_matrix(rng, rows, k)
         x = activations(rng, m, k)
         acts = q1_exact().quantize(on_device(x))
         split_k = int(rng.choice([1, 2, 4, 8, 16])) if kernel == "gemv_split" else int(rng.integers(1, 4))
         tile = {"split_k": split_k}
-        if kernel == "gemm":  # any width, depth and split over programs
-            tile = {"block_n": int(rng.choice([64, 32, 16])), "group_dot": bool(rng.integers(2)),
-                    "split_k": int(rng.integers(1, 5))}  # fmt: skip
+        if gemm:  # any width, depth and split over programs
+            tile = {"block_n": int(rng.choice([64, 32, 16])), "split_k": int(rng.integers(1, 5))}
+            tile |= {"group_dot": bool(rng.integers(2))} if kernel == "gemm" else {}
         got = q1_exact().linear_quantized(acts, w, kernel=kernel, asm=False, **tile)
         assert np.array_equal(got.cpu().numpy(), matrix.matmul(x).reshape(m, rows)), (m, rows, k, tile)
 
@@ -144,6 +145,8 @@ def test_the_fused_linear_matches_float64_and_every_kernel_gives_its_bits(rng):
                 tile = {"block_n": block_n, "group_dot": group_dot, "split_k": split_k}
                 again = q1_exact().linear_quantized(acts, w, kernel="gemm", **tile, **args)
                 assert torch.equal(again, got), ("gemm", tile)
+            again = q1_exact().linear_quantized(acts, w, kernel="gemm_expanded", block_n=block_n, **args)
+            assert torch.equal(again, got), ("gemm_expanded", block_n)
         for block_n in q1_exact().gemv_block_ns(m, gated) if m <= 8 else ():
             for split_k in (1, 2):
                 again = q1_exact().linear_quantized(

@@ -70,6 +70,7 @@ from oxibonsai.torch_backend.ops import pdl
 from oxibonsai.torch_backend.ops.ahead import QuantizeNext
 from oxibonsai.torch_backend.ops.q1_exact_kernels import (
     _combine_kernel,
+    _expand_kernel,
     _gemm_kernel,
     _gemv_kernel,
     _gemv_split_kernel,
@@ -79,10 +80,11 @@ from oxibonsai.torch_backend.ops.q1_triton import check_fused, gemm_block_m, mul
 from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight
 
 GEMV_MAX_M = 8
-KERNELS = ("gemv", "gemv_split", "gemm")
+KERNELS = ("gemv", "gemv_split", "gemm", "gemm_expanded")
 GEMM_BLOCK_N = 64  # weight rows of a GEMM tile (32 and 32 for gate|up), at most
 GEMM_MIN_BLOCK_N = 16  # the narrowest GEMM tile (int8 tl.dot needs 16)
 GEMM_GROUP_DOT = False  # whether the GEMM's dots take a whole 128-weight group, not one sign word
+EXPAND_ROWS = 64  # weight rows per program of "gemm_expanded"'s bit expansion
 GEMM_PROGRAMS_PER_SM = 2  # the GEMM splits K over programs until it has this many per SM
 GEMM_MIN_SPLIT_GROUPS = 4  # groups of a GEMM split, at least
 GEMM_MAX_SCRATCH = 32 << 20  # bytes of a split GEMM's integer sums, at most (H100 L2: 50 MB)
@@ -221,11 +223,11 @@ def linear_quantized(
 ) -> torch.Tensor:
     """Quantized rows times W with the epilogue. ``kernel`` (one of ``KERNELS``; by default, up to
     ``GEMV_MAX_M`` rows "gemv", or at one row "gemv_split" for a matrix too small to fill the GPU;
-    "gemm" above), ``split_k`` (the GEMV's or the GEMM's K splits over programs, or "gemv_split"'s
-    inside a program), ``block_n`` (the GEMM tile's weight rows, per half of a gate|up matrix, default
-    ``gemm_block_n``; or the "gemv" program's, ``gemv_block_ns``) and ``group_dot`` (the GEMM's dot
-    depth: a whole group, or one sign word) exist for tests and tuning: every choice gives the same
-    bits."""
+    "gemm" above; "gemm_expanded" is the GEMM on weights expanded to bytes first, ``expand_bits``),
+    ``split_k`` (the GEMV's or the GEMM's K splits over programs, or "gemv_split"'s inside a program),
+    ``block_n`` (the GEMM tile's weight rows, per half of a gate|up matrix, default ``gemm_block_n``;
+    or the "gemv" program's, ``gemv_block_ns``) and ``group_dot`` (the GEMM's dot depth: a whole
+    group, or one sign word) exist for tests and tuning: every choice gives the same bits."""
     out, _ = _linear(acts, w, residual, gated, asm, kernel, split_k, block_n, group_dot, None)
     return out
 
@@ -274,17 +276,19 @@ def _linear(
     kernel = kernel or _default_kernel(m, out_rows, w.cols // QK, out.device)
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    widths = gemm_block_ns(gated) if kernel == "gemm" else gemv_block_ns(m, gated) if kernel == "gemv" else ()
+    gemm = kernel.startswith("gemm")
+    widths = gemm_block_ns(gated) if gemm else gemv_block_ns(m, gated) if kernel == "gemv" else ()
     if block_n is not None and block_n not in widths:
         raise ValueError(f"block_n is a 'gemm' or 'gemv' tile's width, one of {widths} here; got {block_n}")
     if group_dot is not None and kernel != "gemm":
         raise ValueError(f"group_dot is the 'gemm' kernel's choice, not {kernel!r}'s")
-    if kernel == "gemm":
-        group_dot = GEMM_GROUP_DOT if group_dot is None else group_dot
-        _gemm(acts, w, residual, gated, out, block_n, split_k, group_dot)
+    if gemm:
+        expanded = kernel == "gemm_expanded"
+        group_dot = expanded or (GEMM_GROUP_DOT if group_dot is None else group_dot)
+        _gemm(acts, w, residual, gated, out, block_n, split_k, group_dot, expanded)
         return out, None
     asm = _asm_ok(acts.planes.device) if asm is None else asm
-    if kernel != "gemm" and m > GEMV_MAX_M:
+    if m > GEMV_MAX_M:
         raise ValueError(f"the {kernel!r} kernel takes up to {GEMV_MAX_M} activation rows, got {m}")
     fused = then if then is not None and fuses_quantize(out_rows) else None
     if kernel == "gemv_split":
@@ -512,6 +516,7 @@ def _gemm(
     block_n: int | None,
     split_k: int | None,
     group_dot: bool,
+    expanded: bool = False,
 ) -> None:
     m, out_rows = out.shape
     block_m = gemm_block_m(m)
@@ -529,10 +534,21 @@ def _gemm(
         ones.stride(0) if split_k > 1 else 0, ones.stride(-2),
         BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None, SPLIT=split_k > 1,
         GROUP_DOT=group_dot, num_warps=8 if block_m * columns >= 64 * 64 else 4, **pdl.launch(out.device),
-        **NO_FUSION,
+        **NO_FUSION, **({"bits_ptr": expand_bits(w), "EXPANDED": True} if expanded else {}),
     )  # fmt: skip
     if split_k > 1:
         _combine(ones, acts, w, residual, gated, out, min(block_m, COMBINE_BLOCK_M), COMBINE_BLOCK_N)
+
+
+def expand_bits(w: Q1Weight) -> torch.Tensor:
+    """``w``'s sign bits as 0/1 bytes ``[rows, cols]``, each 32-column stretch in the planes' dp4a order:
+    the "gemm_expanded" kernel's bit tiles, loaded instead of built from the sign words in every
+    program (one launch per matmul; 8 bits of traffic a weight, for prefill-sized M)."""
+    bits = torch.empty(w.rows, w.cols, dtype=torch.int8, device=w.signs.device)
+    _expand_kernel[(triton.cdiv(w.rows, EXPAND_ROWS), w.cols // 32)](
+        w.signs, bits, w.rows, w.cols, w.signs.stride(0), BLOCK_N=EXPAND_ROWS
+    )
+    return bits
 
 
 def gemm_tiling(

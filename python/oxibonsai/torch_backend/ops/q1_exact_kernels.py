@@ -567,13 +567,16 @@ def _gemm_kernel(
     stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_rm, stride_om, stride_og, stride_on,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     SPLIT: tl.constexpr, GROUP_DOT: tl.constexpr, PDL: tl.constexpr,
+    bits_ptr=None, EXPANDED: tl.constexpr = False,
 ):  # fmt: skip
     """``out[m, n]`` for one ``BLOCK_M x BLOCK_N`` tile, the epilogue included: each 128-weight group's
     integer sums from int8 ``tl.dot``s of both planes with 0/1 byte tiles of the weights' bits, in the
     planes' dp4a order (``GROUP_DOT``: one ``[128, BLOCK_N]`` tile and one dot per plane for the whole
     group; otherwise a ``[32, BLOCK_N]`` tile per sign word); with ``GATED`` the up rows
     ``n + up_offset`` too, on the same activation tiles. ``SPLIT``: the program takes the groups of
-    split ``program_id(2)`` and stores each group's sums at ``ones[g, m, n]`` for ``_combine_kernel``."""
+    split ``program_id(2)`` and stores each group's sums at ``ones[g, m, n]`` for ``_combine_kernel``.
+    ``EXPANDED`` (with ``GROUP_DOT``): the bit tiles are loaded from ``bits`` (``_expand_kernel``'s 0/1
+    bytes, ``[rows, K]``), not built from the sign words."""
     grid_dependency(PDL)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -585,8 +588,8 @@ def _gemm_kernel(
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for g in range(first, last):
         ones, ones_up = _gemm_group(
-            planes_ptr, signs_ptr, offs_m, mask_m, offs_n, mask_n, g, up_offset, stride_pp, stride_pm,
-            stride_sn, BLOCK_M, BLOCK_N, GATED, GROUP_DOT,
+            planes_ptr, signs_ptr, bits_ptr, offs_m, mask_m, offs_n, mask_n, g, K, up_offset, stride_pp,
+            stride_pm, stride_sn, BLOCK_M, BLOCK_N, GATED, GROUP_DOT, EXPANDED,
         )  # fmt: skip
         acc, acc_up = _take_group(
             acc, acc_up, ones, ones_up, ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n,
@@ -599,8 +602,9 @@ def _gemm_kernel(
 
 @triton.jit
 def _gemm_group(
-    planes_ptr, signs_ptr, offs_m, mask_m, offs_n, mask_n, g, up_offset, stride_pp, stride_pm, stride_sn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, GROUP_DOT: tl.constexpr,
+    planes_ptr, signs_ptr, bits_ptr, offs_m, mask_m, offs_n, mask_n, g, K, up_offset, stride_pp, stride_pm,
+    stride_sn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, GROUP_DOT: tl.constexpr,
+    EXPANDED: tl.constexpr,
 ):  # fmt: skip
     """Group ``g``'s integer sums ``sum q`` over the set bits, ``[BLOCK_M, BLOCK_N]`` (and the up
     rows' with ``GATED``): ``256 * high + low`` of the two planes' dots."""
@@ -615,11 +619,17 @@ def _gemm_group(
         acts = planes_ptr + offs_m[:, None] * stride_pm + cols
         a_high = tl.load(acts, mask=mask_m[:, None], other=0)
         a_low = tl.load(acts + stride_pp, mask=mask_m[:, None], other=0)
-        bits = _bit_tile(signs_ptr, words + w, mask_n, DEPTH)
+        if EXPANDED:
+            bits = _expanded_tile(bits_ptr, offs_n, mask_n, g * 128, K, DEPTH)
+        else:
+            bits = _bit_tile(signs_ptr, words + w, mask_n, DEPTH)
         high = tl.dot(a_high, bits, high, out_dtype=tl.int32)
         low = tl.dot(a_low, bits, low, out_dtype=tl.int32)
         if GATED:
-            bits_up = _bit_tile(signs_ptr, words + up_offset * stride_sn + w, mask_n, DEPTH)
+            if EXPANDED:
+                bits_up = _expanded_tile(bits_ptr, offs_n + up_offset, mask_n, g * 128, K, DEPTH)
+            else:
+                bits_up = _bit_tile(signs_ptr, words + up_offset * stride_sn + w, mask_n, DEPTH)
             high_up = tl.dot(a_high, bits_up, high_up, out_dtype=tl.int32)
             low_up = tl.dot(a_low, bits_up, low_up, out_dtype=tl.int32)
     return high * 256 + low, high_up * 256 + low_up
@@ -633,3 +643,25 @@ def _bit_tile(signs_ptr, word_at, mask_n, DEPTH: tl.constexpr):
     pos = tl.arange(0, DEPTH)
     word = tl.load(signs_ptr + word_at[None, :] + (pos // 32)[:, None], mask=mask_n[None, :], other=0)
     return ((word >> (8 * (pos % 4) + (pos % 32) // 4)[:, None]) & 1).to(tl.int8)
+
+
+@triton.jit
+def _expanded_tile(bits_ptr, rows, mask_n, start, K, DEPTH: tl.constexpr):
+    """int8 ``[DEPTH, BLOCK_N]``: columns ``start`` onwards of ``bits`` (``[rows, K]``, 0/1 bytes in the
+    planes' dp4a order) for weight rows ``rows``, as ``_bit_tile`` would build them."""
+    cols = start + tl.arange(0, DEPTH)
+    return tl.load(bits_ptr + rows[None, :] * K + cols[:, None], mask=mask_n[None, :], other=0)
+
+
+@triton.jit
+def _expand_kernel(signs_ptr, bits_ptr, N, K, stride_sn, BLOCK_N: tl.constexpr):
+    """Rows ``BLOCK_N * program_id(0)`` onwards of the sign words as 0/1 bytes ``bits [N, K]``, each
+    32-column stretch in the planes' dp4a order (byte ``32c + r`` is bit ``8 (r % 4) + r // 4`` of word
+    ``c``), sign word ``program_id(1)`` of each row."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    word_at = tl.program_id(1)
+    live = rows < N
+    word = tl.load(signs_ptr + rows * stride_sn + word_at, mask=live, other=0)
+    r = tl.arange(0, 32)
+    bits = (word[:, None] >> (8 * (r % 4) + r // 4)[None, :]) & 1
+    tl.store(bits_ptr + rows[:, None] * K + word_at * 32 + r[None, :], bits.to(tl.int8), mask=live[:, None])
