@@ -275,6 +275,7 @@ def test_the_split_gemv_quantizes_its_output_for_the_next_matmul_bit_for_bit(rng
     cases = ((512, 256, False, False, 1, "gemv_split", 4), (768, 384, True, True, 2, "gemv_split", 2),
              (256, 384, False, True, 1, "gemv_split", 16), (512, 128, True, False, 1, "gemv_split", 1),
              (256, 256, False, True, 3, "gemv", None), (512, 256, True, False, 4, "gemv", 2),
+             (256, 256, False, True, 5, "gemv", 2),
              (256, 256, False, False, 9, "gemm", None))  # fmt: skip
     for rows, k, gated, normed, m, kernel, split_k in cases:
         _, w = random_matrix(rng, rows, k)
@@ -285,9 +286,8 @@ def test_the_split_gemv_quantizes_its_output_for_the_next_matmul_bit_for_bit(rng
         args = {"residual": residual, "gated": gated, "asm": False, "kernel": kernel, "split_k": split_k}
         launches.clear()  # the quantization's own launches
         out, ahead = exact.linear_then_quantize(acts, w, exact.QuantizeNext(norm, EPS), **args)
-        fused = fuse == "1" and (
-            kernel == "gemv_split" or (kernel == "gemv" and split_k)
-        )  # "gemv": its combine
+        combined = kernel == "gemv" and split_k and m <= exact.FUSED_COMBINE_MAX_M  # in the combine launch
+        fused = fuse == "1" and (kernel == "gemv_split" or combined)
         assert len(launches) == (0 if fused else 1), (rows, k, kernel)
         want = exact.linear_quantized(acts, w, **args)
         assert torch.equal(out, want), (rows, k, kernel)
@@ -345,3 +345,15 @@ def test_fused_quantization_holds_over_repeated_launches_and_graph_replays(rng):
             graph.replay()
             torch.cuda.synchronize()
             check(captured)
+
+
+def test_activations_quantized_ahead_must_be_the_inputs(rng):
+    """``fused_linear_ahead`` takes ``acts`` as ``x``'s quantization: other rows or widths are refused."""
+    exact = q1_exact()
+    _, w = random_matrix(rng, 32, 256)
+    x = on_device(activations(rng, 2, 256))
+    for wrong in (exact.quantize(x[:1]), exact.quantize(on_device(activations(rng, 2, 128)))):
+        with pytest.raises(ValueError, match="acts hold"):
+            exact.fused_linear_ahead(x, w, acts=wrong)
+    out, ahead = exact.fused_linear_ahead(x, w, acts=exact.quantize(x))
+    assert ahead is None and torch.equal(out, exact.fused_linear(x, w))

@@ -36,8 +36,8 @@ one weight word's bits ``j, j + 8, j + 16, j + 24`` (``(word >> j) & 0x01010101`
   one row. The SwiGLU of a gate|up matrix and the residual add run in the program that adds the
   groups.
 - quantized ahead (``linear_then_quantize``, ``ops.ahead``): a "gemv_split" launch, or a split "gemv"'s
-  combine launch, also quantizes its output for the next matmul, RMSNorm included, so a decode step
-  of up to 8 rows runs no quantization launch after its first matmul where K splits. Each program,
+  combine launch (up to ``FUSED_COMBINE_MAX_M`` rows), also quantizes its output for the next matmul,
+  RMSNorm included, so such a decode step runs no quantization launch after its first matmul. Each program,
   once its columns are stored, fences and adds one to an arrival count of its unit of columns
   (``QUANTIZE_UNIT``, or the whole row with a norm, whose mean square needs every column); the
   program that completes a unit resets the count and quantizes the unit from L2, exactly as
@@ -96,6 +96,7 @@ PROGRAMS_PER_SM = 4  # the GEMV splits K until it has this many 4-warp programs 
 QUANTIZE_BLOCKS = 4  # 128-value blocks per quantization program, a warp each
 NORM_CHUNK = 2048  # values of a row a quantization program squares at once for its RMSNorm
 NO_FUSION = {"enable_fp_fusion": False}
+FUSED_COMBINE_MAX_M = 4  # rows a split GEMV's combine quantizes for the next matmul, at most (8 spilled)
 QUANTIZE_UNIT = 1024  # output columns a "gemv_split" launch quantizes per unit for the next matmul (no norm)
 ARRIVAL_COUNTS = 64  # units a launch may count its programs in
 FUSE_ENV_VAR = "OXIBONSAI_FUSE_QUANTIZE"
@@ -170,13 +171,8 @@ def fused_linear(
     """``ref_torch.q1_fused_linear`` in exact integer arithmetic: ``rms_norm(x, norm)`` quantized, times W,
     ``silu(gate) * up`` of a gate|up matrix (``gated``), ``+ residual``. ``asm`` (default: on CUDA,
     once ``asm_matches_twin`` holds there) picks the GEMV's PTX ``dp4a`` over its twin."""
-    if x.dim() != 2 or x.shape[1] != w.cols:
-        raise ValueError(f"x must be [M, {w.cols}], got {list(x.shape)}")
-    if not x.is_floating_point():
-        raise ValueError(f"x must be floating point, got {x.dtype}")
-    check_fused(x, w, norm, residual, gated)
-    acts = quantize(x, norm, eps)
-    return linear_quantized(acts, w, residual=residual, gated=gated, asm=asm)
+    out, _ = fused_linear_ahead(x, w, norm=norm, eps=eps, residual=residual, gated=gated, asm=asm)
+    return out
 
 
 def fused_linear_ahead(
@@ -194,8 +190,12 @@ def fused_linear_ahead(
     """``fused_linear`` with its activations quantized ahead (``ops.ahead``): ``acts``, when given, is
     ``quantize(x, norm, eps)`` already; with ``then`` the output's quantization for the next matmul
     comes back beside it (``linear_then_quantize``), None without."""
+    if x.dim() != 2 or x.shape[1] != w.cols:
+        raise ValueError(f"x must be [M, {w.cols}], got {list(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"x must be floating point, got {x.dtype}")
+    check_fused(x, w, norm, residual, gated)
     if acts is None:
-        check_fused(x, w, norm, residual, gated)
         acts = quantize(x, norm, eps)
     elif acts.rows != x.shape[0] or acts.planes.shape[2] != w.cols:
         raise ValueError(f"acts hold {acts.rows} rows of {acts.planes.shape[2]}, not x's {list(x.shape)}")
@@ -310,8 +310,9 @@ def _gemv(
     block_n: int | None = None,
     then: QuantizeNext | None = None,
 ) -> QuantizedRows | None:
-    """The GEMV into ``out``; where K splits over programs and ``then`` is given, its output quantized in
-    the combine launch (returned; None otherwise)."""
+    """The GEMV into ``out``; where K splits over programs, ``then`` is given and the rows are at most
+    ``FUSED_COMBINE_MAX_M`` (at 8 Triton 3.9 spilled the normed combine), its output quantized in the
+    combine launch (returned; None otherwise)."""
     m, out_rows = out.shape
     block_m = triton.next_power_of_2(m)
     block_n = block_n or gemv_rows(block_m, gated)
@@ -330,7 +331,8 @@ def _gemv(
     if split_k == 1:
         return None
     combine_n = min(block_n, COMBINE_ELEMENTS // (block_m * (2 if gated else 1)))  # as many rows as the
-    return _combine(ones, acts, w, residual, gated, out, block_m, combine_n, then)  # combine holds unspilled
+    then = then if block_m <= FUSED_COMBINE_MAX_M else None  # combine holds unspilled
+    return _combine(ones, acts, w, residual, gated, out, block_m, combine_n, then)
 
 
 def _k_splits(split_k: int, w: Q1Weight, out: torch.Tensor) -> tuple[int, int, torch.Tensor]:
