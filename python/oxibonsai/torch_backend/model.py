@@ -20,6 +20,7 @@ from the Rust core. It never validates weights, allocates KV blocks or samples."
 
 from __future__ import annotations
 
+import functools
 import math
 from os import PathLike
 from typing import Any
@@ -92,10 +93,10 @@ class TorchQwen3:
             rows = x if batch.logits_all_rows else x.index_select(0, batch.logits_indices)
             return self._linear(rows, self.weights.lm_head, norm=self.weights.output_norm)
 
-    @property
+    @functools.cached_property
     def quantizes_ahead(self) -> bool:
         """Whether ``forward`` runs ``_forward_ahead``: the op set quantizes ahead (``ops.ahead``) and
-        every matrix is a fused Q1 one."""
+        every matrix is a fused Q1 one (found once: the ops and weights never change)."""
         w = self.weights
         q1 = [
             w.lm_head,

@@ -429,9 +429,9 @@ def _gemv_split(
 def _quantize_args(
     then: QuantizeNext | None, out: torch.Tensor, block_n: int
 ) -> tuple[QuantizedRows | None, dict[str, object]]:
-    """``_gemv_split_kernel``'s quantization arguments for ``then`` (none without) and the rows they
-    fill: units of ``QUANTIZE_UNIT`` columns (the whole row with a norm, or where the columns do not
-    divide), whose programs count in ``arrival_counts``."""
+    """The quantization arguments of ``_gemv_split_kernel`` and ``_combine_kernel`` for ``then`` (none
+    without) and the rows they fill: units of ``QUANTIZE_UNIT`` columns (the whole row with a norm, or
+    where the columns do not divide), whose programs count in ``arrival_counts``."""
     if then is None:
         return None, {}
     m, cols = out.shape
