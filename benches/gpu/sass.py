@@ -14,6 +14,7 @@ the loop covers).
     python benches/gpu/sass.py --model 1.7b            # the table
     python benches/gpu/sass.py --model tiny --check    # exit 1: a compile error, a spill, a PDL race
     SASS_TOP_OPS=40 python benches/gpu/sass.py ...     # more of each kernel's loop opcodes (default 5)
+    python benches/gpu/sass.py --gemm-forms 64 512     # the GEMM's forms on the Q matrix, unsplit
 
 It must run without ``TRITON_INTERPRET`` (the interpreter has no compiler); the test suite runs the
 ``--check`` form in a subprocess."""
@@ -182,6 +183,30 @@ def model_launches(
     return launches
 
 
+GEMM_FORMS = (("gemm", {}), ("gemm", {"group_dot": True}), ("gemm_expanded", {}))
+
+
+def gemm_form_launches(spec: ModelSpec, rows: tuple[int, ...]) -> dict[tuple[Any, ...], Launch]:
+    """The exact GEMM's launches in each of ``GEMM_FORMS`` (unsplit: one sign word a dot, a group a
+    dot, weights expanded to bytes) on the model's square Q matrix at each of ``rows``, as on an H100."""
+    from oxibonsai.torch_backend.ops import q1_exact
+    from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
+
+    meta, k = torch.device("meta"), spec.config.hidden
+    w = Q1Weight(
+        signs=torch.empty(k, k // 32, dtype=torch.int32, device=meta),
+        scales=torch.empty(k, k // 128, dtype=torch.float16, device=meta),
+        rows=k,
+        cols=k,
+    )
+    with recording() as launches, as_on_a_gpu(H100_SMS):
+        for m in rows:
+            acts = q1_exact.QuantizedRows.empty(m, k, meta)
+            for kernel, options in GEMM_FORMS:
+                q1_exact.linear_quantized(acts, w, kernel=kernel, split_k=1, **options)
+    return launches
+
+
 @dataclass
 class Compiled:
     name: str
@@ -306,11 +331,20 @@ def main() -> None:
         help="the Q1 arithmetics whose op sets are compiled",
     )
     p.add_argument("--check", action="store_true", help="exit 1 on a compile error or a spill")
+    p.add_argument(
+        "--gemm-forms",
+        type=int,
+        nargs="+",
+        metavar="ROWS",
+        help="instead of the model's launches, the GEMM's forms (GEMM_FORMS) on its Q matrix at these rows",
+    )
     args = p.parse_args()
     if os.environ.get("TRITON_INTERPRET"):
         raise SystemExit("unset TRITON_INTERPRET: the interpreter cannot compile kernels")
     launches = {}
-    for q1 in args.q1:
+    if args.gemm_forms:
+        launches = gemm_form_launches(MODELS[args.model], tuple(args.gemm_forms))
+    for q1 in args.q1 if not args.gemm_forms else ():
         launches.update(model_launches(MODELS[args.model], tuple(args.batches), args.prefill, q1))
     failures = 0
     head = f"{'kernel':<32} {'regs':>4} {'spill':>5} {'loop':>5} {'/w.row':>6} {'calls':>5}"
