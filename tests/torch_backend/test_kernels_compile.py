@@ -31,3 +31,16 @@ def test_every_model_kernel_compiles_for_sm90_without_spills():
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "0 failed, spilled or touched memory before the PDL wait" in done.stdout
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="this Triton has no NVIDIA backend (ptxas)")
+def test_the_gemms_forms_compile_for_sm90_without_spills():
+    """``sass.py --gemm-forms``: the exact GEMM unsplit, with whole-group dots, on expanded bytes."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "1.7b", "--gemm-forms", "64", "--check"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "_expand_kernel" in done.stdout and "'EXPANDED': True" in done.stdout
