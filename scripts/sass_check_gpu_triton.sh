@@ -13,3 +13,8 @@ venv="target-triton/venv-$version"
 "$venv/bin/python" -c "import triton; assert triton.__version__ == '$version', triton.__version__"
 env -u TRITON_INTERPRET TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR="$PWD/target-triton/cache-$version" \
   "$venv/bin/python" benches/gpu/sass.py --model 1.7b --batches 1 2 4 5 16 --prefill 40 --check
+for kernel in gemv gemv_fixup; do  # the other one-row split GEMV forms the bench times
+  env -u TRITON_INTERPRET TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR="$PWD/target-triton/cache-$version" \
+    OXIBONSAI_ONE_ROW_GEMV=$kernel \
+    "$venv/bin/python" benches/gpu/sass.py --model 1.7b --batches 1 --prefill 40 --q1 exact --check
+done

@@ -149,9 +149,9 @@ def decode_rate(
     """Eager steps, then the same steps through ``DecodeGraphs`` (captured on CUDA; padded eager steps
     elsewhere), with the last step's logits compared bit for bit; with ``compare_pdl`` (our model),
     where the kernels can launch with PDL, the graphs once more the other way (``graphs_other_pdl``),
-    at one row once more without the quantizations fused into the matmuls (``graphs_unfused``),
-    and the device time per kernel of a few eager steps (``gpu.kernels``) with the share of a graph
-    step it covers."""
+    at one row once more without the quantizations fused into the matmuls (``graphs_unfused``) and
+    once with each other form of the split GEMV (``graphs_one_row_forms``), and the device time per
+    kernel of a few eager steps (``gpu.kernels``) with the share of a graph step it covers."""
     steps = plan.warmup + plan.decode_steps
     per_seq = blocks_for(plan.context + steps + 1)
     tables = rng.permutation(pool.num_blocks)[: batch * per_seq].reshape(batch, per_seq).tolist()
@@ -172,7 +172,7 @@ def decode_rate(
     other, kernels = {}, {}
     if compare_pdl:  # our model, not B2's
         args = (model, pool, plans, per_seq, plan.warmup, device, eager_logits, graph_tok_s)
-        other = {**graphs_other_pdl(*args), **graphs_unfused(*args)}
+        other = {**graphs_other_pdl(*args), **graphs_unfused(*args), **graphs_one_row_forms(*args)}
         kernels = kernel_times(model, pool, batches[-PROFILED_STEPS:], device)
     return {"tok_s": batch * plan.decode_steps / seconds, "step_ms": seconds / plan.decode_steps * 1e3,
             "steps": plan.decode_steps, "graph_tok_s": graph_tok_s,
@@ -222,6 +222,29 @@ def graphs_unfused(
         "unfused_logits_equal": equal,
         "fuse_gain": ratio(graph_tok_s, tok_s),
     }
+
+
+def graphs_one_row_forms(
+    model: TorchQwen3, pool: KvPool, plans: list[StepBatch], per_seq: int, warmup: int, device: torch.device,
+    eager_logits: torch.Tensor, graph_tok_s: float,
+) -> dict[str, Any]:  # fmt: skip
+    """At one row, with the exact kernels, the same graph steps with each other form of the one-row
+    GEMV whose K splits (``OXIBONSAI_ONE_ROW_GEMV``: over programs with a combine launch, "gemv", or
+    combined by each tile's last program, "gemv_fixup"): per form its tok/s, whether the last step's
+    logits are eager's bit for bit, and its tok/s over the default's (``one_row_forms``)."""
+    if plans[0].num_seqs != 1 or not model.quantizes_ahead:
+        return {}
+    from oxibonsai.torch_backend.ops import q1_exact
+
+    forms = {}
+    for kernel in q1_exact.ONE_ROW_KERNELS:
+        if kernel == q1_exact.one_row_gemv():
+            continue
+        args = (model, pool, plans, per_seq, warmup, device, eager_logits)
+        tok_s, equal = graphs_under(q1_exact.ONE_ROW_ENV_VAR, kernel, *args)
+        forms[kernel] = {"graph_tok_s": tok_s, "logits_equal": equal,
+                         "over_default": ratio(tok_s, graph_tok_s)}  # fmt: skip
+    return {"one_row_default": q1_exact.one_row_gemv(), "one_row_forms": forms}
 
 
 def graphs_under(

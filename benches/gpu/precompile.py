@@ -6,7 +6,8 @@ The launches are recorded as ``sass.py`` records them, on the ``meta`` device wi
 (the signature, constants and alignment hints the JIT derives at run time), for the GPU plan's models
 in decode at every CUDA-graph bucket up to its largest batch and in its prefill, both Q1 arithmetics,
 a step of a row count no multiple of 16 (the engine's prefill chunks), the exact kernels without PDL
-at the decode section's batches (its graphs without PDL and its kernel profile), and the q1
+at the decode section's batches (its graphs without PDL and its kernel profile), its one-row graphs
+quantizing apart and with each form of the split GEMV, and the q1
 section's matmuls, sweep, float op, twins and plain GEMV; each is then compiled exactly as the JIT
 would compile it (the same cache entry). A launch whose arguments differ at run time (another
 alignment, an int that is 1 here and not there) is compiled then, as before: this only ever saves
@@ -54,6 +55,9 @@ def planned_launches(plan: Plan) -> list[Launch]:
         launches.update(model_launches(spec, tuple(plan.batches), plan.prefill_tokens, pdl_on=False))
         with environment(q1_exact.FUSE_ENV_VAR, "0"):  # and its one-row graphs quantizing apart
             launches.update(model_launches(spec, (1,), plan.prefill_tokens))
+        for kernel in q1_exact.ONE_ROW_KERNELS:  # and with each form of the one-row split GEMV
+            with environment(q1_exact.ONE_ROW_ENV_VAR, kernel):
+                launches.update(model_launches(spec, (1,), plan.prefill_tokens))
         launches.update(q1_launches(spec, plan))
     return list(launches.values())
 

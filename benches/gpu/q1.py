@@ -151,10 +151,10 @@ def exact_sweep(
 ) -> dict[str, Any]:
     """At one or four activation rows, the quantization's time, then the exact matmul's (already
     quantized) in each GEMV form and split (K split inside programs, "gemv_split", or over them,
-    "gemv"); at 16 and 64 rows the GEMM at each tile width (its default K split over programs), then
-    unsplit, with the other dot depth and on weights expanded to bytes (at the default width); at 512
-    rows the last of those: for tuning ``q1_exact``'s defaults on the GPU. ``sweep_default`` names
-    the form the op picks (with the GEMM's width and split)."""
+    "gemv", and combined in the same launch, "gemv_fixup"); at 16 and 64 rows the GEMM at each tile
+    width (its default K split over programs), then unsplit, with the other dot depth and on weights
+    expanded to bytes (at the default width); at 512 rows the last of those: for tuning ``q1_exact``'s
+    defaults on the GPU. ``sweep_default`` names the form the op picks (with the GEMM's width and split)."""
     from oxibonsai.torch_backend.ops import q1_exact
 
     m, w0 = x.shape[0], ours[0]
@@ -205,7 +205,9 @@ def sweep_forms(m: int, rows: int, groups: int, gated: bool = False) -> list[tup
         return []
     inside = (2, 4, 8, 16) if m == 1 else (4, 16)
     over = (1, 4, None) if m == 1 else (None,)
+    fixed = (4, None) if m == 1 else (None,)  # over programs, combined in the same launch
     gemvs = [("gemv_split", s) for s in inside if s <= groups] + [("gemv", s) for s in over]
+    gemvs += [("gemv_fixup", s) for s in fixed]
     forms = [(f"{kernel}/{split or 'auto'}", {"kernel": kernel, "split_k": split}) for kernel, split in gemvs]
     narrow = q1_exact.gemv_block_ns(m, gated)[0]  # one weight row a thread where the default takes two
     if narrow != q1_exact.gemv_rows(int(triton.next_power_of_2(m)), gated):

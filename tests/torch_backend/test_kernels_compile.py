@@ -44,3 +44,18 @@ def test_the_gemms_forms_compile_for_sm90_without_spills():
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "_expand_kernel" in done.stdout and "'EXPANDED': True" in done.stdout
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="this Triton has no NVIDIA backend (ptxas)")
+@pytest.mark.parametrize("kernel", ["gemv", "gemv_fixup"])
+def test_the_other_one_row_gemv_forms_compile_for_sm90_without_spills(kernel):
+    """The one-row decode step with ``OXIBONSAI_ONE_ROW_GEMV`` naming another split GEMV form, as the
+    GPU bench's decode section times it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env |= {"TRITON_DEFAULT_FP_FUSION": "1", "OXIBONSAI_ONE_ROW_GEMV": kernel}
+    args = ["--model", "1.7b", "--batches", "1", "--prefill", "40", "--q1", "exact", "--check"]
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert f"'FIXUP': {kernel == 'gemv_fixup'}" in done.stdout and "'SPLIT': True" in done.stdout

@@ -80,11 +80,12 @@ def test_a_non_finite_value_gives_a_nan_scale_and_a_nan_row(rng, bad):
         assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2]]).all()
 
 
-@pytest.mark.parametrize("kernel", ["gemv", "gemv_split", "gemm", "gemm_expanded"])
+@pytest.mark.parametrize("kernel", ["gemv", "gemv_fixup", "gemv_split", "gemm", "gemm_expanded"])
 def test_the_matmul_equals_the_cpu_engine_bit_for_bit(rng, kernel):
     gemm = kernel.startswith("gemm")
+    most = 19 if gemm else q1_exact().FIXUP_MAX_M if kernel == "gemv_fixup" else 8
     for first in (True, False, False):  # one row always: the GEMVs' loads take another form there
-        m = 1 if first else int(rng.integers(1, 20 if gemm else 9))
+        m = 1 if first else int(rng.integers(1, most + 1))
         rows, k = int(rng.choice([40, 96, 136])), 128 * int(rng.integers(1, 9))
         matrix, w = random_matrix(rng, rows, k)
         x = activations(rng, m, k)
@@ -178,6 +179,9 @@ def test_kernel_choices_are_checked(rng):
     for kernel in ("gemv", "gemv_split"):
         with pytest.raises(ValueError, match="up to 8 activation rows"):
             q1_exact().linear_quantized(nine, w, kernel=kernel)
+    five = q1_exact().quantize(on_device(activations(rng, 5, 256)))
+    with pytest.raises(ValueError, match="up to 4 activation rows"):
+        q1_exact().linear_quantized(five, w, kernel="gemv_fixup")
     with pytest.raises(ValueError, match="tile's width"):
         q1_exact().linear_quantized(nine, w, kernel="gemv", block_n=32)
     with pytest.raises(ValueError, match="tile's width"):
@@ -236,6 +240,21 @@ def test_k_splits_inside_programs_at_one_row_and_over_them_at_more(rng, monkeypa
     assert exact._default_kernel(1, 2048, 16, cpu) == "gemv", "K unsplit: the plain GEMV"
 
 
+def test_the_one_row_split_form_is_chosen_by_its_environment_variable(monkeypatch):
+    """``OXIBONSAI_ONE_ROW_GEMV`` picks the form of a one-row GEMV whose K splits (for the GPU bench),
+    nothing else; a name that is not one of them is refused."""
+    exact = q1_exact()
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(exact, "_default_split_k", lambda tiles, groups, device: 4)
+    for kernel in exact.ONE_ROW_KERNELS:
+        monkeypatch.setenv(exact.ONE_ROW_ENV_VAR, kernel)
+        assert exact._default_kernel(1, 2048, 16, cpu) == kernel
+        assert [exact._default_kernel(m, 2048, 16, cpu) for m in (2, 8, 9)] == ["gemv", "gemv", "gemm"]
+    monkeypatch.setenv(exact.ONE_ROW_ENV_VAR, "gemm")
+    with pytest.raises(ValueError, match="OXIBONSAI_ONE_ROW_GEMV"):
+        exact._default_kernel(1, 2048, 16, cpu)
+
+
 def test_arithmetic_choice_in_the_triton_op_set(monkeypatch):
     from oxibonsai.torch_backend.ops import dispatch, q1_exact, q1_fast
 
@@ -252,7 +271,9 @@ def test_arithmetic_choice_in_the_triton_op_set(monkeypatch):
 def test_the_dp4a_ptx_equals_its_twin_and_the_cpu_engine(rng):
     assert q1_exact().asm_matches_twin(torch.cuda.current_device())
     matrix, w = random_matrix(rng, 4096, 2048)
-    for m, kernel in ((1, "gemv"), (1, "gemv_split"), (2, "gemv"), (3, "gemv_split"), (8, "gemv_split")):
+    forms = ((1, "gemv"), (1, "gemv_split"), (1, "gemv_fixup"), (2, "gemv"), (3, "gemv_split"),
+             (4, "gemv_fixup"), (8, "gemv_split"))  # fmt: skip
+    for m, kernel in forms:
         x = activations(rng, m, 2048)
         acts = q1_exact().quantize(on_device(x))
         got = q1_exact().linear_quantized(acts, w, asm=True, kernel=kernel)
@@ -263,10 +284,11 @@ def test_the_dp4a_ptx_equals_its_twin_and_the_cpu_engine(rng):
 @pytest.mark.parametrize("fuse", ["1", "0"])
 def test_the_split_gemv_quantizes_its_output_for_the_next_matmul_bit_for_bit(rng, monkeypatch, fuse):
     """``linear_then_quantize``: the output and its quantization equal ``linear_quantized`` then
-    ``quantize`` bit for bit, whether the split GEMV's (or a split "gemv"'s combine's) last program of
-    each unit quantizes it (units of 256 columns here, so a launch has several: 4 and 2 programs a
-    unit, or the whole row with a norm) or a launch of its own does (``OXIBONSAI_FUSE_QUANTIZE=0``, an
-    unsplit "gemv", the GEMM); the arrival counts are back at zero after each launch."""
+    ``quantize`` bit for bit, whether the split GEMV's (or a split "gemv"'s combine's, or a
+    "gemv_fixup"'s combining programs') last program of each unit quantizes it (units of 256 columns
+    here, so a launch has several: 4 and 2 programs a unit, or the whole row with a norm) or a launch
+    of its own does (``OXIBONSAI_FUSE_QUANTIZE=0``, an unsplit "gemv", "gemv_fixup" at 4 rows, the
+    GEMM); the arrival and tile counts are back at zero after each launch."""
     exact = q1_exact()
     exact_quantize, launches = exact.quantize, []
     monkeypatch.setattr(exact, "QUANTIZE_UNIT", 256)
@@ -276,6 +298,8 @@ def test_the_split_gemv_quantizes_its_output_for_the_next_matmul_bit_for_bit(rng
              (256, 384, False, True, 1, "gemv_split", 16), (512, 128, True, False, 1, "gemv_split", 1),
              (256, 256, False, True, 3, "gemv", None), (512, 256, True, False, 4, "gemv", 2),
              (256, 256, False, True, 5, "gemv", 2),
+             (512, 256, False, True, 1, "gemv_fixup", 2), (512, 384, True, False, 1, "gemv_fixup", 3),
+             (768, 256, True, False, 2, "gemv_fixup", 2), (512, 256, False, False, 4, "gemv_fixup", 2),
              (256, 256, False, False, 9, "gemm", None))  # fmt: skip
     for rows, k, gated, normed, m, kernel, split_k in cases:
         _, w = random_matrix(rng, rows, k)
@@ -287,20 +311,23 @@ def test_the_split_gemv_quantizes_its_output_for_the_next_matmul_bit_for_bit(rng
         launches.clear()  # the quantization's own launches
         out, ahead = exact.linear_then_quantize(acts, w, exact.QuantizeNext(norm, EPS), **args)
         combined = kernel == "gemv" and split_k and m <= exact.FUSED_COMBINE_MAX_M  # in the combine launch
-        fused = fuse == "1" and (kernel == "gemv_split" or combined)
+        fixed = kernel == "gemv_fixup" and m <= exact.FIXUP_QUANTIZE_MAX_M  # by each tile's last program
+        fused = fuse == "1" and (kernel == "gemv_split" or combined or fixed)
         assert len(launches) == (0 if fused else 1), (rows, k, kernel)
         want = exact.linear_quantized(acts, w, **args)
         assert torch.equal(out, want), (rows, k, kernel)
         again = exact_quantize(want, norm, EPS)
         assert all(torch.equal(getattr(ahead, f), getattr(again, f)) for f in ("planes", "scales", "sums"))
-        assert not exact.arrival_counts(out.device).any()
+        assert not exact.arrival_counts(out.device).any() and not exact.tile_counts(out.device).any()
 
 
-def test_fused_quantization_holds_over_repeated_launches_and_graph_replays(rng):
+@pytest.mark.parametrize("kernel", ["gemv_split", "gemv_fixup"])
+def test_fused_quantization_holds_over_repeated_launches_and_graph_replays(rng, kernel):
     """The split GEMV's programs finish in any order on a GPU: a gate|up matrix (SwiGLU, quantized
     in units) then a down matrix (residual, RMS-normalized over the whole row), on CUDA at
-    Bonsai-1.7B's shapes (384 and 128 programs), launched 5 times and, on CUDA, replayed 10 times
-    from one CUDA graph: the unfused bits every time, the arrival counts back at zero."""
+    Bonsai-1.7B's shapes (384 and 128 programs in the in-program split; "gemv_fixup" at its default
+    split over programs, 4 here), launched 5 times and, on CUDA, replayed 10 times from one CUDA
+    graph: the unfused bits every time, the arrival and tile counts back at zero."""
     exact = q1_exact()
     hidden, ffn = (2048, 6144) if DEVICE.type == "cuda" else (256, 1024)
     gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
@@ -314,7 +341,9 @@ def test_fused_quantization_holds_over_repeated_launches_and_graph_replays(rng):
     norm = (1 + 0.2 * torch.randn(hidden, generator=gen)).to(DEVICE)
     residual = torch.randn(1, hidden, generator=gen).to(DEVICE)
     acts = exact.quantize((torch.randn(1, hidden, generator=gen) * 3).to(DEVICE))
-    split = {"kernel": "gemv_split", "asm": None if DEVICE.type == "cuda" else False}
+    cuda = DEVICE.type == "cuda"
+    split_k = None if cuda or kernel == "gemv_split" else 4  # here the default would not split
+    split = {"kernel": kernel, "asm": None if cuda else False, "split_k": split_k}
 
     def layer() -> tuple[torch.Tensor, torch.Tensor, Any, Any]:
         h, h_acts = exact.linear_then_quantize(acts, gate_up, exact.QuantizeNext(), gated=True, **split)
@@ -332,7 +361,7 @@ def test_fused_quantization_holds_over_repeated_launches_and_graph_replays(rng):
             assert all(
                 torch.equal(getattr(rows, f), getattr(rows_want, f)) for f in ("planes", "scales", "sums")
             )
-        assert not exact.arrival_counts(DEVICE).any()
+        assert not exact.arrival_counts(DEVICE).any() and not exact.tile_counts(DEVICE).any()
 
     for _ in range(5):
         check(layer())

@@ -205,22 +205,32 @@ def test_requests_batched_by_the_engine_get_their_alone_bits(small_model, monkey
     ]
 
 
-def test_matmuls_that_quantize_ahead_give_the_plain_forward_bits(two_layer_model, monkeypatch, rng):
+@pytest.fixture(scope="module")
+def two_group_model(tmp_path_factory: pytest.TempPathFactory, model_seed: int) -> Path:
+    """Two layers whose every matrix has two 128-weight groups a row: K splits over programs."""
+    cfg = tiny_config(hidden_size=256, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=128, ffn_size=256)
+    return write_tiny(tmp_path_factory.mktemp("models") / "two_groups.gguf", model_seed + 9, cfg=cfg)
+
+
+@pytest.mark.parametrize("one_row", ["gemv_split", "gemv_fixup", "gemv"])
+def test_matmuls_that_quantize_ahead_give_the_plain_forward_bits(two_group_model, monkeypatch, rng, one_row):
     """The exact set's matmuls quantize their outputs for the next matmul (``ops.ahead``: at one row
-    inside the split GEMV, forced here as on a GPU; a launch of its own elsewhere): a prefill and
-    one-row decodes give the logits of the forward pass without those ops bit for bit, and at one row
-    the first layer's QKV is the only matmul that quantizes in a launch of its own."""
+    in the split GEMV, forced here as on a GPU, whichever form ``OXIBONSAI_ONE_ROW_GEMV`` picks; a
+    launch of its own elsewhere): a prefill and one-row decodes give the logits of the forward pass
+    without those ops bit for bit, and at one row the first layer's QKV is the only matmul that
+    quantizes in a launch of its own."""
     from types import SimpleNamespace
 
     from oxibonsai.torch_backend.ops import ahead, q1_exact
 
     monkeypatch.setenv("OXIBONSAI_TORCH_OPS", "triton")
     monkeypatch.setenv("OXIBONSAI_Q1_ARITHMETIC", "exact")
+    monkeypatch.setenv(q1_exact.ONE_ROW_ENV_VAR, one_row)
     monkeypatch.setattr(q1_exact, "_default_split_k", lambda tiles, groups, device: 2)  # as on a GPU
     ops = ops_for(DEVICE)
     plain_ops = SimpleNamespace(**{k: v for k, v in vars(ops).items() if k not in ahead.OPS})
-    fused = TorchQwen3.from_gguf(two_layer_model, DEVICE, ops=ops)
-    plain = TorchQwen3.from_gguf(two_layer_model, DEVICE, ops=plain_ops)
+    fused = TorchQwen3.from_gguf(two_group_model, DEVICE, ops=ops)
+    plain = TorchQwen3.from_gguf(two_group_model, DEVICE, ops=plain_ops)
     assert fused.quantizes_ahead and not plain.quantizes_ahead
     vocab = fused.config.vocab
     prompt, decodes = [int(t) for t in rng.integers(0, vocab, 6)], [int(t) for t in rng.integers(0, vocab, 2)]

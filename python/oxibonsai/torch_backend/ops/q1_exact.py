@@ -34,9 +34,15 @@ one weight word's bits ``j, j + 8, j + 16, j + 24`` (``(word >> j) & 0x01010101`
   second kernel adding the groups (``_combine_kernel``): on the H200 (session 25, 1.7B's 2048 x 2048
   Q) that took 8.8 us at 4 rows against 19-21 us for the in-program split, and 5.3 against 6.0 us at
   one row. The SwiGLU of a gate|up matrix and the residual add run in the program that adds the
-  groups.
-- quantized ahead (``linear_then_quantize``, ``ops.ahead``): a "gemv_split" launch, or a split "gemv"'s
-  combine launch (up to ``FUSED_COMBINE_MAX_M`` rows), also quantizes its output for the next matmul,
+  groups. "gemv_fixup" splits over programs in one launch: each program counts its tile's finished
+  splits (``tile_counts``) and the last to finish adds the tile's groups in order, as the combine
+  launch would (the stream-K "fix-up"); the same bits. Session 25's profile had the one-row
+  "gemv_split" at 120-137 GB/s in the model where the unsplit "gemv" of the LM head reached 700, so
+  ``OXIBONSAI_ONE_ROW_GEMV`` picks among the three forms at one row (``one_row_gemv``) for the GPU
+  bench to time. It takes up to ``FIXUP_MAX_M`` rows (at 8 its combine spilled, sm_90).
+- quantized ahead (``linear_then_quantize``, ``ops.ahead``): a "gemv_split" launch, a split "gemv"'s
+  combine launch or a "gemv_fixup"'s combining programs (up to ``FUSED_COMBINE_MAX_M`` rows), also
+  quantizes its output for the next matmul,
   RMSNorm included, so such a decode step runs no quantization launch after its first matmul. Each program,
   once its columns are stored, fences and adds one to an arrival count of its unit of columns
   (``QUANTIZE_UNIT``, or the whole row with a norm, whose mean square needs every column); the
@@ -80,7 +86,7 @@ from oxibonsai.torch_backend.ops.q1_triton import check_fused, gemm_block_m, mul
 from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight
 
 GEMV_MAX_M = 8
-KERNELS = ("gemv", "gemv_split", "gemm", "gemm_expanded")
+KERNELS = ("gemv", "gemv_fixup", "gemv_split", "gemm", "gemm_expanded")
 GEMM_BLOCK_N = 64  # weight rows of a GEMM tile (32 and 32 for gate|up), at most
 GEMM_MIN_BLOCK_N = 16  # the narrowest GEMM tile (int8 tl.dot needs 16)
 GEMM_GROUP_DOT = False  # whether the GEMM's dots take a whole 128-weight group, not one sign word
@@ -90,6 +96,9 @@ GEMM_MIN_SPLIT_GROUPS = 4  # groups of a GEMM split, at least
 GEMM_MAX_SCRATCH = 32 << 20  # bytes of a split GEMM's integer sums, at most (H100 L2: 50 MB)
 COMBINE_BLOCK_M, COMBINE_BLOCK_N = 16, 32  # a split GEMM's combine tile
 COMBINE_ELEMENTS = 512  # a GEMV combine program's outputs, gate and up counted ([8, 128] gated spilled)
+FIXUP_COLUMNS = 128  # output columns a "gemv_fixup" tile's combining program adds at once, at most
+FIXUP_MAX_M = 4  # activation rows "gemv_fixup" takes (at 8 the gated combine spilled, sm_90)
+FIXUP_QUANTIZE_MAX_M = 2  # rows it quantizes for the next matmul itself (at 4 the normed one spilled)
 SPLIT_TILE = 256  # splits x weight rows of a "gemv_split" program: one pair per thread, 8 warps
 GROUP_CHUNK = 6  # a "gemv_split" split's groups in one stretch of straight code, at most (below 8 rows)
 PROGRAMS_PER_SM = 4  # the GEMV splits K until it has this many 4-warp programs per SM
@@ -99,7 +108,10 @@ NO_FUSION = {"enable_fp_fusion": False}
 FUSED_COMBINE_MAX_M = 4  # rows a split GEMV's combine quantizes for the next matmul, at most (8 spilled)
 QUANTIZE_UNIT = 1024  # output columns a "gemv_split" launch quantizes per unit for the next matmul (no norm)
 ARRIVAL_COUNTS = 64  # units a launch may count its programs in
+TILE_COUNTS = 4096  # tiles a "gemv_fixup" launch may count its splits in
 FUSE_ENV_VAR = "OXIBONSAI_FUSE_QUANTIZE"
+ONE_ROW_ENV_VAR = "OXIBONSAI_ONE_ROW_GEMV"
+ONE_ROW_KERNELS = ("gemv_split", "gemv", "gemv_fixup")
 
 
 @dataclass(frozen=True)
@@ -277,7 +289,7 @@ def _linear(
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     gemm = kernel.startswith("gemm")
-    widths = gemm_block_ns(gated) if gemm else gemv_block_ns(m, gated) if kernel == "gemv" else ()
+    widths = gemm_block_ns(gated) if gemm else () if kernel == "gemv_split" else gemv_block_ns(m, gated)
     if block_n is not None and block_n not in widths:
         raise ValueError(f"block_n is a 'gemm' or 'gemv' tile's width, one of {widths} here; got {block_n}")
     if group_dot is not None and kernel != "gemm":
@@ -288,15 +300,16 @@ def _linear(
         _gemm(acts, w, residual, gated, out, block_n, split_k, group_dot, expanded)
         return out, None
     asm = _asm_ok(acts.planes.device) if asm is None else asm
-    if m > GEMV_MAX_M:
-        raise ValueError(f"the {kernel!r} kernel takes up to {GEMV_MAX_M} activation rows, got {m}")
+    most = FIXUP_MAX_M if kernel == "gemv_fixup" else GEMV_MAX_M
+    if m > most:
+        raise ValueError(f"the {kernel!r} kernel takes up to {most} activation rows, got {m}")
     fused = then if then is not None and fuses_quantize(out_rows) else None
     if kernel == "gemv_split":
         ahead = _gemv_split(
             acts, w, residual, gated, out, asm, split_k or _program_splits(w.cols // QK), fused
         )
         return out, ahead
-    return out, _gemv(acts, w, residual, gated, out, asm, split_k, block_n, fused)
+    return out, _gemv(acts, w, residual, gated, out, asm, split_k, block_n, fused, kernel == "gemv_fixup")
 
 
 def _gemv(
@@ -309,15 +322,23 @@ def _gemv(
     split_k: int | None = None,
     block_n: int | None = None,
     then: QuantizeNext | None = None,
+    fixup: bool = False,
 ) -> QuantizedRows | None:
-    """The GEMV into ``out``; where K splits over programs, ``then`` is given and the rows are at most
-    ``FUSED_COMBINE_MAX_M`` (at 8 Triton 3.9 spilled the normed combine), its output quantized in the
-    combine launch (returned; None otherwise)."""
+    """The GEMV into ``out``. Where K splits over programs, a combine launch adds the groups, or with
+    ``fixup`` ("gemv_fixup") each tile's last program in the same launch; where also ``then`` is given
+    and the rows are at most ``FUSED_COMBINE_MAX_M`` (``FIXUP_QUANTIZE_MAX_M``; above, Triton 3.9
+    spilled the normed combine), the output is quantized there too (returned; None otherwise)."""
     m, out_rows = out.shape
     block_m = triton.next_power_of_2(m)
     block_n = block_n or gemv_rows(block_m, gated)
     n_tiles, groups = triton.cdiv(out_rows, block_n), w.cols // QK
     split_k, per_split, ones = _k_splits(split_k or _default_split_k(n_tiles, groups, out.device), w, out)
+    combine_n = min(block_n, COMBINE_ELEMENTS // (block_m * (2 if gated else 1)))  # as many rows as the
+    fixup = fixup and split_k > 1
+    quantizes = split_k > 1 and block_m <= (FIXUP_QUANTIZE_MAX_M if fixup else FUSED_COMBINE_MAX_M)
+    then = then if quantizes else None
+    fix_n = min(combine_n, FIXUP_COLUMNS)
+    ahead, fixing = _fixup_args(then, out, n_tiles, block_n, fix_n) if fixup else (None, {})
     words = acts.planes.view(torch.int32)  # [2, M, K / 4]
     residual_or_out = residual if residual is not None else out
     _gemv_kernel[(n_tiles, split_k)](
@@ -326,13 +347,24 @@ def _gemv(
         words.stride(0), words.stride(1), acts.scales.stride(0), w.signs.stride(0), w.scales.stride(0),
         residual_or_out.stride(0), out.stride(0), ones.stride(0) if split_k > 1 else 0, ones.stride(-2),
         BLOCK_M=block_m, BLOCK_N=block_n, GATED=gated, RESIDUAL=residual is not None, SPLIT=split_k > 1,
-        ASM=asm, **pdl.launch(out.device), **_gemv_options(block_m),
+        ASM=asm, **fixing, **pdl.launch(out.device), **_gemv_options(block_m),
     )  # fmt: skip
-    if split_k == 1:
-        return None
-    combine_n = min(block_n, COMBINE_ELEMENTS // (block_m * (2 if gated else 1)))  # as many rows as the
-    then = then if block_m <= FUSED_COMBINE_MAX_M else None  # combine holds unspilled
+    if split_k == 1 or fixup:
+        return ahead
     return _combine(ones, acts, w, residual, gated, out, block_m, combine_n, then)
+
+
+def _fixup_args(
+    then: QuantizeNext | None, out: torch.Tensor, n_tiles: int, block_n: int, fix_n: int
+) -> tuple[QuantizedRows | None, dict[str, object]]:
+    """``_gemv_kernel``'s fix-up arguments for a launch of ``n_tiles`` tiles ``block_n`` wide (their
+    counts in ``tile_counts``, combined ``fix_n`` columns at a time), with the quantization's for
+    ``then``, and the rows that quantization fills."""
+    if n_tiles > TILE_COUNTS:
+        raise ValueError(f"'gemv_fixup' counts at most {TILE_COUNTS} tiles, got {n_tiles}")
+    ahead, quantizing = _quantize_args(then, out, block_n)
+    return ahead, {"tiles_ptr": tile_counts(out.device), "FIXUP": True, "FIX_N": fix_n,
+                   "FENCE": _fences(out.device), **quantizing}  # fmt: skip
 
 
 def _k_splits(split_k: int, w: Q1Weight, out: torch.Tensor) -> tuple[int, int, torch.Tensor]:
@@ -380,12 +412,25 @@ def _combine(
 
 
 def _default_kernel(m: int, out_rows: int, groups: int, device: torch.device) -> str:
-    """The kernel for ``m`` rows: the GEMM above ``GEMV_MAX_M``, the in-program split GEMV at one row
-    where K splits, the GEMV otherwise (at 2-8 rows its K split is over programs: module doc)."""
+    """The kernel for ``m`` rows: the GEMM above ``GEMV_MAX_M``; where K splits, the in-program split
+    GEMV at one row (or ``one_row_gemv``'s choice) and the GEMV split over programs at 2-8 (module
+    doc); the GEMV otherwise."""
     if m > GEMV_MAX_M:
         return "gemm"
     tiles = triton.cdiv(out_rows, gemv_rows(int(triton.next_power_of_2(m)), False))
-    return "gemv_split" if m == 1 and _default_split_k(tiles, groups, device) > 1 else "gemv"
+    if _default_split_k(tiles, groups, device) == 1:
+        return "gemv"
+    return one_row_gemv() if m == 1 else "gemv"
+
+
+def one_row_gemv() -> str:
+    """The kernel of a one-row GEMV whose K splits: ``OXIBONSAI_ONE_ROW_GEMV``, for timing the forms in
+    the model on a GPU, "gemv_split" (inside programs; the default), "gemv" (over programs, with a
+    combine launch) or "gemv_fixup" (over programs, each tile combined by its last program)."""
+    kernel = os.environ.get(ONE_ROW_ENV_VAR, "").strip() or "gemv_split"
+    if kernel not in ONE_ROW_KERNELS:
+        raise ValueError(f"{ONE_ROW_ENV_VAR} must be one of {ONE_ROW_KERNELS}, got {kernel!r}")
+    return kernel
 
 
 def _program_splits(groups: int) -> int:
@@ -456,8 +501,12 @@ def _fences(device: torch.device) -> bool:
 
 
 @functools.cache
-def _counts_on(device: torch.device) -> torch.Tensor:
-    return torch.zeros(ARRIVAL_COUNTS, dtype=torch.int32, device=device)
+def _counts_on(device: torch.device, size: int) -> torch.Tensor:
+    return torch.zeros(size, dtype=torch.int32, device=device)
+
+
+def _one_per_device(device: torch.device) -> torch.device:
+    return torch.device(device.type, device.index or 0) if device.type == "cuda" else device
 
 
 def arrival_counts(device: torch.device) -> torch.Tensor:
@@ -465,8 +514,13 @@ def arrival_counts(device: torch.device) -> torch.Tensor:
     columns, one set per device: each launch leaves them at zero (the last program of a unit resets
     its count), and the launches that use them run one after another on the model's stream (with PDL
     a launch counts only after its grid-dependency wait, when the launch before has finished)."""
-    return _counts_on(torch.device(device.type, device.index if device.index is not None else 0)
-                      if device.type == "cuda" else device)  # fmt: skip
+    return _counts_on(_one_per_device(device), ARRIVAL_COUNTS)
+
+
+def tile_counts(device: torch.device) -> torch.Tensor:
+    """The zeroed counters a "gemv_fixup" launch counts each tile's finished splits in, one per tile,
+    one set per device, back at zero after each launch (as ``arrival_counts``, a set of their own)."""
+    return _counts_on(_one_per_device(device), TILE_COUNTS)
 
 
 def fuses_quantize(out_rows: int) -> bool:

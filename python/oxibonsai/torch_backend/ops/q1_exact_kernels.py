@@ -211,12 +211,19 @@ def _gemv_kernel(
     stride_pp, stride_pm, stride_am, stride_sn, stride_dn, stride_rm, stride_om, stride_og, stride_on,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     SPLIT: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr,
+    tiles_ptr=None, FIXUP: tl.constexpr = False, FIX_N: tl.constexpr = 1,
+    norm_ptr=None, qplanes_ptr=None, qscales_ptr=None, qsums_ptr=None, counts_ptr=None, eps=0.0, unit_cols=0,
+    stride_qp=0, stride_qm=0, stride_qs=0,
+    QUANTIZE: tl.constexpr = False, QNORM: tl.constexpr = False, NORM_CHUNK: tl.constexpr = 1,
+    FENCE: tl.constexpr = False,
 ):  # fmt: skip
     """Rows ``n`` of program ``program_id(0)`` for every activation row ``m``, ``planes`` read as int32
     words; with ``GATED`` also rows ``n + up_offset``. ``SPLIT``: the program covers the groups of
     split ``program_id(1)`` and stores each group's integer sums at ``ones[g, m, n]`` for
-    ``_combine_kernel``; otherwise it covers every group, combines them and stores ``out[m, n]``.
-    At one row each group's sign words load during the group before (``_group_words``)."""
+    ``_combine_kernel``, or with ``FIXUP`` for the tile's last split to finish, which adds them in
+    this launch (``_fix_up_when_last``; the arguments after ``FIXUP``); otherwise it covers every
+    group, combines them and stores ``out[m, n]``. At one row each group's sign words load during
+    the group before (``_group_words``)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
@@ -255,6 +262,53 @@ def _gemv_kernel(
     if not SPLIT:
         _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
                    GATED, RESIDUAL)  # fmt: skip
+    if FIXUP:
+        _fix_up_when_last(
+            ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, residual_ptr, out_ptr, tiles_ptr, M, N, K,
+            up_offset, stride_am, stride_dn, stride_og, stride_on, stride_rm, stride_om,
+            norm_ptr, qplanes_ptr, qscales_ptr, qsums_ptr, counts_ptr, eps, unit_cols, stride_qp, stride_qm,
+            stride_qs, BLOCK_M, BLOCK_N, FIX_N, GATED, RESIDUAL, QUANTIZE, QNORM, NORM_CHUNK, FENCE,
+        )  # fmt: skip
+
+
+@triton.jit
+def _fix_up_when_last(
+    ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, residual_ptr, out_ptr, tiles_ptr, M, N, K,
+    up_offset, stride_am, stride_dn, stride_og, stride_on, stride_rm, stride_om,
+    norm_ptr, qplanes_ptr, qscales_ptr, qsums_ptr, counts_ptr, eps, unit_cols, stride_qp, stride_qm,
+    stride_qs, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FIX_N: tl.constexpr, GATED: tl.constexpr,
+    RESIDUAL: tl.constexpr, QUANTIZE: tl.constexpr, QNORM: tl.constexpr, NORM_CHUNK: tl.constexpr,
+    FENCE: tl.constexpr,
+):  # fmt: skip
+    """Called by each split program of a "gemv_fixup" launch once its groups' integer sums are stored:
+    the program that stores its tile's last split, whichever it is, adds every group of the tile in
+    order and runs the epilogue, ``FIX_N`` columns at a time (what ``_combine_kernel`` would do in a
+    launch of its own), then with ``QUANTIZE`` counts the tile towards quantizing its unit of columns
+    (``_quantize_when_last``). Each program adds one to ``tiles[program_id(0)]``; the one that brings
+    it to the splits resets it to 0 for the next launch. ``FENCE`` as in ``_quantize_when_last``; the
+    sums load from L2."""
+    tile = tl.program_id(0)
+    _fence(FENCE)
+    tl.debug_barrier()  # every thread's sums are stored before the count
+    arrived = tl.atomic_add(tiles_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if arrived == tl.num_programs(1) - 1:
+        tl.store(tiles_ptr + tile, 0)
+        _fence(FENCE)
+        tl.debug_barrier()
+        offs_m = tl.arange(0, BLOCK_M)
+        mask_m = offs_m < M
+        for c in tl.static_range(BLOCK_N // FIX_N):
+            offs_n = tile * BLOCK_N + c * FIX_N + tl.arange(0, FIX_N)
+            _combine_groups_and_store(
+                ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, residual_ptr, out_ptr, offs_m, mask_m, offs_n,
+                offs_n < N, K // 128, up_offset, stride_am, stride_dn, stride_og, stride_on, stride_rm,
+                stride_om, BLOCK_M, FIX_N, GATED, RESIDUAL, ".cg",
+            )  # fmt: skip
+        if QUANTIZE:
+            _quantize_when_last(
+                out_ptr, norm_ptr, qplanes_ptr, qscales_ptr, qsums_ptr, counts_ptr, M, N, eps, tile * BLOCK_N,
+                unit_cols, BLOCK_N, stride_om, stride_qp, stride_qm, stride_qs, QNORM, NORM_CHUNK, FENCE,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -320,7 +374,7 @@ def _gemv_split_kernel(
     _combine_groups_and_store(
         ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n,
         groups, up_offset, stride_am, stride_dn, stride_og, stride_on, stride_rm, stride_om,
-        BLOCK_M, BLOCK_N, GATED, RESIDUAL,
+        BLOCK_M, BLOCK_N, GATED, RESIDUAL, "",
     )  # fmt: skip
     if QUANTIZE:
         _quantize_when_last(
@@ -447,11 +501,13 @@ def _combine_groups_and_store(
     ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n,
     groups, up_offset, stride_am, stride_dn, stride_og, stride_on, stride_rm, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    CACHE: tl.constexpr,
 ):  # fmt: skip
     """A ``[BLOCK_M, BLOCK_N]`` tile of ``out`` from every group's integer sums ``ones[g, m, n]``,
     added in order, and the epilogue. The groups go ``COMBINE_CHUNK`` at a time through straight code,
     so their loads wait for memory once per chunk rather than once per few groups (at one row the
-    program is alone on its SM and nothing else hides the wait)."""
+    program is alone on its SM and nothing else hides the wait). ``ones`` loads with cache modifier
+    ``CACHE`` (".cg", from L2, where other programs stored them)."""
     mask = mask_m[:, None] & mask_n[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -460,10 +516,10 @@ def _combine_groups_and_store(
         for j in tl.static_range(COMBINE_CHUNK):
             g = tl.minimum(first + j, groups - 1)  # past the end: a real group's loads, not added
             at = ones_ptr + g * stride_og + offs_m[:, None] * stride_on + offs_n[None, :]
-            ones = tl.load(at, mask=mask, other=0)
+            ones = tl.load(at, mask=mask, other=0, cache_modifier=CACHE)
             ones_up = ones
             if GATED:
-                ones_up = tl.load(at + up_offset, mask=mask, other=0)
+                ones_up = tl.load(at + up_offset, mask=mask, other=0, cache_modifier=CACHE)
             scales = _group_scales(asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n, mask_n, g,
                                    up_offset, stride_am, stride_dn, GATED)  # fmt: skip
             chunk = chunk + ((ones, ones_up, scales),)  # noqa: RUF005 (Triton's frontend: no starred tuples)
@@ -550,7 +606,7 @@ def _combine_kernel(
     _combine_groups_and_store(
         ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n,
         K // 128, up_offset, stride_am, stride_dn, stride_og, stride_on, stride_rm, stride_om,
-        BLOCK_M, BLOCK_N, GATED, RESIDUAL,
+        BLOCK_M, BLOCK_N, GATED, RESIDUAL, "",
     )  # fmt: skip
     if QUANTIZE:
         _quantize_when_last(

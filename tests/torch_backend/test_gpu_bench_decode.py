@@ -1,0 +1,52 @@
+"""The GPU bench's decode rows (``benches/gpu/models.decode_rate``) with the exact Triton kernels, run
+here under the interpreter (on CUDA, compiled) as the GPU run would run them: the one-row row times
+the graphs again with the quantizations apart and with each other form of the split GEMV, and each
+of those steps gives the default's logits bit for bit. (The smoke run's decode section takes the
+torch ops on a CPU, so it never reaches these branches; the GPU minutes should not be where they
+first run.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'oxibonsai[torch]')")
+pytest.importorskip("triton", reason="triton is not installed")
+sys.path.append(str(Path(__file__).resolve().parents[2] / "benches"))  # for the gpu package
+
+import gpu.models  # noqa: E402
+from gpu.models import blocks_for, decode_rate, random_weights  # noqa: E402
+from gpu.plan import SMOKE_PLAN, ModelSpec, qwen3  # noqa: E402
+
+from oxibonsai.torch_backend.kv_pool import KvPool  # noqa: E402
+from oxibonsai.torch_backend.model import TorchQwen3  # noqa: E402
+from oxibonsai.torch_backend.ops.dispatch import ops_for  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+ONE_LAYER = ModelSpec("one-layer", qwen3(1, 256, 256, 2, 1, 256), tied=False)  # two groups a row everywhere
+
+
+def test_the_one_row_decode_row_times_every_split_gemv_form_with_the_same_logits(monkeypatch):
+    from oxibonsai.torch_backend.ops import q1_exact
+
+    monkeypatch.setenv("OXIBONSAI_TORCH_OPS", "triton")
+    monkeypatch.setenv("OXIBONSAI_Q1_ARITHMETIC", "exact")
+    monkeypatch.setattr(q1_exact, "_default_split_k", lambda tiles, groups, device: 2)  # as on a GPU
+    monkeypatch.setattr(gpu.models, "kernel_times", lambda *args: {})  # the profile: not what is tested
+    plan = dataclasses.replace(SMOKE_PLAN, models=(ONE_LAYER,), batches=(1,), decode_steps=1, context=16)
+    config = ONE_LAYER.config
+    torch.manual_seed(int(np.random.default_rng().integers(2**31)))
+    model = TorchQwen3(config, random_weights(ONE_LAYER, DEVICE), ops_for(DEVICE))
+    pool = KvPool(config.n_layers, blocks_for(plan.context + plan.warmup + plan.decode_steps + 1),
+                  config.n_kv_heads, config.head_dim, torch.float16, DEVICE)  # fmt: skip
+    pool.data.normal_()
+    row = decode_rate(model, pool, 1, plan, DEVICE, np.random.default_rng(), compare_pdl=True)
+    assert row["graph_logits_equal"] and row["unfused_logits_equal"], row
+    assert row["one_row_default"] == "gemv_split"
+    assert set(row["one_row_forms"]) == {"gemv", "gemv_fixup"}
+    for form in row["one_row_forms"].values():
+        assert form["logits_equal"] and form["graph_tok_s"] > 0 and form["over_default"] > 0, form
