@@ -25,7 +25,9 @@ one weight word's bits ``j, j + 8, j + 16, j + 24`` (``(word >> j) & 0x01010101`
   thread, no reduction across threads: per sign word, 8 shift-and-mask operations expose 4 weights
   each, and per activation row two ``dp4a`` (high and low plane) add them; about 1.3 SASS instructions
   per weight at one row (``benches/gpu/sass.py``), where a thread loads a group's sign words in one
-  16-byte load and its activations two pairs a load, the next group's words during this one's work.
+  16-byte load and its activations two pairs a load, the words of the group after next during this
+  one's work (ptxas issues them at the end of the work, so they have a whole group's work to come:
+  session 25's LM head GEMV, loading only the next group's there, streamed at 17% of the H200's copy).
   ``ASM`` picks the inline-PTX ``dp4a`` or its plain-Triton twin, which gives the same integers and
   runs in the interpreter. A matrix with too few
   rows to fill the GPU splits K: at one row inside each program ("gemv_split", ``_gemv_split_kernel``:

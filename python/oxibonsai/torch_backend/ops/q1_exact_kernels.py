@@ -223,7 +223,7 @@ def _gemv_kernel(
     ``_combine_kernel``, or with ``FIXUP`` for the tile's last split to finish, which adds them in
     this launch (``_fix_up_when_last``; the arguments after ``FIXUP``); otherwise it covers every
     group, combines them and stores ``out[m, n]``. At one row each group's sign words load during
-    the group before (``_group_words``)."""
+    the group before the one before (``_group_words``)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
@@ -240,13 +240,15 @@ def _gemv_kernel(
     words_mask = mask_n[None, :]
     word_at = (offs_n * stride_sn)[None, :]
     up_at = word_at + up_offset * stride_sn
-    words = _group_words(signs_ptr, word_at + first * 4, words_mask, zeros)
-    words_up = _group_words(signs_ptr, up_at + first * 4, words_mask, zeros) if GATED else words
+    words, words_up = _rows_words(signs_ptr, word_at, up_at, first, last, words_mask, zeros, GATED)
+    words_next, words_up_next = _rows_words(signs_ptr, word_at, up_at, first + 1, last, words_mask, zeros,
+                                            GATED)  # fmt: skip
     for g in range(first, last):
-        ahead = tl.minimum(g + 1, last - 1) * 4  # at one row the next group's sign words load now: ptxas
-        words_next = _group_words(signs_ptr, word_at + ahead, words_mask, zeros)  # issues them after this
-        words_up_next = _group_words(signs_ptr, up_at + ahead, words_mask, zeros) if GATED else words_next
-        act_pairs = (offs_m * (stride_pm // 2) + g * 16)[:, None]  # group's work, before the next one's
+        # at one row the sign words of the group after next load now: ptxas issues them after this
+        # group's work, so they have the next group's work to arrive in
+        words_after, words_up_after = _rows_words(signs_ptr, word_at, up_at, g + 2, last, words_mask, zeros,
+                                                  GATED)  # fmt: skip
+        act_pairs = (offs_m * (stride_pm // 2) + g * 16)[:, None]
         ones = _ones_of(words, planes_ptr, signs_ptr, act_pairs, word_at + g * 4, words_mask, stride_pp,
                         zeros, ASM)  # fmt: skip
         ones_up = ones
@@ -257,8 +259,8 @@ def _gemv_kernel(
             acc, acc_up, ones, ones_up, ones_ptr, asums_ptr, ascales_ptr, wscales_ptr, offs_m, mask_m, offs_n,
             mask_n, g, up_offset, stride_am, stride_dn, stride_og, stride_on, GATED, SPLIT,
         )  # fmt: skip
-        words = words_next
-        words_up = words_up_next
+        words, words_up = words_next, words_up_next
+        words_next, words_up_next = words_after, words_up_after
     if not SPLIT:
         _store_out(acc, acc_up, residual_ptr, out_ptr, offs_m, mask_m, offs_n, mask_n, stride_rm, stride_om,
                    GATED, RESIDUAL)  # fmt: skip
@@ -269,6 +271,16 @@ def _gemv_kernel(
             norm_ptr, qplanes_ptr, qscales_ptr, qsums_ptr, counts_ptr, eps, unit_cols, stride_qp, stride_qm,
             stride_qs, BLOCK_M, BLOCK_N, FIX_N, GATED, RESIDUAL, QUANTIZE, QNORM, NORM_CHUNK, FENCE,
         )  # fmt: skip
+
+
+@triton.jit
+def _rows_words(signs_ptr, word_at, up_at, g, last, mask, zeros, GATED: tl.constexpr):
+    """``_group_words`` of group ``g`` (the last, ``last - 1``, past it) for the weight rows at
+    ``word_at``, and for their up rows at ``up_at`` with ``GATED`` (else the same words again)."""
+    at = tl.minimum(g, last - 1) * 4
+    words = _group_words(signs_ptr, word_at + at, mask, zeros)
+    words_up = _group_words(signs_ptr, up_at + at, mask, zeros) if GATED else words
+    return words, words_up
 
 
 @triton.jit
