@@ -301,3 +301,29 @@ def test_quantized_attention_equals_quantizing_the_attention_output(
     reference = ref_torch.attention_linear(q.cpu(), *case.args()[1:], 0.3, w_cpu, residual=residual.cpu())
     scale = float(reference.abs().max())
     np.testing.assert_allclose(fused.cpu().numpy(), reference.numpy(), rtol=0, atol=5e-3 * scale)
+
+
+@pytest.mark.parametrize("max_splits", [1, 4, 16])
+def test_the_decode_kernels_own_merge_gives_the_merge_launchs_bits(
+    attn_triton: ModuleType, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, max_splits: int
+) -> None:
+    """The program that stores a (row, KV head)'s last split merges its heads (the default) with the
+    bits of the merge launch of its own (``OXIBONSAI_FUSE_MERGE=0``): the float output and the O
+    projection's quantized activations, at 1, 4 and 16 splits (most empty), 3 query heads a KV head;
+    the counters are back at zero after each launch."""
+    case = make_case(rng, DECODE_STEP, (6, 2), head_dim=128)
+    q, *plan = case.args(DEVICE)
+    q = q[:-1]
+    starts, kv_lens = case.query_start_loc.numpy(), case.seq_lens.numpy()
+    rows = torch.from_numpy(decode_rows(starts, kv_lens, kv_lens - np.diff(starts))).to(DEVICE)
+    hints = {"decode_rows": rows, "max_splits": max_splits, "precision": "ieee"}
+    outputs = {}
+    for fuse in ("1", "0"):
+        monkeypatch.setenv(attn_triton.FUSE_MERGE_ENV_VAR, fuse)
+        out = attn_triton.paged_attention(q, *plan, 0.3, **hints)
+        acts = attn_triton.quantized_attention(q, *plan, 0.3, **hints)
+        assert not attn_triton.merge_counts(DEVICE).any()
+        outputs[fuse] = (out, acts.planes, acts.scales, acts.sums)
+    assert all(torch.equal(a, b) for a, b in zip(outputs["1"], outputs["0"], strict=True))
+    want = ref_torch.paged_attention(*case.args(), 0.3)[:-1]  # the rows sequences own
+    np.testing.assert_allclose(outputs["1"][0].cpu().numpy(), want.numpy(), rtol=0, atol=ATOL)

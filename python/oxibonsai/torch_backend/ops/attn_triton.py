@@ -11,16 +11,18 @@ kernels only, one with no decode rows the prefill kernel only.
 
 - decode (the rows at or past ``decode_from``, one per sequence in a decode step; the host lists them
   as ``decode_rows``, (row, sequence) pairs): split-KV. One program per (decode row, KV head, split)
-  computes all ``GROUP`` query heads that share the KV head over a slice of the row's positions; a
-  second kernel merges the ``MAX_SPLITS`` partial results by their log-sum-exp. The split of a row's
-  positions depends only on its own KV length, the grid only on the batch shape;
+  computes all ``GROUP`` query heads that share the KV head over a slice of the row's positions, and
+  the program that stores the last of a (row, KV head)'s ``MAX_SPLITS`` partial results, counted
+  with fenced atomics (``merge_counts``), merges them by their log-sum-exp, up to ``MERGE_MAX_ROWS``
+  rows (above, and with ``OXIBONSAI_FUSE_MERGE=0``, a second kernel does: one launch a layer more).
+  The split of a row's positions depends only on its own KV length, the grid only on the batch shape;
 - prefill/extend (the rows before ``decode_from``): causal flash attention of a sequence's prompt rows
   against its whole cached KV. Query heads of one KV head are packed along the tile's rows (row ``r``
   is query ``r // GROUP``, head ``r % GROUP``), KV tiles start at position 0, and a tile stops at its
   last row's position (fully masked KV tiles leave a row's sums unchanged, bit for bit).
 
 ``quantized_attention`` returns the O projection's activations (``q1_exact.QuantizedRows``) instead of
-the float output, and ``attention_linear`` the projection itself: in a decode step the merge kernel
+the float output, and ``attention_linear`` the projection itself: in a decode step the merge
 quantizes each head's 128 outputs (one activation block) as it writes them, with ``q1_exact``'s rule and
 bits (the merge runs without floating-point contraction, as the quantize kernel does, so its values do
 not depend on which of the two quantizes them).
@@ -31,6 +33,8 @@ are never loaded. Scores, softmax and sums are float32 whatever the cache dtype.
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any
 
 import torch
@@ -49,7 +53,7 @@ from oxibonsai.torch_backend.ops.q1_exact import (
     linear_then_quantize,
     quantize,
 )
-from oxibonsai.torch_backend.ops.q1_exact_kernels import _store_block
+from oxibonsai.torch_backend.ops.q1_exact_kernels import _fence, _store_block
 from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
 
 PRECISIONS = ("ieee", "tf32")  # tl.dot's: exact float32 (FMAs), or tensor cores on inputs rounded to tf32
@@ -57,6 +61,9 @@ GPU_PRECISION = "tf32"  # the default on CUDA: "ieee" needs 255 registers and sp
 DECODE_BLOCK_N = 32  # KV positions per decode tile
 PREFILL_BLOCK_M = 32  # packed (query, head) rows per prefill tile
 PREFILL_BLOCK_N = 32  # KV positions per prefill tile
+MERGE_MAX_ROWS = 8  # decode rows up to which the decode kernel merges its splits itself
+MERGE_COUNTS = 1024  # (decode row, KV head) pairs a decode launch that merges its splits may count
+FUSE_MERGE_ENV_VAR = "OXIBONSAI_FUSE_MERGE"
 
 
 @triton.jit
@@ -111,9 +118,13 @@ def _decode_kernel(
     GROUP: tl.constexpr, PAGE: tl.constexpr, MAX_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr,
+    out_ptr=None, planes_ptr=None, scales_ptr=None, sums_ptr=None, counts_ptr=None,
+    stride_ot=0, stride_oh=0, stride_pp=0, stride_pm=0, stride_sm=0,
+    MERGE: tl.constexpr = False, QUANTIZE: tl.constexpr = False, FENCE: tl.constexpr = False,
 ):  # fmt: skip
     """Partial output and log-sum-exp of split ``program_id(2)`` for the heads of one KV head, for
-    decode item ``program_id(0)``."""
+    decode item ``program_id(0)``; with ``MERGE`` the program that stores the last split of the item
+    and KV head also merges its heads (``_merge_when_last``: the arguments after ``PDL``)."""
     grid_dependency(PDL)
     item, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     row, seq, kv_len = _decode_row(decode_rows_ptr, qsl_ptr, seq_lens_ptr, item)
@@ -147,6 +158,39 @@ def _decode_kernel(
     mid = row * stride_mt + heads * stride_mh + split * stride_ms
     tl.store(mid_o_ptr + mid[:, None] + offs_d[None, :], out, mask=mask_h[:, None] & mask_d[None, :])
     tl.store(mid_lse_ptr + mid // head_dim, lse, mask=mask_h)  # mid_lse is mid_o without its last axis
+    if MERGE:
+        _merge_when_last(
+            mid_o_ptr, mid_lse_ptr, out_ptr, planes_ptr, scales_ptr, sums_ptr, counts_ptr, row, item, kv_head,
+            head_dim, stride_mt, stride_mh, stride_ms, stride_ot, stride_oh, stride_pp, stride_pm, stride_sm,
+            GROUP, MAX_SPLITS, BLOCK_D, QUANTIZE, FENCE,
+        )  # fmt: skip
+
+
+@triton.jit
+def _merge_when_last(
+    mid_o_ptr, mid_lse_ptr, out_ptr, planes_ptr, scales_ptr, sums_ptr, counts_ptr, row, item, kv_head,
+    head_dim, stride_mt, stride_mh, stride_ms, stride_ot, stride_oh, stride_pp, stride_pm, stride_sm,
+    GROUP: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, QUANTIZE: tl.constexpr,
+    FENCE: tl.constexpr,
+):  # fmt: skip
+    """Called by each split program of a merging decode launch once its partial results are stored:
+    the program that stores the last split of its item and KV head, whichever it is, merges the
+    ``GROUP`` heads of that KV head (``_merge_head``, as ``_merge_kernel`` would in a launch of its
+    own). Each program adds one to ``counts[item, kv_head]``; the one that brings it to the splits
+    resets it to 0 for the next launch. ``FENCE`` as in ``q1_exact_kernels._quantize_when_last``; the
+    partial results load from L2."""
+    counter = counts_ptr + item * tl.num_programs(1) + kv_head
+    _fence(FENCE)
+    tl.debug_barrier()  # every thread's partial results are stored before the count
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if arrived == MAX_SPLITS - 1:
+        tl.store(counter, 0)
+        _fence(FENCE)
+        tl.debug_barrier()
+        for h in range(GROUP):
+            _merge_head(mid_o_ptr, mid_lse_ptr, out_ptr, planes_ptr, scales_ptr, sums_ptr, row,
+                        kv_head * GROUP + h, head_dim, stride_mt, stride_mh, stride_ms, stride_ot, stride_oh,
+                        stride_pp, stride_pm, stride_sm, MAX_SPLITS, BLOCK_D, QUANTIZE, ".cg")  # fmt: skip
 
 
 @triton.jit
@@ -155,19 +199,32 @@ def _merge_kernel(
     head_dim, stride_mt, stride_mh, stride_ms, stride_ot, stride_oh, stride_pp, stride_pm, stride_sm,
     MAX_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, QUANTIZE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """``out[row, head]`` from the splits of decode item ``program_id(0)``, head ``program_id(1)``; with
-    ``QUANTIZE`` (``head_dim`` 128: one head is one block of the O projection's activations) that
-    block of the row quantized into ``q1_exact.QuantizedRows`` instead."""
+    """``_merge_head`` for decode item ``program_id(0)``, head ``program_id(1)``."""
     grid_dependency(PDL)
     item, head = tl.program_id(0), tl.program_id(1)
     row = tl.load(decode_rows_ptr + 2 * item)
+    _merge_head(mid_o_ptr, mid_lse_ptr, out_ptr, planes_ptr, scales_ptr, sums_ptr, row, head, head_dim,
+                stride_mt, stride_mh, stride_ms, stride_ot, stride_oh, stride_pp, stride_pm, stride_sm,
+                MAX_SPLITS, BLOCK_D, QUANTIZE, "")  # fmt: skip
+
+
+@triton.jit
+def _merge_head(
+    mid_o_ptr, mid_lse_ptr, out_ptr, planes_ptr, scales_ptr, sums_ptr, row, head, head_dim,
+    stride_mt, stride_mh, stride_ms, stride_ot, stride_oh, stride_pp, stride_pm, stride_sm,
+    MAX_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, QUANTIZE: tl.constexpr, CACHE: tl.constexpr,
+):  # fmt: skip
+    """``out[row, head]`` from its ``MAX_SPLITS`` partial results (loaded with cache modifier ``CACHE``),
+    weighted by their log-sum-exp; with ``QUANTIZE`` (``head_dim`` 128: one head is one block of the O
+    projection's activations) that block of the row quantized into ``q1_exact.QuantizedRows`` instead."""
     splits = tl.arange(0, MAX_SPLITS)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < head_dim
     mid = row * stride_mt + head * stride_mh + splits * stride_ms
-    lse = tl.load(mid_lse_ptr + mid // head_dim)
+    lse = tl.load(mid_lse_ptr + mid // head_dim, cache_modifier=CACHE)
     weights = tl.exp(lse - tl.max(lse, axis=0))  # split 0 is never empty: the max is finite
-    parts = tl.load(mid_o_ptr + mid[:, None] + offs_d[None, :], mask=mask_d[None, :], other=0.0)
+    parts = tl.load(mid_o_ptr + mid[:, None] + offs_d[None, :], mask=mask_d[None, :], other=0.0,
+                    cache_modifier=CACHE)  # fmt: skip
     out = tl.sum(weights[:, None] * parts, axis=0) / tl.sum(weights, axis=0)
     if QUANTIZE:
         _store_block(out, planes_ptr, scales_ptr, sums_ptr, row, head, stride_pp, stride_pm, stride_sm)
@@ -397,6 +454,18 @@ def _decode(
     mid_o = torch.empty(tokens, q_heads, splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(tokens, q_heads, splits, dtype=torch.float32, device=q.device)
     items = rows.decode_rows.shape[0]
+    quantize = isinstance(out, QuantizedRows)
+    planes, scales, sums = (out.planes, out.scales, out.sums) if quantize else (mid_o, mid_lse, mid_lse)
+    float_out = mid_o if quantize else out
+    # Contraction off wherever the merge runs: the merged values are the same bits whether it quantizes
+    # them or q1_exact.quantize does (whose kernel runs without contraction too).
+    merging = merges_in_decode(items, kv_heads)
+    merge = dict(
+        out_ptr=float_out, planes_ptr=planes, scales_ptr=scales, sums_ptr=sums,
+        counts_ptr=merge_counts(q.device), stride_ot=float_out.stride(0), stride_oh=float_out.stride(1),
+        stride_pp=planes.stride(0), stride_pm=planes.stride(1), stride_sm=scales.stride(0),
+        MERGE=True, QUANTIZE=quantize, FENCE=_on_gpu(q.device), **NO_FUSION,
+    ) if merging else {}  # fmt: skip
     _decode_kernel[(items, kv_heads, splits)](
         q, k_cache, v_cache, rows.tables, rows.seq_lens, rows.starts, rows.decode_rows, mid_o, mid_lse,
         scale, head_dim,
@@ -404,19 +473,36 @@ def _decode(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         GROUP=group, PAGE=k_cache.shape[1], MAX_SPLITS=splits,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=_block_d(head_dim),
-        BLOCK_N=DECODE_BLOCK_N, PRECISION=precision, **pdl.launch(q.device),
+        BLOCK_N=DECODE_BLOCK_N, PRECISION=precision, **merge, **pdl.launch(q.device),
     )  # fmt: skip
-    quantize = isinstance(out, QuantizedRows)
-    planes, scales, sums = (out.planes, out.scales, out.sums) if quantize else (mid_o, mid_lse, mid_lse)
-    float_out = mid_o if quantize else out
-    # Contraction off: the merged values are the same bits whether this kernel quantizes them or
-    # q1_exact.quantize does (whose kernel runs without contraction too).
+    if merging:
+        return
     _merge_kernel[(items, q_heads)](
         mid_o, mid_lse, rows.decode_rows, float_out, planes, scales, sums,
         head_dim, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), float_out.stride(0),
         float_out.stride(1), planes.stride(0), planes.stride(1), scales.stride(0),
         MAX_SPLITS=splits, BLOCK_D=_block_d(head_dim), QUANTIZE=quantize, **pdl.launch(q.device), **NO_FUSION,
     )  # fmt: skip
+
+
+def merges_in_decode(rows: int, kv_heads: int) -> bool:
+    """Whether the decode kernel merges its splits itself (``_merge_when_last``) for ``rows`` decode
+    rows: up to ``MERGE_MAX_ROWS`` (where launches dominate a step; the merge takes the kernel from 96
+    to 136 registers, sm_90, fewer programs an SM for the larger batches) and where ``merge_counts``
+    holds their counters, unless ``OXIBONSAI_FUSE_MERGE=0`` (a merge launch of its own, as before)."""
+    fits = rows <= MERGE_MAX_ROWS and rows * kv_heads <= MERGE_COUNTS
+    return fits and os.environ.get(FUSE_MERGE_ENV_VAR, "1").strip() != "0"
+
+
+@functools.cache
+def _merge_counts_on(device: torch.device) -> torch.Tensor:
+    return torch.zeros(MERGE_COUNTS, dtype=torch.int32, device=device)
+
+
+def merge_counts(device: torch.device) -> torch.Tensor:
+    """The zeroed counters a merging decode launch counts each (row, KV head)'s finished splits in, one
+    set per device, back at zero after each launch (as ``q1_exact.arrival_counts``)."""
+    return _merge_counts_on(torch.device(device.type, device.index or 0) if device.type == "cuda" else device)
 
 
 def _prefill(
