@@ -310,7 +310,8 @@ def test_the_decode_kernels_own_merge_gives_the_merge_launchs_bits(
     """The program that stores a (row, KV head)'s last split merges its heads (the default) with the
     bits of the merge launch of its own (``OXIBONSAI_FUSE_MERGE=0``): the float output and the O
     projection's quantized activations, at 1, 4 and 16 splits (most empty), 3 query heads a KV head;
-    the counters are back at zero after each launch."""
+    the counters are back at zero after each launch. (Above ``MERGE_MAX_ROWS`` rows the merge launch
+    runs: these equal bits keep a row's independent of its batch's size.)"""
     case = make_case(rng, DECODE_STEP, (6, 2), head_dim=128)
     q, *plan = case.args(DEVICE)
     q = q[:-1]

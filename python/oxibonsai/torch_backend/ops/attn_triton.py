@@ -216,16 +216,29 @@ def _merge_head(
 ):  # fmt: skip
     """``out[row, head]`` from its ``MAX_SPLITS`` partial results (loaded with cache modifier ``CACHE``),
     weighted by their log-sum-exp; with ``QUANTIZE`` (``head_dim`` 128: one head is one block of the O
-    projection's activations) that block of the row quantized into ``q1_exact.QuantizedRows`` instead."""
-    splits = tl.arange(0, MAX_SPLITS)
+    projection's activations) that block of the row quantized into ``q1_exact.QuantizedRows`` instead.
+    The splits are taken one after another, each an elementwise step, so the bits do not depend on how
+    the kernel that runs this lays its tiles out (the decode kernel's own merge and the merge kernel
+    give the same)."""
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < head_dim
-    mid = row * stride_mt + head * stride_mh + splits * stride_ms
-    lse = tl.load(mid_lse_ptr + mid // head_dim, cache_modifier=CACHE)
-    weights = tl.exp(lse - tl.max(lse, axis=0))  # split 0 is never empty: the max is finite
-    parts = tl.load(mid_o_ptr + mid[:, None] + offs_d[None, :], mask=mask_d[None, :], other=0.0,
-                    cache_modifier=CACHE)  # fmt: skip
-    out = tl.sum(weights[:, None] * parts, axis=0) / tl.sum(weights, axis=0)
+    first = row * stride_mt + head * stride_mh
+    lses = ()
+    for s in tl.static_range(MAX_SPLITS):
+        lse = tl.load(mid_lse_ptr + (first + s * stride_ms) // head_dim, cache_modifier=CACHE)
+        lses = lses + (lse,)  # noqa: RUF005 (Triton's frontend: no starred tuples)
+    top = lses[0]  # split 0 is never empty: the max is finite
+    for s in tl.static_range(1, MAX_SPLITS):
+        top = tl.maximum(top, lses[s])
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    total = 0.0
+    for s in tl.static_range(MAX_SPLITS):
+        weight = tl.exp(lses[s] - top)  # an empty split's: 0
+        at = mid_o_ptr + first + s * stride_ms + offs_d
+        part = tl.load(at, mask=mask_d, other=0.0, cache_modifier=CACHE)
+        acc = acc + weight * part
+        total = total + weight
+    out = acc / total
     if QUANTIZE:
         _store_block(out, planes_ptr, scales_ptr, sums_ptr, row, head, stride_pp, stride_pm, stride_sm)
     else:
@@ -457,14 +470,15 @@ def _decode(
     quantize = isinstance(out, QuantizedRows)
     planes, scales, sums = (out.planes, out.scales, out.sums) if quantize else (mid_o, mid_lse, mid_lse)
     float_out = mid_o if quantize else out
-    # Contraction off wherever the merge runs: the merged values are the same bits whether it quantizes
-    # them or q1_exact.quantize does (whose kernel runs without contraction too).
+    # Contraction off in both kernels: the merged values are the same bits whether it quantizes them or
+    # q1_exact.quantize does (whose kernel runs without contraction too), and whichever kernel merges
+    # (a row's bits never depend on the batch's size).
     merging = merges_in_decode(items, kv_heads)
     merge = dict(
         out_ptr=float_out, planes_ptr=planes, scales_ptr=scales, sums_ptr=sums,
         counts_ptr=merge_counts(q.device), stride_ot=float_out.stride(0), stride_oh=float_out.stride(1),
         stride_pp=planes.stride(0), stride_pm=planes.stride(1), stride_sm=scales.stride(0),
-        MERGE=True, QUANTIZE=quantize, FENCE=_on_gpu(q.device), **NO_FUSION,
+        MERGE=True, QUANTIZE=quantize, FENCE=_on_gpu(q.device),
     ) if merging else {}  # fmt: skip
     _decode_kernel[(items, kv_heads, splits)](
         q, k_cache, v_cache, rows.tables, rows.seq_lens, rows.starts, rows.decode_rows, mid_o, mid_lse,
@@ -473,7 +487,7 @@ def _decode(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         GROUP=group, PAGE=k_cache.shape[1], MAX_SPLITS=splits,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=_block_d(head_dim),
-        BLOCK_N=DECODE_BLOCK_N, PRECISION=precision, **merge, **pdl.launch(q.device),
+        BLOCK_N=DECODE_BLOCK_N, PRECISION=precision, **merge, **pdl.launch(q.device), **NO_FUSION,
     )  # fmt: skip
     if merging:
         return
