@@ -53,7 +53,7 @@ from oxibonsai.torch_backend.ops.q1_exact import (
     linear_then_quantize,
     quantize,
 )
-from oxibonsai.torch_backend.ops.q1_exact_kernels import _fence, _store_block
+from oxibonsai.torch_backend.ops.q1_exact_kernels import _last_to_arrive, _store_block
 from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
 
 PRECISIONS = ("ieee", "tf32")  # tl.dot's: exact float32 (FMAs), or tensor cores on inputs rounded to tf32
@@ -179,14 +179,7 @@ def _merge_when_last(
     own). Each program adds one to ``counts[item, kv_head]``; the one that brings it to the splits
     resets it to 0 for the next launch. ``FENCE`` as in ``q1_exact_kernels._quantize_when_last``; the
     partial results load from L2."""
-    counter = counts_ptr + item * tl.num_programs(1) + kv_head
-    _fence(FENCE)
-    tl.debug_barrier()  # every thread's partial results are stored before the count
-    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if arrived == MAX_SPLITS - 1:
-        tl.store(counter, 0)
-        _fence(FENCE)
-        tl.debug_barrier()
+    if _last_to_arrive(counts_ptr + item * tl.num_programs(1) + kv_head, MAX_SPLITS, FENCE):
         for h in range(GROUP):
             _merge_head(mid_o_ptr, mid_lse_ptr, out_ptr, planes_ptr, scales_ptr, sums_ptr, row,
                         kv_head * GROUP + h, head_dim, stride_mt, stride_mh, stride_ms, stride_ot, stride_oh,

@@ -237,7 +237,8 @@ def linear_quantized(
 ) -> torch.Tensor:
     """Quantized rows times W with the epilogue. ``kernel`` (one of ``KERNELS``; by default, up to
     ``GEMV_MAX_M`` rows "gemv", or at one row "gemv_split" for a matrix too small to fill the GPU;
-    "gemm" above; "gemm_expanded" is the GEMM on weights expanded to bytes first, ``expand_bits``),
+    "gemm" above; "gemv_fixup" is the GEMV split over programs combined in its own launch, up to
+    ``FIXUP_MAX_M`` rows; "gemm_expanded" the GEMM on weights expanded to bytes first, ``expand_bits``),
     ``split_k`` (the GEMV's or the GEMM's K splits over programs, or "gemv_split"'s inside a program),
     ``block_n`` (the GEMM tile's weight rows, per half of a gate|up matrix, default ``gemm_block_n``;
     or the "gemv" program's, ``gemv_block_ns``) and ``group_dot`` (the GEMM's dot depth: a whole
@@ -335,7 +336,7 @@ def _gemv(
     block_n = block_n or gemv_rows(block_m, gated)
     n_tiles, groups = triton.cdiv(out_rows, block_n), w.cols // QK
     split_k, per_split, ones = _k_splits(split_k or _default_split_k(n_tiles, groups, out.device), w, out)
-    combine_n = min(block_n, COMBINE_ELEMENTS // (block_m * (2 if gated else 1)))  # as many rows as the
+    combine_n = min(block_n, COMBINE_ELEMENTS // (block_m * (2 if gated else 1)))  # unspilled, at most
     fixup = fixup and split_k > 1
     quantizes = split_k > 1 and block_m <= (FIXUP_QUANTIZE_MAX_M if fixup else FUSED_COMBINE_MAX_M)
     then = then if quantizes else None

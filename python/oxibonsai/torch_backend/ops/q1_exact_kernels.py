@@ -221,7 +221,8 @@ def _gemv_kernel(
     words; with ``GATED`` also rows ``n + up_offset``. ``SPLIT``: the program covers the groups of
     split ``program_id(1)`` and stores each group's integer sums at ``ones[g, m, n]`` for
     ``_combine_kernel``, or with ``FIXUP`` for the tile's last split to finish, which adds them in
-    this launch (``_fix_up_when_last``; the arguments after ``FIXUP``); otherwise it covers every
+    this launch (``_fix_up_when_last``: ``tiles_ptr`` and the arguments after ``FIX_N``, those of the
+    quantization as in ``_gemv_split_kernel``); otherwise it covers every
     group, combines them and stores ``out[m, n]``. At one row each group's sign words load during
     the group before the one before (``_group_words``)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -300,13 +301,7 @@ def _fix_up_when_last(
     it to the splits resets it to 0 for the next launch. ``FENCE`` as in ``_quantize_when_last``; the
     sums load from L2."""
     tile = tl.program_id(0)
-    _fence(FENCE)
-    tl.debug_barrier()  # every thread's sums are stored before the count
-    arrived = tl.atomic_add(tiles_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    if arrived == tl.num_programs(1) - 1:
-        tl.store(tiles_ptr + tile, 0)
-        _fence(FENCE)
-        tl.debug_barrier()
+    if _last_to_arrive(tiles_ptr + tile, tl.num_programs(1), FENCE):
         offs_m = tl.arange(0, BLOCK_M)
         mask_m = offs_m < M
         for c in tl.static_range(BLOCK_N // FIX_N):
@@ -413,13 +408,7 @@ def _quantize_when_last(
     unit = first_col // unit_cols
     start = unit * unit_cols
     cols = tl.minimum(unit_cols, N - start)
-    _fence(FENCE)
-    tl.debug_barrier()  # every thread's columns are stored before the count
-    arrived = tl.atomic_add(counts_ptr + unit, 1, sem="acq_rel", scope="gpu")
-    if arrived == tl.cdiv(cols, block_n) - 1:
-        tl.store(counts_ptr + unit, 0)
-        _fence(FENCE)
-        tl.debug_barrier()
+    if _last_to_arrive(counts_ptr + unit, tl.cdiv(cols, block_n), FENCE):
         first_block, end_block = start // 128, (start + cols) // 128
         for m in range(M):
             row = out_ptr + m * stride_om
@@ -436,6 +425,23 @@ def _quantize_when_last(
                     x = x * inverse * weight
                 _store_blocks(x, live, planes_ptr, scales_ptr, sums_ptr, m, blocks, stride_pp, stride_pm,
                               stride_sm)  # fmt: skip
+
+
+@triton.jit
+def _last_to_arrive(counter_ptr, arrivals, FENCE: tl.constexpr):
+    """Whether this program is the last of the ``arrivals`` programs that count at ``counter_ptr``
+    (which then resets it to 0 for the next launch): each thread's stores before the call are
+    made visible device-wide before the count (``FENCE``, on a GPU), and the last program sees the
+    others' after it (the count is acquire-release, GPU scope)."""
+    _fence(FENCE)
+    tl.debug_barrier()  # every thread's stores are made before the count
+    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    last = arrived == arrivals - 1
+    if last:
+        tl.store(counter_ptr, 0)
+        _fence(FENCE)
+    tl.debug_barrier()
+    return last
 
 
 @triton.jit
