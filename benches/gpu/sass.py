@@ -174,9 +174,10 @@ def model_launches(
     per_seq = -(-(prefill + 1) // 16)
     pool = KvPool(c.n_layers, max(batches) * per_seq, c.n_kv_heads, c.head_dim, torch.float16, meta)
     steps = [StepBatch.for_sequences([(list(range(per_seq)), 0, [1] * prefill, "last")])]
+    context = max(prefill - 1, 1)  # a lone token after a context: a decode row (the decode kernel)
     for b in batches:
         tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(b)]
-        steps.append(StepBatch.for_sequences([(t, prefill - 1, [1], "last") for t in tables]))
+        steps.append(StepBatch.for_sequences([(t, context, [1], "last") for t in tables]))
     with recording() as launches, as_on_a_gpu(H100_SMS, pdl_on):
         for step in steps:
             model.forward(step.to_device(meta), pool)
