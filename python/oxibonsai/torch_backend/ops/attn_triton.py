@@ -33,7 +33,6 @@ are never loaded. Scores, softmax and sums are float32 whatever the cache dtype.
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
@@ -49,6 +48,7 @@ from oxibonsai.torch_backend.ops.q1_exact import (
     NO_FUSION,
     QK,
     QuantizedRows,
+    device_counters,
     linear_quantized,
     linear_then_quantize,
     quantize,
@@ -495,21 +495,17 @@ def _decode(
 def merges_in_decode(rows: int, kv_heads: int) -> bool:
     """Whether the decode kernel merges its splits itself (``_merge_when_last``) for ``rows`` decode
     rows: up to ``MERGE_MAX_ROWS`` (where launches dominate a step; the merge takes the kernel from 96
-    to 136 registers, sm_90, fewer programs an SM for the larger batches) and where ``merge_counts``
-    holds their counters, unless ``OXIBONSAI_FUSE_MERGE=0`` (a merge launch of its own, as before)."""
+    to 128 registers under Triton 3.6, sm_90, fewer programs an SM for the larger batches) and where
+    ``merge_counts`` holds their counters, unless ``OXIBONSAI_FUSE_MERGE=0`` (a merge launch of its
+    own, as before)."""
     fits = rows <= MERGE_MAX_ROWS and rows * kv_heads <= MERGE_COUNTS
     return fits and os.environ.get(FUSE_MERGE_ENV_VAR, "1").strip() != "0"
-
-
-@functools.cache
-def _merge_counts_on(device: torch.device) -> torch.Tensor:
-    return torch.zeros(MERGE_COUNTS, dtype=torch.int32, device=device)
 
 
 def merge_counts(device: torch.device) -> torch.Tensor:
     """The zeroed counters a merging decode launch counts each (row, KV head)'s finished splits in, one
     set per device, back at zero after each launch (as ``q1_exact.arrival_counts``)."""
-    return _merge_counts_on(torch.device(device.type, device.index or 0) if device.type == "cuda" else device)
+    return device_counters(device, "attention merges", MERGE_COUNTS)
 
 
 def _prefill(

@@ -503,13 +503,18 @@ def _fences(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+def device_counters(device: torch.device, name: str, size: int) -> torch.Tensor:
+    """The zeroed int32 counters named ``name`` (``size`` of them) on ``device``, one set per device and
+    name, created at the first call: the arrival counts of the kernels whose last program to arrive
+    finishes their work (``q1_exact_kernels._last_to_arrive``), which leave them at zero."""
+    if device.type == "cuda":
+        device = torch.device("cuda", device.index if device.index is not None else 0)
+    return _counters_on(device, name, size)
+
+
 @functools.cache
-def _counts_on(device: torch.device, size: int) -> torch.Tensor:
+def _counters_on(device: torch.device, name: str, size: int) -> torch.Tensor:
     return torch.zeros(size, dtype=torch.int32, device=device)
-
-
-def _one_per_device(device: torch.device) -> torch.device:
-    return torch.device(device.type, device.index or 0) if device.type == "cuda" else device
 
 
 def arrival_counts(device: torch.device) -> torch.Tensor:
@@ -517,13 +522,13 @@ def arrival_counts(device: torch.device) -> torch.Tensor:
     columns, one set per device: each launch leaves them at zero (the last program of a unit resets
     its count), and the launches that use them run one after another on the model's stream (with PDL
     a launch counts only after its grid-dependency wait, when the launch before has finished)."""
-    return _counts_on(_one_per_device(device), ARRIVAL_COUNTS)
+    return device_counters(device, "quantize units", ARRIVAL_COUNTS)
 
 
 def tile_counts(device: torch.device) -> torch.Tensor:
     """The zeroed counters a "gemv_fixup" launch counts each tile's finished splits in, one per tile,
     one set per device, back at zero after each launch (as ``arrival_counts``, a set of their own)."""
-    return _counts_on(_one_per_device(device), TILE_COUNTS)
+    return device_counters(device, "gemv tiles", TILE_COUNTS)
 
 
 def fuses_quantize(out_rows: int) -> bool:
