@@ -14,6 +14,7 @@ the loop covers).
     python benches/gpu/sass.py --model 1.7b            # the table
     python benches/gpu/sass.py --model tiny --check    # exit 1: a compile error, a spill, a PDL race
     SASS_TOP_OPS=40 python benches/gpu/sass.py ...     # more of each kernel's loop opcodes (default 5)
+    SASS_LOOP_LOADS=1 python benches/gpu/sass.py ...   # and where in the loop its global loads sit
     python benches/gpu/sass.py --gemm-forms 64 512     # the GEMM's forms on the Q matrix, unsplit
 
 It must run without ``TRITON_INTERPRET`` (the interpreter has no compiler); the test suite runs the
@@ -220,6 +221,7 @@ class Compiled:
     per_weight_row: float | None
     waits_first: bool = True  # launched with PDL: griddepcontrol.wait (ACQBULK) precedes any memory access
     early_prefetches: int = 0  # L2 prefetch hints (CCTL...PF2) before that wait
+    loop_loads: list[str] = field(default_factory=list)  # "position opcode" of the loop's global loads
 
 
 def compile_launch(launch: Launch, arch: int) -> Compiled:
@@ -234,8 +236,10 @@ def compile_launch(launch: Launch, arch: int) -> Compiled:
     pdl = bool(launch.options.get("launch_pdl"))
     waits = waits_first([i for _, i in instrs]) if pdl else True
     early = prefetches_before_wait([i for _, i in instrs]) if pdl else 0
+    loads = [f"{k} {i.split()[1] if i.startswith('@') else i.split()[0]}" for k, i in enumerate(body)
+             if opcode(i) == "LDG"]  # fmt: skip
     return Compiled(launch.fn.__name__, launch.constexprs, launch.count, registers, spills, len(body), ops,
-                    gemv_cost(launch, len(body), threads), waits, early)  # fmt: skip
+                    gemv_cost(launch, len(body), threads), waits, early, loads)  # fmt: skip
 
 
 def prefetches_before_wait(instrs: list[str]) -> int:
@@ -365,6 +369,8 @@ def main() -> None:
         row = f"{k.name:<32} {k.registers:>4} {k.spills:>5} {k.loop:>5} {cost:>6} {k.count:>5}"
         early = f"; {k.early_prefetches} L2 prefetches before the PDL wait" if k.early_prefetches else ""
         print(f"{row}  {k.constexprs}; {top}{early}")
+        if os.environ.get("SASS_LOOP_LOADS") and k.loop_loads:  # where the loop's global loads sit
+            print(f"{'':<8}loop loads (of {k.loop}): {', '.join(k.loop_loads)}")
     print(f"{len(launches)} launches compiled for sm_{args.arch}, {failures} failed, spilled or touched "
           "memory before the PDL wait")  # fmt: skip
     if args.check and failures:
