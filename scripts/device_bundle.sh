@@ -8,6 +8,8 @@
 #   site/                                   unzipped cp312/abi3 wheels: tokenizers, jinja2, gguf, pytest, ...
 #   tests/<name>                            the Rust core's test binaries (release)
 #   examples/<name>                         gemm_speed and gemv_speed
+#   triton-cache.tar.gz                     the run's Triton kernels, compiled for the device's Triton
+#                                           (scripts/device_triton_cache.sh; DEVICE_TRITON_CACHE=0: none)
 #   run.sh                                  sets up the package there, then runs its arguments
 #
 # Then, with the device tool: run(carry=[".device"], command="bash .device/run.sh python3 -m pytest -q tests")
@@ -55,13 +57,22 @@ for line in sys.stdin:
 cargo build --release -p oxibonsai-core --example gemm_speed --example gemv_speed
 cp "$target/release/examples/gemm_speed" "$target/release/examples/gemv_speed" "$out/examples/"
 
+[ "${DEVICE_TRITON_CACHE:-1}" = 0 ] || bash scripts/device_triton_cache.sh "$out/triton-cache.tar.gz"
+
 cat > "$out/run.sh" <<'EOF'
 #!/usr/bin/env bash
-# On the device: puts the 3.12 extension into the package, the carried wheels on the path, then runs "$@".
+# On the device: puts the 3.12 extension into the package, the carried wheels on the path and the
+# carried kernels into Triton's cache, then runs "$@".
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cp "$here/_core.cpython-312-x86_64-linux-gnu.so" "$here/../python/oxibonsai/"
 export PYTHONPATH="$here/site:$here/../python${PYTHONPATH:+:$PYTHONPATH}"
+if [ -f "$here/triton-cache.tar.gz" ]; then
+    carried=$(mktemp -d)
+    tar -xzf "$here/triton-cache.tar.gz" -C "$carried"
+    python3 "$here/../benches/gpu/triton_cache.py" unpack "$carried/triton-cache" || true
+    rm -rf "$carried"
+fi
 exec "$@"
 EOF
 chmod +x "$out/run.sh"

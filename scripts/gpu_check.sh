@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The first GPU command of a session, sized to the device time a session gets (15 minutes, start-up
-# included; one command at most 10): the bench's Triton kernels compiled on every core
-# (benches/gpu/precompile.py, into Triton's cache) beside the CUDA-first tests (PDL, pinned copies,
-# graphs, the inline-PTX kernels against their twins, the side-stream tier copies), then
+# included; one command at most 10): the bench's Triton kernels found in the cache .device carried
+# (compiled on every core where not: benches/gpu/precompile.py) beside the CUDA-first tests (PDL,
+# pinned copies, graphs, the inline-PTX kernels against their twins, the side-stream tier copies), then
 # benches/bench_gpu.py with the rest of the time (every figure of issue 23 and its correctness
 # flags). The rest of the torch suite, and any bench section this one did not reach, go in a second
 # command right after, while the machine is warm (scripts/gpu_followup.sh). Each part writes its log
@@ -38,10 +38,17 @@ part() {  # part NAME SECONDS COMMAND...: runs COMMAND under a timeout, its outp
 source scripts/gpu_tests_first.sh  # gpu_first: the CUDA-first test files
 cache_entries() { ls "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" 2>/dev/null | wc -l; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$out/nvidia-smi.txt" 2>&1
+# the Triton here, for the carried kernels' keys (scripts/device_triton_cache.sh keys them for a build)
+python3 -c "import triton; print('triton', triton.__version__, triton.__file__)" >>"$out/nvidia-smi.txt" 2>&1
+sha256sum "$(python3 -c 'import triton, os; print(os.path.dirname(triton.__file__))')/_C/libtriton.so" \
+    >>"$out/nvidia-smi.txt" 2>&1
 
-# The precompile (all cores) and the CUDA-first tests (one process, compiling their own kernels one
-# at a time) side by side: neither is timed. One pytest per file, verbose, so a file cut off by the
-# time limit still leaves every result before it and each finished file its failures' tracebacks.
+# The precompile (all cores; with the kernels .device carried, a check that they are in the cache)
+# and the CUDA-first tests (compiling their own kernels, a whole file's in 4 processes) side by side:
+# neither is timed. One pytest per file, verbose, so a file cut off by the time limit still leaves
+# every result before it and each finished file its failures' tracebacks.
+workers=()
+python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
 first=$((total * 29 / 100))  # 150 s of 520
 echo "[0 s] precompile beside the CUDA-first tests (at most ${first}s)"
 ( timeout --kill-after=10 "$first" python3 benches/gpu/precompile.py >"$out/precompile.log" 2>&1
@@ -53,7 +60,9 @@ for file in "${gpu_first[@]}"; do
         echo "$file: not run (time)" >>"$out/tests-cuda-first.log"
         continue
     fi
-    timeout --kill-after=5 "$budget" python3 -m pytest -v -rs --tb=short -p no:cacheprovider "$file" \
+    split=("${workers[@]}")
+    [[ $file == *::* ]] && split=()  # one test: no processes to start
+    timeout --kill-after=5 "$budget" python3 -m pytest -v -rs --tb=short -p no:cacheprovider "${split[@]}" "$file" \
         >>"$out/tests-cuda-first.log" 2>&1
     printf '\n%s: exit %s\n' "$file" "$?" >>"$out/tests-cuda-first.log"  # after a line cut short
 done
@@ -69,7 +78,7 @@ echo "== summary"
 cat "$out/nvidia-smi.txt"
 printf '%s\n' "${status[@]}"
 printf '%s; ' "${entries[@]}"; echo
-tail -n 2 "$out/precompile.log" 2>/dev/null
+tail -n 3 "$out/precompile.log" 2>/dev/null
 echo "== bench"
 tail -n 40 "$out/bench.log" 2>/dev/null
 for name in tests-cuda-first; do

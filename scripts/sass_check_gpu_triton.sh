@@ -5,12 +5,7 @@
 # compiles with one Triton can fail with another: 3.6 wanted `out_dtype` on the int8 dots.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-version="${GPU_TRITON_VERSION:-3.6.0}"
-venv="target-triton/venv-$version"
-[ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "triton==$version" 2>&1 \
-  | grep -v "requires triton\|requires setuptools\|dependency resolver\|^$" || true
-"$venv/bin/python" -c "import triton; assert triton.__version__ == '$version', triton.__version__"
+source scripts/gpu_triton_venv.sh  # $venv, with Triton $version
 env -u TRITON_INTERPRET TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR="$PWD/target-triton/cache-$version" \
   "$venv/bin/python" benches/gpu/sass.py --model 1.7b --batches 1 2 4 5 16 --prefill 40 --check
 for kernel in gemv gemv_fixup; do  # the other one-row split GEMV forms the bench times

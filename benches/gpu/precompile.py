@@ -11,9 +11,12 @@ quantizing apart and with each form of the split GEMV, and the q1
 section's matmuls, sweep, float op, twins and plain GEMV; each is then compiled exactly as the JIT
 would compile it (the same cache entry). A launch whose arguments differ at run time (another
 alignment, an int that is 1 here and not there) is compiled then, as before: this only ever saves
-time. It needs no GPU, so it runs here too (``--arch`` 90: the H100 and H200).
+time. It needs no GPU, so it runs here too (``--arch`` 90: the H100 and H200), and with ``--libtriton``
+(the device Triton's native library: the same version built for the device's Python) it writes the
+entries the device will look for, which ``scripts/device_bundle.sh`` carries there
+(``gpu.triton_cache``).
 
-    python benches/gpu/precompile.py [--arch 90] [--jobs N]"""
+    python benches/gpu/precompile.py [--arch 90] [--jobs N] [--libtriton PATH]"""
 
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from gpu.plan import GPU_PLAN, Plan
 from gpu.q1 import q1_shapes, random_q1, sweep_forms
 from gpu.sass import H100_SMS, Launch, as_on_a_gpu, compile_exactly, model_launches, recording
 from gpu.timing import environment
+from gpu.triton_cache import default_cache_dir, device_keys, entries, entry_name
 from oxibonsai.torch_backend.graphs import decode_buckets
 from oxibonsai.torch_backend.ops import q1_exact
 from oxibonsai.torch_backend.ops.dispatch import Q1_ARITHMETICS
@@ -88,12 +92,12 @@ def q1_launches(spec: Any, plan: Plan) -> dict[tuple[Any, ...], Launch]:
     return launches
 
 
-def _compile(index: int) -> str | None:
+def _compile(index: int) -> tuple[str | None, str | None]:
+    """The launch's cache entry, or its error."""
     try:
-        compile_exactly(_LAUNCHES[index], ARGS.arch)
+        return entry_name(compile_exactly(_LAUNCHES[index], ARGS.arch).hash), None
     except Exception as e:  # reported; the run compiles it itself if it ever launches it
-        return f"{_LAUNCHES[index].fn.__name__}: {type(e).__name__}: {e}"
-    return None
+        return None, f"{_LAUNCHES[index].fn.__name__}: {type(e).__name__}: {e}"
 
 
 def main() -> None:
@@ -101,17 +105,27 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", type=int, default=90)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--libtriton", type=Path, help="key the entries for the Triton with this libtriton.so")
+    p.add_argument("--manifest", type=Path, help="write the launches' cache entries there, a line each")
     ARGS = p.parse_args()
     if os.environ.get("TRITON_INTERPRET"):
         raise SystemExit("unset TRITON_INTERPRET: the interpreter cannot compile kernels")
+    if ARGS.libtriton:
+        device_keys(ARGS.libtriton)  # before the workers fork
     start = time.perf_counter()
+    cached = entries(default_cache_dir())
     _LAUNCHES.extend(planned_launches(GPU_PLAN))
     recorded = time.perf_counter() - start
     with multiprocessing.get_context("fork").Pool(ARGS.jobs) as pool:
-        errors = [e for e in pool.map(_compile, range(len(_LAUNCHES))) if e is not None]
+        results = pool.map(_compile, range(len(_LAUNCHES)))
+    errors = [e for _, e in results if e is not None]
     for error in errors:
         print(error)
+    if ARGS.manifest:
+        ARGS.manifest.write_text("".join(f"{name}\n" for name in sorted({n for n, _ in results if n})))
     done = len(_LAUNCHES) - len(errors)
+    compiled = entries(default_cache_dir()) - cached  # the rest were in the cache (carried, or earlier)
+    print(f"{done - compiled} of {done} launches were in the cache already, {compiled} compiled")
     print(f"precompiled {done} of {len(_LAUNCHES)} launches for sm_{ARGS.arch} with {ARGS.jobs} jobs "
           f"in {time.perf_counter() - start:.1f} s ({recorded:.1f} s recording)")  # fmt: skip
 
