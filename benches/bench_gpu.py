@@ -9,10 +9,14 @@ Sections (--sections picks some; each records its error and the run goes on):
   {1, 16, 64, 512}: GB/s of weight bytes (rows*cols*18/128) and its ratio to B1; B2 = fp16
   ``torch.matmul`` on the dequantized weight; relative error against ``ref_torch.q1_linear``. Timed in
   a CUDA graph over enough weight copies that they do not fit in L2 (eager time per call beside it).
+  Its sweep of the exact kernel's forms gives a ``q1_tuned`` table of the forms that beat the
+  defaults, written beside --out (``gpu.tuned.json``: copied into ``ops/tuned/`` it becomes the
+  device's shipped table).
 - decode: ``TorchQwen3.forward`` on random Bonsai-1.7B/8B-shaped weights over an fp16 ``KvPool``:
   decode tokens/s at batch 1/16/64 after a 512-token context (random KV written into the pool, not
   prefilled), eager and through ``DecodeGraphs`` (CUDA graphs per batch bucket; the last step's
-  logits compared with eager's bit for bit), and prefill of 512 tokens (eager); B2 = the same
+  logits compared with eager's bit for bit), and prefill of 512 tokens (eager), each again with that
+  table's forms where it has some for the model (``tuned_*``, or --tuned's table); B2 = the same
   forward with fp16 dense weights (dequantized; ~3.4 GB for 1.7B, ~16 GB for 8B).
 - tier: promote GB/s of 64 scattered 1.7B-shaped blocks (``copy_blocks`` from a pinned host pool)
   against one large pinned copy of the same bytes, and the same for demotion; then, through
@@ -53,11 +57,14 @@ from typing import Any
 
 import torch
 
+if "--smoke" in sys.argv:  # fixed when @triton.jit decorates, and the gpu package imports the kernels
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # benches/ is sys.path[0] when this file runs as a script, so its gpu package imports by name.
 from gpu.engine import engine_section
 from gpu.models import decode_section
 from gpu.plan import BONSAI_1P7B, BONSAI_8B, GPU_PLAN, SEED, SMOKE_PLAN, Plan
-from gpu.q1 import q1_section
+from gpu.q1 import q1_section, write_tuned_table
 from gpu.report import table_lines, write_report
 from gpu.tier import tier_section
 from gpu.timing import Budget, free, guarded, probe
@@ -77,7 +84,9 @@ def run_sections(args: argparse.Namespace, plan: Plan, report: dict[str, Any]) -
     jobs: dict[str, Callable[[], dict[str, Any]]] = {
         "probe": lambda: probe(plan, device),
         "q1": lambda: q1_section(plan, device, budget.share(SHARES["q1"]), report_b1(report)),
-        "decode": lambda: decode_section(plan, device, budget.share(SHARES["decode"])),
+        "decode": lambda: decode_section(
+            plan, device, budget.share(SHARES["decode"]), tuned_table(args, report, device)
+        ),
         "tier": lambda: tier_section(plan, device, budget),
         "engine": lambda: engine_section(plan, device, budget),
     }
@@ -91,6 +100,18 @@ def run_sections(args: argparse.Namespace, plan: Plan, report: dict[str, Any]) -
         report["meta"]["elapsed_s"] = budget.spent()
         write_report(args.out, report)
         free(device)
+
+
+def tuned_table(args: argparse.Namespace, report: dict[str, Any], device: torch.device) -> Path | None:
+    """The table of Q1 forms the decode section also times the model with: ``--tuned``, else the one
+    this run's q1 sweep gives (written beside ``--out``), if any."""
+    if args.tuned is not None:
+        return Path(args.tuned)
+    if "rows" not in report.get("q1", {}):
+        return None
+    path = write_tuned_table(report["q1"], args.out.with_suffix(".tuned.json"), device)
+    report["q1"]["tuned_table"] = str(path) if path else None
+    return path
 
 
 def report_b1(report: dict[str, Any]) -> float | None:
@@ -107,6 +128,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--models", nargs="+", choices=("1.7b", "8b"), default=["1.7b", "8b"],
                    help="GPU mode: which model shapes the q1 and decode sections use")  # fmt: skip
     p.add_argument("--budget-s", type=float, default=330.0, help="skip what is left after this long")
+    p.add_argument("--tuned", type=Path, help="a q1_tuned table for the decode section's tuned graphs "
+                   "(default: the one this run's q1 sweep writes beside --out)")  # fmt: skip
     return p.parse_args()
 
 

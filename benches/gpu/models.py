@@ -9,6 +9,7 @@ import math
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -84,7 +85,11 @@ def streamed_bytes(weights: Qwen3Weights) -> int:
 # -- decode and prefill ----------------------------------------------------------------------------------
 
 
-def decode_section(plan: Plan, device: torch.device, budget: Budget) -> dict[str, Any]:
+def decode_section(
+    plan: Plan, device: torch.device, budget: Budget, tuned: Path | None = None
+) -> dict[str, Any]:
+    """Each model's decode and prefill rows; with ``tuned`` (a ``q1_tuned`` table), each also timed with
+    the table's Q1 forms where it has one for the model's matrices (``graphs_tuned``, ``tuned_prefill``)."""
     ops = ops_for(device)
     models = []
     for spec in plan.models:
@@ -92,19 +97,23 @@ def decode_section(plan: Plan, device: torch.device, budget: Budget) -> dict[str
             models.append({"model": spec.name, **budget.skipped()})
             continue
         print(f"[{budget.spent():6.1f} s] decode {spec.name}", flush=True)
-        models.append(guarded(partial(model_record, spec, plan, device, budget, ops), model=spec.name))
+        record = partial(model_record, spec, plan, device, budget, ops, tuned)
+        models.append(guarded(record, model=spec.name))
         free(device)
     return {"ops": {name: getattr(ops, name).__module__ for name in OP_NAMES}, "models": models}
 
 
-def model_record(spec: ModelSpec, plan: Plan, device: torch.device, budget: Budget, ops: Any) -> dict:
+def model_record(
+    spec: ModelSpec, plan: Plan, device: torch.device, budget: Budget, ops: Any, tuned: Path | None
+) -> dict:
     torch.manual_seed(SEED)
     weights = random_weights(spec, device)
     per_seq = blocks_for(plan.context + plan.warmup + plan.decode_steps + 1)
     pool = KvPool(spec.config.n_layers, max(plan.batches) * per_seq, spec.config.n_kv_heads,
                   spec.config.head_dim, torch.float16, device)  # fmt: skip
     pool.data.normal_()
-    ours = run_phases(TorchQwen3(spec.config, weights, ops), pool, plan, device, budget, compare_pdl=True)
+    ours = run_phases(TorchQwen3(spec.config, weights, ops), pool, plan, device, budget, compare_pdl=True,
+                      tuned=tuned)  # fmt: skip
     dense_weights = None if budget.over() else half_dense(weights)
     b2 = [] if dense_weights is None else run_phases(TorchQwen3(spec.config, dense_weights, ops), pool,
                                                      plan, device, budget)  # fmt: skip
@@ -126,7 +135,7 @@ def blocks_for(tokens: int) -> int:
 
 def run_phases(
     model: TorchQwen3, pool: KvPool, plan: Plan, device: torch.device, budget: Budget,
-    compare_pdl: bool = False,
+    compare_pdl: bool = False, tuned: Path | None = None,
 ) -> list:  # fmt: skip
     rng = np.random.default_rng(SEED)
     out = []
@@ -135,22 +144,24 @@ def run_phases(
         if budget.over():
             out.append({**label, **budget.skipped()})
             continue
-        out.append(guarded(partial(decode_rate, model, pool, batch, plan, device, rng, compare_pdl), **label))
+        rate = partial(decode_rate, model, pool, batch, plan, device, rng, compare_pdl, tuned)
+        out.append(guarded(rate, **label))
     label = {"phase": "prefill", "batch": 1, "tokens": plan.prefill_tokens}
     out.append({**label, **budget.skipped()} if budget.over() else
-               guarded(partial(prefill_rate, model, pool, plan, device, rng), **label))  # fmt: skip
+               guarded(partial(prefill_rate, model, pool, plan, device, rng, tuned), **label))  # fmt: skip
     return out
 
 
 def decode_rate(
     model: TorchQwen3, pool: KvPool, batch: int, plan: Plan, device: torch.device, rng: np.random.Generator,
-    compare_pdl: bool,
+    compare_pdl: bool, tuned: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Eager steps, then the same steps through ``DecodeGraphs`` (captured on CUDA; padded eager steps
     elsewhere), with the last step's logits compared bit for bit; with ``compare_pdl`` (our model),
     where the kernels can launch with PDL, the graphs once more the other way (``graphs_other_pdl``),
     at one row once more without the quantizations fused into the matmuls (``graphs_unfused``) and
-    once with each other form of the split GEMV (``graphs_one_row_forms``), and the device time per
+    once with each other form of the split GEMV (``graphs_one_row_forms``), once with the ``tuned``
+    table's Q1 forms (``graphs_tuned``), and the device time per
     kernel of a few eager steps (``gpu.kernels``) with the share of a graph step it covers."""
     steps = plan.warmup + plan.decode_steps
     per_seq = blocks_for(plan.context + steps + 1)
@@ -172,7 +183,12 @@ def decode_rate(
     other, kernels = {}, {}
     if compare_pdl:  # our model, not B2's
         args = (model, pool, plans, per_seq, plan.warmup, device, eager_logits, graph_tok_s)
-        other = {**graphs_other_pdl(*args), **graphs_unfused(*args), **graphs_one_row_forms(*args)}
+        other = {
+            **graphs_other_pdl(*args),
+            **graphs_unfused(*args),
+            **graphs_one_row_forms(*args),
+            **graphs_tuned(tuned, *args),
+        }
         kernels = kernel_times(model, pool, batches[-PROFILED_STEPS:], device)
     return {"tok_s": batch * plan.decode_steps / seconds, "step_ms": seconds / plan.decode_steps * 1e3,
             "steps": plan.decode_steps, "graph_tok_s": graph_tok_s,
@@ -247,6 +263,44 @@ def graphs_one_row_forms(
     return {"one_row_default": q1_exact.one_row_gemv(), "one_row_forms": forms}
 
 
+def graphs_tuned(
+    tuned: Path | None, model: TorchQwen3, pool: KvPool, plans: list[StepBatch], per_seq: int, warmup: int,
+    device: torch.device, eager_logits: torch.Tensor, graph_tok_s: float,
+) -> dict[str, Any]:  # fmt: skip
+    """Where the ``tuned`` table (``q1_tuned``) picks a form for one of the model's matrices at this
+    batch's rows, the same graph steps with its forms (``OXIBONSAI_Q1_TUNED``): ``tuned_graph_tok_s``,
+    whether the last step's logits are eager's bit for bit (every form gives the same bits), and
+    ``tuned_gain`` (tok/s tuned over the defaults')."""
+    if tuned is None or not tuned_forms(tuned, model, plans[0].num_seqs, device):
+        return {}
+    from oxibonsai.torch_backend.ops import q1_tuned
+
+    args = (model, pool, plans, per_seq, warmup, device, eager_logits)
+    tok_s, equal = graphs_under(q1_tuned.ENV_VAR, str(tuned), *args)
+    return {
+        "tuned_forms": tuned_forms(tuned, model, plans[0].num_seqs, device),
+        "tuned_graph_tok_s": tok_s,
+        "tuned_logits_equal": equal,
+        "tuned_gain": ratio(tok_s, graph_tok_s),
+    }
+
+
+def tuned_forms(tuned: Path, model: TorchQwen3, rows: int, device: torch.device) -> dict[str, str]:
+    """The ``tuned`` table's kernel for each of the model's matrices it has a choice for at ``rows``."""
+    from oxibonsai.torch_backend.ops import q1_tuned
+
+    c = model.config
+    shapes = {"qkv": (c.q_dim + 2 * c.kv_dim, c.hidden, False), "o": (c.hidden, c.q_dim, False),
+              "gate_up": (c.ffn, c.hidden, True), "down": (c.hidden, c.ffn, False)}  # fmt: skip
+    out = {}
+    with environment(q1_tuned.ENV_VAR, str(tuned)):
+        for role, (out_rows, cols, gated) in shapes.items():
+            options = q1_tuned.choice(device, rows, out_rows, cols, gated)
+            if options is not None:
+                out[role] = "/".join(str(v) for v in options.values() if v is not None)
+    return out
+
+
 def graphs_under(
     env_var: str, value: str, model: TorchQwen3, pool: KvPool, plans: list[StepBatch], per_seq: int,
     warmup: int, device: torch.device, eager_logits: torch.Tensor,
@@ -267,14 +321,29 @@ def graphs_under(
 
 
 def prefill_rate(
-    model: TorchQwen3, pool: KvPool, plan: Plan, device: torch.device, rng: np.random.Generator
-) -> dict[str, Any]:
+    model: TorchQwen3, pool: KvPool, plan: Plan, device: torch.device, rng: np.random.Generator,
+    tuned: Path | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Eager prefill of ``plan.prefill_tokens``; where the ``tuned`` table has forms for the model's
+    matrices at that many rows, again with them (``tuned_tok_s``, ``tuned_logits_equal``,
+    ``tuned_gain``)."""
     tokens = rng.integers(model.config.vocab, size=plan.prefill_tokens).tolist()
     table = rng.permutation(pool.num_blocks)[: blocks_for(plan.prefill_tokens)].tolist()
     batch = StepBatch.for_sequences([(table, 0, tokens, "last")]).to_device(device)
     reps = max(1, plan.reps // 3)
     seconds = timed_forwards(model, pool, [batch] * (plan.warmup + reps), plan.warmup, device) / reps
-    return {"tok_s": plan.prefill_tokens / seconds, "step_ms": seconds * 1e3, "steps": reps}
+    out = {"tok_s": plan.prefill_tokens / seconds, "step_ms": seconds * 1e3, "steps": reps}
+    if tuned is not None and tuned_forms(tuned, model, plan.prefill_tokens, device):
+        from oxibonsai.torch_backend.ops import q1_tuned
+
+        logits = model.forward(batch, pool)
+        with environment(q1_tuned.ENV_VAR, str(tuned)):
+            tuned_s = timed_forwards(model, pool, [batch] * (plan.warmup + reps), plan.warmup, device) / reps
+            same = bool(torch.equal(model.forward(batch, pool), logits))
+        out |= {"tuned_forms": tuned_forms(tuned, model, plan.prefill_tokens, device),
+                "tuned_tok_s": plan.prefill_tokens / tuned_s, "tuned_logits_equal": same,
+                "tuned_gain": ratio(seconds, tuned_s)}  # fmt: skip
+    return out
 
 
 def timed_forwards(

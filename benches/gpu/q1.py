@@ -6,9 +6,12 @@ its twin."""
 
 from __future__ import annotations
 
+import datetime
 import gc
+import json
 from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +23,7 @@ from oxibonsai.torch_backend.ops import ref_torch
 from oxibonsai.torch_backend.ops.q1_weight import QK, Q1Weight, unpack
 
 from .plan import SEED, ModelSpec, Plan
-from .timing import Budget, gbps, guarded, ratio, time_calls
+from .timing import Budget, environment, gbps, guarded, ratio, time_calls
 
 
 def random_q1(rows: int, cols: int, std: float, device: torch.device) -> Q1Weight:
@@ -154,8 +157,10 @@ def exact_sweep(
     "gemv", and combined in the same launch, "gemv_fixup"); at 16 and 64 rows the GEMM at each tile
     width (its default K split over programs), then unsplit, with the other dot depth and on weights
     expanded to bytes (at the default width); at 512 rows the last of those: for tuning ``q1_exact``'s
-    defaults on the GPU. ``sweep_default`` names the form the op picks (with the GEMM's width and split)."""
-    from oxibonsai.torch_backend.ops import q1_exact
+    defaults on the GPU. ``sweep_ms["default"]`` is the op's own choice without a tuned table, which
+    ``sweep_default`` names (with the GEMM's width and split); ``sweep_options`` gives each form's
+    options, for a table of the forms that beat it (``q1_tuned.choices_from_sweep``)."""
+    from oxibonsai.torch_backend.ops import q1_exact, q1_tuned
 
     m, w0 = x.shape[0], ours[0]
     out_rows = w0.rows // 2 if gated else w0.rows
@@ -164,6 +169,9 @@ def exact_sweep(
         return {}
     acts = q1_exact.quantize(x)
     times = {"quantize": time_calls([partial(q1_exact.quantize, x)], device, plan.reps)["ms"]}
+    with environment(q1_tuned.ENV_VAR, "0"):  # the built-in defaults, whatever table ships
+        defaults = [partial(q1_exact.linear_quantized, acts, w, gated=gated) for w in ours]
+        times["default"] = time_calls(defaults, device, plan.reps)["ms"]
     for label, options in forms:
         calls = [partial(q1_exact.linear_quantized, acts, w, gated=gated, **options) for w in ours]
         times[label] = time_calls(calls, device, plan.reps)["ms"]
@@ -173,7 +181,23 @@ def exact_sweep(
     default = q1_exact._default_kernel(m, out_rows, w0.cols // 128, device)
     if default == "gemm":
         default += "/n{}/s{}".format(*q1_exact.gemm_tiling(m, w0, gated, device))
-    return {"sweep_ms": times, "sweep_default": default}
+    return {"sweep_ms": times, "sweep_default": default, "sweep_options": dict(forms)}
+
+
+def write_tuned_table(q1: dict[str, Any], path: Path, device: torch.device) -> Path | None:
+    """The q1 section's sweep as a ``q1_tuned`` table at ``path`` (returned), None where no form beat
+    the defaults (nothing written)."""
+    from oxibonsai.torch_backend.ops import q1_tuned
+
+    choices = q1_tuned.choices_from_sweep(q1.get("rows", []))
+    if not choices:
+        return None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    table = {"device": name, "triton": triton.__version__, "torch": torch.__version__,
+             "measured": datetime.date.today().isoformat(), "choices": choices}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    return path
 
 
 SWEEP_ROWS = (1, 4)  # the activation rows at which ``exact_sweep`` runs the GEMV forms

@@ -33,6 +33,11 @@ def sweep_line(times: dict[str, float | None]) -> str:
     return ", ".join(f"{form} {fmt(micros(ms))}" for form, ms in times.items())
 
 
+def differs(row: dict[str, Any], flag: str) -> str:
+    """``!`` where the row's ``flag`` (logits equal) is false."""
+    return "!" if row.get(flag) is False else ""
+
+
 def one_row_forms_cell(row: dict[str, Any]) -> str:
     """A one-row decode row's other split-GEMV forms (``graphs_one_row_forms``): each one's tok/s over
     the default's, ``!`` where its logits differ from eager's."""
@@ -68,9 +73,11 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                      f"{problem(r)}")  # fmt: skip
         if r.get("sweep_ms"):
             lines.append(f"{'':<8}sweep us: {sweep_line(r['sweep_ms'])} (default {r.get('sweep_default')})")
+    if report.get("q1", {}).get("tuned_table"):
+        lines.append(f"q1 tuned table (forms that beat the defaults): {report['q1']['tuned_table']}")
     lines.append(f"model {'name':<13} {'phase':<8} {'batch':>5} {'tok/s':>10} {'B2 tok/s':>10} {'xB2':>6} "
                  f"{'graph':>10} {'xeager':>6} {'B2 graph':>10} {'xB2':>6} {'same':>5} {'other PDL':>10} "
-                 f"{'xPDL':>5} {'xfuse':>5} {'x(other one-row GEMV)':<21}")  # fmt: skip
+                 f"{'xPDL':>5} {'xfuse':>5} {'xtuned':>6} {'x(other one-row GEMV)':<21}")  # fmt: skip
     for m in report.get("decode", {}).get("models", []):
         for r in m.get("results", [{"phase": "-", "batch": "-"}]):
             other_pdl = r.get("no_pdl_graph_tok_s", r.get("all_pdl_graph_tok_s"))  # graphs_other_pdl
@@ -81,6 +88,7 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                          f"{fmt(r.get('graph_speedup_vs_b2'), '.2f'):>6} "
                          f"{r.get('graph_logits_equal', '-')!s:>5} {fmt(other_pdl):>10} "
                          f"{fmt(r.get('pdl_gain'), '.2f'):>5} {fmt(r.get('fuse_gain'), '.2f'):>5} "
+                         f"{fmt(r.get('tuned_gain'), '.2f'):>5}{differs(r, 'tuned_logits_equal'):1} "
                          f"{one_row_forms_cell(r):<21} {problem(m) or problem(r)}")  # fmt: skip
             if r.get("kernels") or r.get("kernels_error"):
                 lines.append(f"{'':<8}{kernels_line(r)}")

@@ -1,13 +1,14 @@
-"""The GPU bench's decode rows (``benches/gpu/models.decode_rate``) with the exact Triton kernels, run
-here under the interpreter (on CUDA, compiled) as the GPU run would run them: the one-row row times
-the graphs again with the quantizations apart and with each other form of the split GEMV, and each
-of those steps gives the default's logits bit for bit. (The smoke run's decode section takes the
-torch ops on a CPU, so it never reaches these branches; the GPU minutes should not be where they
-first run.)"""
+"""The GPU bench's decode rows (``benches/gpu/models.decode_rate``) with the exact Triton kernels, run here
+under the interpreter (on CUDA, compiled) as the GPU run would run them: the one-row row times the
+graphs again with the quantizations apart, with each other form of the split GEMV and with a tuned
+table's forms (``q1_tuned``), and each of those steps gives the default's logits bit for bit. (The smoke
+run's decode section takes the torch ops on a CPU, so it never reaches these branches; the GPU minutes
+should not be where they first run.)"""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -30,7 +31,7 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ONE_LAYER = ModelSpec("one-layer", qwen3(1, 256, 256, 2, 1, 256), tied=False)  # two groups a row everywhere
 
 
-def test_the_one_row_decode_row_times_every_split_gemv_form_with_the_same_logits(monkeypatch):
+def test_the_one_row_decode_row_times_every_split_gemv_form_with_the_same_logits(monkeypatch, tmp_path):
     from oxibonsai.torch_backend.ops import q1_exact
 
     monkeypatch.setenv("OXIBONSAI_TORCH_OPS", "triton")
@@ -44,9 +45,19 @@ def test_the_one_row_decode_row_times_every_split_gemv_form_with_the_same_logits
     pool = KvPool(config.n_layers, blocks_for(plan.context + plan.warmup + plan.decode_steps + 1),
                   config.n_kv_heads, config.head_dim, torch.float16, DEVICE)  # fmt: skip
     pool.data.normal_()
-    row = decode_rate(model, pool, 1, plan, DEVICE, np.random.default_rng(), compare_pdl=True)
+    c = config
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(json.dumps({"choices": [
+        {"rows": c.q_dim + 2 * c.kv_dim, "cols": c.hidden, "gated": False, "m": 1,
+         "options": {"kernel": "gemv_fixup", "split_k": 2}},
+        {"rows": c.ffn, "cols": c.hidden, "gated": True, "m": 1, "options": {"kernel": "gemv", "split_k": 2}},
+    ]}))  # fmt: skip
+    rng = np.random.default_rng()
+    row = decode_rate(model, pool, 1, plan, DEVICE, rng, compare_pdl=True, tuned=tuned)
     assert row["graph_logits_equal"] and row["unfused_logits_equal"], row
     assert row["one_row_default"] == "gemv_split"
     assert set(row["one_row_forms"]) == {"gemv", "gemv_fixup"}
     for form in row["one_row_forms"].values():
         assert form["logits_equal"] and form["graph_tok_s"] > 0 and form["over_default"] > 0, form
+    assert row["tuned_forms"] == {"qkv": "gemv_fixup/2", "gate_up": "gemv/2"}
+    assert row["tuned_logits_equal"] and row["tuned_gain"] > 0, row
