@@ -72,6 +72,8 @@ status+=("$(cat "$out/precompile.status" 2>/dev/null || echo 'precompile: no sta
 entries=("triton cache entries: $(cache_entries) before the bench")
 bench_s=$(( $(left) - 45 ))  # its budget: sections start only within it; the timeout allows one more
 part bench $((bench_s + 40)) python3 benches/bench_gpu.py --budget-s "$bench_s" --out "$out/gpu.json"
+# the q1 sweep's tuned table (gpu.tuned.json, if a form beat the defaults), for gpu_followup.sh's bench
+cp "$out/gpu.tuned.json" /tmp/oxibonsai-gpu.tuned.json 2>/dev/null || true
 entries+=("$(cache_entries) after it (new ones: kernels the run compiled itself)")
 
 echo "== summary"

@@ -17,7 +17,9 @@ start=$SECONDS
 if (($#)); then
     bench_s=$((total / 2))
     echo "[0 s] bench sections $* (at most $((bench_s + 30))s)"
-    timeout --kill-after=10 $((bench_s + 30)) python3 benches/bench_gpu.py --sections "$@" \
+    tuned=()  # gpu_check.sh's q1 sweep's table, for the decode section's tuned graphs
+    [ -f /tmp/oxibonsai-gpu.tuned.json ] && tuned=(--tuned /tmp/oxibonsai-gpu.tuned.json)
+    timeout --kill-after=10 $((bench_s + 30)) python3 benches/bench_gpu.py --sections "$@" "${tuned[@]}" \
         --budget-s "$bench_s" --out "$out/gpu-followup.json" >"$out/bench.log" 2>&1
     echo "bench: exit $? after $((SECONDS - start)) s"
     tail -n 30 "$out/bench.log"
