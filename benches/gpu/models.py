@@ -223,16 +223,18 @@ def graphs_unfused(
     model: TorchQwen3, pool: KvPool, plans: list[StepBatch], per_seq: int, warmup: int, device: torch.device,
     eager_logits: torch.Tensor, graph_tok_s: float,
 ) -> dict[str, Any]:  # fmt: skip
-    """At one row, where the split GEMVs quantize their outputs for the next matmul (``ops.ahead``),
-    the same graph steps with those quantizations in launches of their own
-    (``OXIBONSAI_FUSE_QUANTIZE=0``): ``unfused_graph_tok_s``, whether the last step's logits are
-    eager's bit for bit, and ``fuse_gain`` (tok/s fused over unfused)."""
+    """At one row, where the split GEMVs quantize their outputs for the next matmul (``ops.ahead``) and
+    the attention's decode kernel does the QK-norm, RoPE and K/V write (``attn_triton.RopeKv``), the
+    same graph steps with those in launches of their own (``OXIBONSAI_FUSE_QUANTIZE=0``,
+    ``OXIBONSAI_FUSE_ROPE=0``): ``unfused_graph_tok_s``, whether the last step's logits are eager's
+    bit for bit, and ``fuse_gain`` (tok/s fused over unfused; the kernel lines say which part is which)."""
     if plans[0].num_seqs != 1 or not model.quantizes_ahead:
         return {}
-    from oxibonsai.torch_backend.ops import q1_exact
+    from oxibonsai.torch_backend.ops import attn_triton, q1_exact
 
     args = (model, pool, plans, per_seq, warmup, device, eager_logits)
-    tok_s, equal = graphs_under(q1_exact.FUSE_ENV_VAR, "0", *args)
+    with environment(attn_triton.FUSE_ROPE_ENV_VAR, "0"):
+        tok_s, equal = graphs_under(q1_exact.FUSE_ENV_VAR, "0", *args)
     return {
         "unfused_graph_tok_s": tok_s,
         "unfused_logits_equal": equal,

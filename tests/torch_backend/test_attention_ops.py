@@ -328,3 +328,49 @@ def test_the_decode_kernels_own_merge_gives_the_merge_launchs_bits(
     assert all(torch.equal(a, b) for a, b in zip(outputs["1"], outputs["0"], strict=True))
     want = ref_torch.paged_attention(*case.args(), 0.3)[:-1]  # the rows sequences own
     np.testing.assert_allclose(outputs["1"][0].cpu().numpy(), want.numpy(), rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("heads", [(4, 2), (6, 2)], ids=["group2", "group3"])
+@pytest.mark.parametrize("max_splits", [1, 4, 16])
+def test_the_decode_kernel_does_the_qk_norm_rope_and_kv_write_with_their_launchs_bits(
+    attn_triton: ModuleType,
+    rng: np.random.Generator,
+    monkeypatch: pytest.MonkeyPatch,
+    heads: tuple[int, int],
+    max_splits: int,
+) -> None:
+    """In a decode step (one decode row a sequence; one sequence idle, one row a padding row whose slot
+    is -1) the decode kernel normalizes and rotates its q heads from the QKV rows and the program
+    whose split holds a row's new position stores its K and V (``RopeKv``): the O projection's
+    activations and both caches are the bits of the QK-norm/RoPE/KV launch followed by the attention
+    (``OXIBONSAI_FUSE_ROPE=0``); a step with two rows for a sequence runs that launch first."""
+    from oxibonsai.torch_backend.ops import ref_torch as ref
+
+    q_heads, kv_heads = heads
+    case = make_case(rng, DECODE_STEP, heads, head_dim=128, dtype=torch.float16)
+    _, k_cache, v_cache, tables, seq_lens, starts = case.args(DEVICE)
+    kv_lens, q_starts = case.seq_lens.numpy(), case.query_start_loc.numpy()
+    tokens = int(q_starts[-1])
+    row_seqs = np.repeat(np.arange(len(kv_lens)), np.diff(q_starts))
+    positions = kv_lens[row_seqs] - 1
+    table = case.block_tables.numpy()
+    slots = table[row_seqs, positions // PAGE] * PAGE + positions % PAGE
+    slots[-1] = -1  # a padding row: nothing stored, its attention read as it is
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * 128, device=DEVICE) * 3
+    norms = [1 + 0.2 * torch.randn(128, device=DEVICE) for _ in range(2)]
+    cos_sin = ref.rope_cos_sin(64, 128, 1e6, DEVICE)
+    rows = torch.from_numpy(decode_rows(q_starts, kv_lens, kv_lens - np.diff(q_starts))).to(DEVICE)
+    hints = {"decode_rows": rows, "max_q_len": 1, "max_splits": max_splits, "precision": "ieee"}
+    results = {}
+    for fuse in ("1", "0"):
+        monkeypatch.setenv(attn_triton.FUSE_ROPE_ENV_VAR, fuse)
+        caches = (k_cache.clone(), v_cache.clone())
+        rope = attn_triton.RopeKv(
+            qkv, *norms, torch.from_numpy(positions.astype(np.int32)).to(DEVICE),
+            torch.from_numpy(slots.astype(np.int32)).to(DEVICE), *caches, cos_sin, q_heads, 1e-6,
+        )  # fmt: skip
+        assert attn_triton.fuses_rope(rope, tokens, 1) == (fuse == "1")
+        acts = attn_triton.quantized_attention(rope, *caches, tables, seq_lens, starts, 0.3, **hints)
+        results[fuse] = (acts.planes, acts.scales, acts.sums, *(c.view(torch.int16) for c in caches))
+    assert all(torch.equal(a, b) for a, b in zip(results["1"], results["0"], strict=True))
+    assert not attn_triton.fuses_rope(rope, tokens, 2)  # two rows for a sequence: the launch first

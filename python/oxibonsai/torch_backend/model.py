@@ -5,12 +5,13 @@ Per layer: RMSNorm, q/k/v projections, per-head QK-norm, NeoX RoPE at each token
 written into the pool at the batch's slots, paged causal attention through the block tables, output
 projection and residual; RMSNorm, SwiGLU MLP and residual. The ops fuse what surrounds a matmul
 (``q1_fused_linear``: the RMSNorm before it, the SwiGLU and the residual add after it) and what lies
-between the QKV matmul and attention (``qk_norm_rope_write_kv``) and the attention with the output
-projection (``attention_linear``: the exact CUDA op set quantizes the projection's activations in the
-attention kernels). Where the op set quantizes ahead (``ops.ahead``: the exact CUDA set), each matmul
-also quantizes its output for the next one (``_forward_ahead``), inside its launch at one row, so on
-CUDA a one-row decode layer is 7 launches (10 at more rows, plus one per matmul whose K splits over
-programs). The final norm and the LM head run on the ``logits_indices`` rows
+between the QKV matmul and attention (``qk_norm_rope_write_kv``; the exact CUDA set's attention takes
+the QKV rows instead, ``rope_kv``, and does that work in its decode kernel in a decode step) and the
+attention with the output projection (``attention_linear``: the exact CUDA op set quantizes the
+projection's activations in the attention kernels). Where the op set quantizes ahead (``ops.ahead``:
+the exact CUDA set), each matmul also quantizes its output for the next one (``_forward_ahead``),
+inside its launch at one row, so on CUDA a one-row decode layer is 5 launches (QKV, attention, O,
+gate|up, down). The final norm and the LM head run on the ``logits_indices`` rows
 only (read in place when those are every row, in order). Activations are float32; the KV pool may be
 float16.
 
@@ -162,10 +163,14 @@ class TorchQwen3:
         the layer's caches, the plan, the scale) and its hints."""
         c = self.config
         k_cache, v_cache = kv.layer(index)
-        q = self.ops.qk_norm_rope_write_kv(
-            qkv, layer.q_norm, layer.k_norm, batch.positions, k_cache, v_cache, batch.slot_mapping,
-            q_heads=c.n_heads, cos_sin=self.cos_sin, eps=c.rms_eps,
-        )  # fmt: skip
+        rope = (qkv, layer.q_norm, layer.k_norm, batch.positions, batch.slot_mapping, k_cache, v_cache)
+        if hasattr(self.ops, "rope_kv"):  # the attention does it (in a decode step, in its own kernel)
+            q = self.ops.rope_kv(*rope, self.cos_sin, c.n_heads, c.rms_eps)
+        else:
+            q = self.ops.qk_norm_rope_write_kv(
+                qkv, layer.q_norm, layer.k_norm, batch.positions, k_cache, v_cache, batch.slot_mapping,
+                q_heads=c.n_heads, cos_sin=self.cos_sin, eps=c.rms_eps,
+            )  # fmt: skip
         args = (q, k_cache, v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc, self.scale)
         hints = {
             "decode_from": batch.decode_from,

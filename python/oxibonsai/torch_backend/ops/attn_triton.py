@@ -21,6 +21,12 @@ kernels only, one with no decode rows the prefill kernel only.
   is query ``r // GROUP``, head ``r % GROUP``), KV tiles start at position 0, and a tile stops at its
   last row's position (fully masked KV tiles leave a row's sums unchanged, bit for bit).
 
+In a decode step of one row per sequence the decode kernel also does the layer's QK-norm, RoPE and
+K/V write (``RopeKv``, ``OXIBONSAI_FUSE_ROPE=0`` keeps their launch): each program computes its query
+heads from the QKV row, and the program whose split holds the row's new position stores its K and V
+before reading the cache (a barrier; no other program reads that position), with the helpers and the
+bits of ``rope_kv_triton``'s kernel. Elsewhere that kernel runs first.
+
 ``quantized_attention`` returns the O projection's activations (``q1_exact.QuantizedRows``) instead of
 the float output, and ``attention_linear`` the projection itself: in a decode step the merge
 quantizes each head's 128 outputs (one activation block) as it writes them, with ``q1_exact``'s rule and
@@ -34,6 +40,7 @@ are never loaded. Scores, softmax and sums are float32 whatever the cache dtype.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -55,6 +62,7 @@ from oxibonsai.torch_backend.ops.q1_exact import (
 )
 from oxibonsai.torch_backend.ops.q1_exact_kernels import _last_to_arrive, _store_block
 from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
+from oxibonsai.torch_backend.ops.rope_kv_triton import _norm_rope, qk_norm_rope_write_kv
 
 PRECISIONS = ("ieee", "tf32")  # tl.dot's: exact float32 (FMAs), or tensor cores on inputs rounded to tf32
 GPU_PRECISION = "tf32"  # the default on CUDA: "ieee" needs 255 registers and spills in prefill (sm_90)
@@ -64,6 +72,57 @@ PREFILL_BLOCK_N = 32  # KV positions per prefill tile
 MERGE_MAX_ROWS = 8  # decode rows up to which the decode kernel merges its splits itself
 MERGE_COUNTS = 1024  # (decode row, KV head) pairs a decode launch that merges its splits may count
 FUSE_MERGE_ENV_VAR = "OXIBONSAI_FUSE_MERGE"
+FUSE_ROPE_ENV_VAR = "OXIBONSAI_FUSE_ROPE"
+
+
+@dataclass(frozen=True)
+class RopeKv:
+    """A layer's QKV rows before their QK-norm, RoPE and K/V write (``qk_norm_rope_write_kv``'s
+    arguments), standing for the q they give: the attention's decode kernel does that work itself in a
+    decode step of one row per sequence (module doc), and ``q()`` runs the kernel otherwise."""
+
+    qkv: torch.Tensor
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    cos_sin: torch.Tensor
+    q_heads: int
+    eps: float
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """The q's: ``[T, Hq, D]``."""
+        head_dim = self.q_norm.shape[0]
+        return self.qkv.shape[0], self.q_heads, head_dim
+
+    @property
+    def device(self) -> torch.device:
+        return self.qkv.device
+
+    def q(self) -> torch.Tensor:
+        """The normed, rotated q (float32 ``[T, Hq, D]``), K and V written: the launch of its own."""
+        return qk_norm_rope_write_kv(
+            self.qkv, self.q_norm, self.k_norm, self.positions, self.k_cache, self.v_cache,
+            self.slot_mapping, q_heads=self.q_heads, cos_sin=self.cos_sin, eps=self.eps,
+        )  # fmt: skip
+
+
+def as_q(q: torch.Tensor | RopeKv) -> torch.Tensor:
+    """``q`` itself, or a ``RopeKv``'s q computed (its K and V written)."""
+    return q.q() if isinstance(q, RopeKv) else q
+
+
+def fuses_rope(q: torch.Tensor | RopeKv, decode_rows: int, max_q_len: int | None) -> bool:
+    """Whether the decode kernel does ``q``'s QK-norm, RoPE and K/V write: a ``RopeKv`` whose rows are all
+    decode rows, at most one a sequence (then no other program reads a row's new position), with
+    128-wide heads (the halves join into the kernel's head tile), unless ``OXIBONSAI_FUSE_ROPE=0``."""
+    if not isinstance(q, RopeKv) or os.environ.get(FUSE_ROPE_ENV_VAR, "1").strip() == "0":
+        return False
+    tokens, _, head_dim = q.shape
+    return tokens == decode_rows and max_q_len == 1 and head_dim == QK
 
 
 @triton.jit
@@ -121,10 +180,15 @@ def _decode_kernel(
     out_ptr=None, planes_ptr=None, scales_ptr=None, sums_ptr=None, counts_ptr=None,
     stride_ot=0, stride_oh=0, stride_pp=0, stride_pm=0, stride_sm=0,
     MERGE: tl.constexpr = False, QUANTIZE: tl.constexpr = False, FENCE: tl.constexpr = False,
+    q_norm_ptr=None, k_norm_ptr=None, positions_ptr=None, slots_ptr=None, cos_sin_ptr=None,
+    q_heads=0, eps=0.0, stride_cs=0, ROPE: tl.constexpr = False, BLOCK_HALF: tl.constexpr = 1,
 ):  # fmt: skip
     """Partial output and log-sum-exp of split ``program_id(2)`` for the heads of one KV head, for
     decode item ``program_id(0)``; with ``MERGE`` the program that stores the last split of the item
-    and KV head also merges its heads (``_merge_when_last``: the arguments after ``PDL``)."""
+    and KV head also merges its heads (``_merge_when_last``: the arguments after ``PDL``). With
+    ``ROPE`` ``q_ptr`` is the QKV rows (``stride_qt``; ``stride_qh`` is ``head_dim``) and the program
+    computes its q heads and, where its split holds the row's new position, stores its K and V first
+    (``_rope_q``: the arguments after ``FENCE``)."""
     grid_dependency(PDL)
     item, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     row, seq, kv_len = _decode_row(decode_rows_ptr, qsl_ptr, seq_lens_ptr, item)
@@ -135,8 +199,16 @@ def _decode_kernel(
     mask_h = tl.arange(0, BLOCK_H) < GROUP
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < head_dim
-    q_ptrs = q_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
+    if ROPE:
+        q = _rope_q(
+            q_ptr, k_cache_ptr, v_cache_ptr, q_norm_ptr, k_norm_ptr, positions_ptr, slots_ptr, cos_sin_ptr,
+            row, kv_head, kv_len, start, end, q_heads, head_dim, eps, stride_qt, stride_cs,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+            GROUP, PAGE, BLOCK_H, BLOCK_HALF,
+        )  # fmt: skip
+    else:
+        q_ptrs = q_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -164,6 +236,54 @@ def _decode_kernel(
             head_dim, stride_mt, stride_mh, stride_ms, stride_ot, stride_oh, stride_pp, stride_pm, stride_sm,
             GROUP, MAX_SPLITS, BLOCK_D, QUANTIZE, FENCE,
         )  # fmt: skip
+
+
+@triton.jit
+def _rope_q(
+    qkv_ptr, k_cache_ptr, v_cache_ptr, q_norm_ptr, k_norm_ptr, positions_ptr, slots_ptr, cos_sin_ptr,
+    row, kv_head, kv_len, start, end, q_heads, head_dim, eps, stride_qkv, stride_cs,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    GROUP: tl.constexpr, PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
+    """The ``GROUP`` q heads of ``kv_head`` for QKV row ``row``, normed and rotated as
+    ``rope_kv_triton``'s kernel does (float32 ``[BLOCK_H, 2 * BLOCK_HALF]``, the halves joined); when
+    the split ``[start, end)`` holds the row's new position (``kv_len - 1``) and its slot is not -1,
+    the row's K (normed, rotated) and V for ``kv_head`` stored there first, visible to the program's
+    loads after a barrier."""
+    row = row.to(tl.int64)
+    half = head_dim // 2
+    offs = tl.arange(0, BLOCK_HALF)
+    mask_half = offs < half
+    angles = cos_sin_ptr + tl.load(positions_ptr + row).to(tl.int64) * stride_cs + offs
+    cos = tl.load(angles, mask=mask_half, other=0.0)
+    sin = tl.load(angles + half, mask=mask_half, other=0.0)
+    qkv_row = qkv_ptr + row * stride_qkv
+    offs_h = tl.arange(0, BLOCK_H)
+    mask_q = (offs_h[:, None] < GROUP) & mask_half[None, :]
+    first = qkv_row + kv_head * GROUP * head_dim
+    lo, hi = _norm_rope(first, q_norm_ptr, offs_h, offs, mask_q, half, head_dim, eps, cos, sin, BLOCK_HALF)
+    slot = tl.load(slots_ptr + row)
+    if (start <= kv_len - 1) & (kv_len - 1 < end) & (slot >= 0):
+        one = tl.arange(0, 2)  # a tile of one head (Triton's ranges are at least 2 wide here)
+        mask_k = (one[:, None] < 1) & mask_half[None, :]
+        k_row = qkv_row + (q_heads + kv_head) * head_dim
+        k_lo, k_hi = _norm_rope(k_row, k_norm_ptr, one, offs, mask_k, half, head_dim, eps, cos, sin,
+                                BLOCK_HALF)  # fmt: skip
+        kv_heads = tl.num_programs(1)
+        v_ptrs = qkv_row + (q_heads + kv_heads + kv_head) * head_dim + one[:, None] * 0 + offs[None, :]
+        v_lo = tl.load(v_ptrs, mask=mask_k)
+        v_hi = tl.load(v_ptrs + half, mask=mask_k)
+        slot = slot.to(tl.int64)
+        block, offset = slot // PAGE, slot % PAGE
+        tile = one[:, None] * 0 + offs[None, :]  # the head's row twice: the second is masked
+        k_dst = k_cache_ptr + block * stride_kb + offset * stride_ks + kv_head * stride_kh + tile
+        v_dst = v_cache_ptr + block * stride_vb + offset * stride_vs + kv_head * stride_vh + tile
+        tl.store(k_dst, k_lo.to(k_cache_ptr.dtype.element_ty), mask=mask_k)
+        tl.store(k_dst + half, k_hi.to(k_cache_ptr.dtype.element_ty), mask=mask_k)
+        tl.store(v_dst, v_lo.to(v_cache_ptr.dtype.element_ty), mask=mask_k)
+        tl.store(v_dst + half, v_hi.to(v_cache_ptr.dtype.element_ty), mask=mask_k)
+        tl.debug_barrier()  # the stores are visible to every thread's loads of the position
+    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), [BLOCK_H, 2 * BLOCK_HALF])
 
 
 @triton.jit
@@ -304,7 +424,8 @@ def paged_attention(
     precision: str | None = None,
 ) -> torch.Tensor:
     """Causal paged attention, float32 ``[T, Hq, D]`` (see ``ref_torch.paged_attention``; a row no
-    sequence owns is left unwritten here, not zeroed: runners' steps have none).
+    sequence owns is left unwritten here, not zeroed: runners' steps have none). ``q`` may be a
+    ``RopeKv``, whose kernel then runs first.
     ``decode_from`` (int32 ``[S]``) picks each row's kernel (module doc); by default
     ``batch.default_decode_from``'s rule. ``decode_rows`` (int32
     ``[D, 2]``, ``batch.decode_rows`` of the same plan) and ``max_q_len``, which runners take from the
@@ -313,7 +434,7 @@ def paged_attention(
     splits: 16 on a GPU, 2 in the interpreter. ``precision`` (one of ``PRECISIONS``) picks the dots:
     ``GPU_PRECISION`` on CUDA, "ieee" elsewhere."""
     q, precision, splits, rows = _setup(
-        q, k_cache, v_cache, (block_tables, seq_lens, query_start_loc, decode_from, decode_rows),
+        as_q(q), k_cache, v_cache, (block_tables, seq_lens, query_start_loc, decode_from, decode_rows),
         precision, max_splits,
     )  # fmt: skip
     # Every row is written by exactly one kernel (its decode_rows entry or its sequence's prompt rows):
@@ -330,7 +451,7 @@ def paged_attention(
 
 
 def quantized_attention(
-    q: torch.Tensor,
+    q: torch.Tensor | RopeKv,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
@@ -347,9 +468,13 @@ def quantized_attention(
     """``q1_exact.quantize(paged_attention(...).reshape(T, Hq * D))``, the activations of the O
     projection, with the same bits: when every row is a decode row (a decode step) and ``D`` is 128,
     the merge kernel quantizes each head's output itself (one launch per layer fewer, and no float
-    output); otherwise the attention output is quantized after. Every row must be some sequence's."""
+    output); otherwise the attention output is quantized after. Every row must be some sequence's.
+    A ``RopeKv`` q's QK-norm, RoPE and K/V write run in the decode kernel where ``fuses_rope``, in their
+    own launch first otherwise."""
     tokens, q_heads, head_dim = q.shape
     rows_known = decode_rows is not None and decode_rows.shape[0] == tokens
+    if not fuses_rope(q, tokens if rows_known else -1, max_q_len):
+        q = as_q(q)
     if not rows_known or head_dim != QK or tokens == 0:
         out = paged_attention(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, decode_from=decode_from,
@@ -366,7 +491,7 @@ def quantized_attention(
 
 
 def attention_linear(
-    q: torch.Tensor,
+    q: torch.Tensor | RopeKv,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
@@ -387,7 +512,7 @@ def attention_linear(
 
 
 def attention_linear_ahead(
-    q: torch.Tensor,
+    q: torch.Tensor | RopeKv,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
@@ -444,7 +569,7 @@ class _Rows:
 
 
 def _decode(
-    q: torch.Tensor,
+    q: torch.Tensor | RopeKv,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     rows: _Rows,
@@ -454,7 +579,7 @@ def _decode(
     precision: str,
 ) -> None:
     """The decode rows' attention into ``out``: float32 ``[T, Hq, D]``, or quantized rows ``[T, Hq * D]``
-    (``D`` = 128)."""
+    (``D`` = 128); from a ``RopeKv``'s QKV rows, its work in the same kernel."""
     tokens, q_heads, head_dim = q.shape
     kv_heads, group = k_cache.shape[2], q_heads // k_cache.shape[2]
     mid_o = torch.empty(tokens, q_heads, splits, head_dim, dtype=torch.float32, device=q.device)
@@ -473,14 +598,16 @@ def _decode(
         stride_pp=planes.stride(0), stride_pm=planes.stride(1), stride_sm=scales.stride(0),
         MERGE=True, QUANTIZE=quantize, FENCE=_on_gpu(q.device),
     ) if merging else {}  # fmt: skip
+    q_rows, rope = (q.qkv, _rope_args(q)) if isinstance(q, RopeKv) else (q, {})
     _decode_kernel[(items, kv_heads, splits)](
-        q, k_cache, v_cache, rows.tables, rows.seq_lens, rows.starts, rows.decode_rows, mid_o, mid_lse,
+        q_rows, k_cache, v_cache, rows.tables, rows.seq_lens, rows.starts, rows.decode_rows, mid_o, mid_lse,
         scale, head_dim,
-        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], rows.tables.stride(0),
+        q_rows.stride(0), head_dim if rope else q_rows.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3], rows.tables.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         GROUP=group, PAGE=k_cache.shape[1], MAX_SPLITS=splits,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=_block_d(head_dim),
-        BLOCK_N=DECODE_BLOCK_N, PRECISION=precision, **merge, **pdl.launch(q.device), **NO_FUSION,
+        BLOCK_N=DECODE_BLOCK_N, PRECISION=precision, **merge, **rope, **pdl.launch(q.device), **NO_FUSION,
     )  # fmt: skip
     if merging:
         return
@@ -489,6 +616,15 @@ def _decode(
         head_dim, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), float_out.stride(0),
         float_out.stride(1), planes.stride(0), planes.stride(1), scales.stride(0),
         MAX_SPLITS=splits, BLOCK_D=_block_d(head_dim), QUANTIZE=quantize, **pdl.launch(q.device), **NO_FUSION,
+    )  # fmt: skip
+
+
+def _rope_args(rope: RopeKv) -> dict[str, Any]:
+    """The decode kernel's arguments for doing ``rope``'s work (``ROPE``)."""
+    return dict(
+        q_norm_ptr=rope.q_norm, k_norm_ptr=rope.k_norm, positions_ptr=rope.positions,
+        slots_ptr=rope.slot_mapping, cos_sin_ptr=rope.cos_sin, q_heads=rope.q_heads, eps=float(rope.eps),
+        stride_cs=rope.cos_sin.stride(0), ROPE=True, BLOCK_HALF=rope.shape[2] // 2,
     )  # fmt: skip
 
 
@@ -536,13 +672,13 @@ def _prefill(
 
 
 def _setup(
-    q: torch.Tensor,
+    q: torch.Tensor | RopeKv,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None],
     precision: str | None,
     splits: int | None,
-) -> tuple[torch.Tensor, str, int, _Rows]:
+) -> tuple[torch.Tensor | RopeKv, str, int, _Rows]:
     """``q`` checked, the dots' precision and the decode kernel's KV splits (the arguments, checked, or
     the device's defaults: see ``paged_attention``), and the plan's rows (``plan``: block tables, KV
     lengths, query starts, ``decode_from``, ``decode_rows``)."""
@@ -566,12 +702,20 @@ def _block_d(head_dim: int) -> int:
     return max(16, int(triton.next_power_of_2(head_dim)))
 
 
-def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+def _check(q: torch.Tensor | RopeKv, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor | RopeKv:
     """``q`` with a unit last stride, after checking the shapes the kernels assume."""
-    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+    if len(q.shape) != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"need q [T, Hq, D] and caches [B, block, Hkv, D]: {q.shape}, {k_cache.shape}")
     if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2] != 0:
         raise ValueError(f"q {list(q.shape)} does not fit caches {list(k_cache.shape)}")
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("the caches' last dimension must be contiguous")
+    if isinstance(q, RopeKv):
+        same = [
+            (a.data_ptr(), a.shape) == (b.data_ptr(), b.shape)
+            for a, b in ((q.k_cache, k_cache), (q.v_cache, v_cache))
+        ]
+        if q.qkv.stride(1) != 1 or not all(same):
+            raise ValueError("a RopeKv needs QKV rows of unit column stride, and the attention's caches")
+        return q
     return q if q.stride(2) == 1 else q.contiguous()

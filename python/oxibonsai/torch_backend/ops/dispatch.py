@@ -11,7 +11,9 @@ than at the first launch.
 ``attention_linear`` is the attention followed by its output projection: each set composes its own
 ``paged_attention`` and ``q1_fused_linear``, except the exact Triton set, which quantizes the
 projection's activations inside the attention (``attn_triton.attention_linear``). The exact Triton
-set also has ``ops.ahead.OPS``: its matmuls quantize their outputs for the next matmul.
+set also has ``ops.ahead.OPS``: its matmuls quantize their outputs for the next matmul; and
+``rope_kv``: its attention takes a layer's QKV rows as ``attn_triton.RopeKv`` instead of q, and in a
+decode step does their QK-norm, RoPE and K/V write itself.
 
 The Triton set's Q1 matmuls run the CPU engine's exact integer arithmetic (``q1_exact``: the same bits
 at every batch size) unless ``OXIBONSAI_Q1_ARITHMETIC=float`` picks the float kernels (``q1_triton``
@@ -106,6 +108,7 @@ def triton_op_set(q1: str = "exact") -> SimpleNamespace:
     ahead = {
         "q1_fused_linear_ahead": q1_exact.fused_linear_ahead,
         "attention_linear_ahead": attn_triton.attention_linear_ahead,
+        "rope_kv": attn_triton.RopeKv,  # its attention takes the QKV rows (a decode step: one launch)
     }
     return SimpleNamespace(
         **(ahead if exact else {}),

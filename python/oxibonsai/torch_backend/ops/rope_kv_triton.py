@@ -11,7 +11,12 @@ Grid ``(T,)``: one program per token row of ``qkv [T, (Hq + 2 Hkv) D]`` handles 
 
 Each row's cos and sin come from the model's table ``cos_sin [positions, D]`` (``ref_torch.rope_cos_sin``:
 cos of the ``D/2`` angles, then their sin), so the kernel evaluates no transcendental function and
-turns q and k by exactly the angles the reference does."""
+turns q and k by exactly the angles the reference does.
+
+The attention's decode kernel does the same work itself in a decode step (``attn_triton``, ``RopeKv``)
+through the same helpers, so both must give the same bits whatever their tiles: the kernel runs
+without floating-point contraction, and a head's sum of squares is a fixed pairwise tree over its
+values (``_head_sum``), not a reduction whose order follows the tile's layout."""
 
 from __future__ import annotations
 
@@ -21,18 +26,30 @@ import triton.language as tl
 
 from oxibonsai.torch_backend.ops import pdl
 from oxibonsai.torch_backend.ops.pdl import grid_dependency
+from oxibonsai.torch_backend.ops.q1_exact import NO_FUSION
+
+
+@triton.jit
+def _head_sum(x, BLOCK_HALF: tl.constexpr):
+    """Row sums of ``x [H, BLOCK_HALF]`` (a power of 2) by a fixed pairwise tree, neighbours first: the
+    same bits whatever the tile's layout."""
+    for level in tl.static_range(BLOCK_HALF.bit_length() - 1):
+        x = tl.reshape(x, [x.shape[0], BLOCK_HALF >> (level + 1), 2])
+        a, b = tl.split(x)
+        x = a + b
+    return tl.reshape(x, [x.shape[0]])
 
 
 @triton.jit
 def _norm_rope(
-    head_ptr, w_ptr, offs_h, offs_d, mask, half, head_dim, eps, cos, sin,
+    head_ptr, w_ptr, offs_h, offs_d, mask, half, head_dim, eps, cos, sin, BLOCK_HALF: tl.constexpr,
 ):  # fmt: skip
     """RMSNorm (weight ``w_ptr``) then RoPE of the heads ``offs_h`` that start at ``head_ptr``: the low
     and high halves, float32 ``[BLOCK_H, BLOCK_HALF]`` each."""
     lo_ptrs = head_ptr + offs_h[:, None] * head_dim + offs_d[None, :]
     lo = tl.load(lo_ptrs, mask=mask, other=0.0).to(tl.float32)
     hi = tl.load(lo_ptrs + half, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt((tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1)) / head_dim + eps)
+    rstd = tl.rsqrt(_head_sum(lo * lo + hi * hi, BLOCK_HALF) / head_dim + eps)
     mask_d = offs_d < half
     w_lo = tl.load(w_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
     w_hi = tl.load(w_ptr + half + offs_d, mask=mask_d, other=0.0).to(tl.float32)
@@ -62,7 +79,9 @@ def _qk_norm_rope_write_kv_kernel(
 
     offs_hq = tl.arange(0, BLOCK_HQ)
     mask_q = (offs_hq[:, None] < q_heads) & mask_d[None, :]
-    q_lo, q_hi = _norm_rope(row, q_norm_ptr, offs_hq, offs_d, mask_q, half, head_dim, eps, cos, sin)
+    q_lo, q_hi = _norm_rope(
+        row, q_norm_ptr, offs_hq, offs_d, mask_q, half, head_dim, eps, cos, sin, BLOCK_HALF
+    )
     q_dst = q_out_ptr + t * q_heads * head_dim + offs_hq[:, None] * head_dim + offs_d[None, :]
     tl.store(q_dst, q_lo, mask=mask_q)
     tl.store(q_dst + half, q_hi, mask=mask_q)
@@ -72,7 +91,8 @@ def _qk_norm_rope_write_kv_kernel(
     heads = tl.where(slot >= 0, kv_heads, 0)  # a padding row masks every KV head
     mask_kv = (offs_hk[:, None] < heads) & mask_d[None, :]
     k_row = row + q_heads * head_dim
-    k_lo, k_hi = _norm_rope(k_row, k_norm_ptr, offs_hk, offs_d, mask_kv, half, head_dim, eps, cos, sin)
+    k_lo, k_hi = _norm_rope(k_row, k_norm_ptr, offs_hk, offs_d, mask_kv, half, head_dim, eps, cos, sin,
+                            BLOCK_HALF)  # fmt: skip
     v_ptrs = k_row + kv_heads * head_dim + offs_hk[:, None] * head_dim + offs_d[None, :]
     v_lo = tl.load(v_ptrs, mask=mask_kv)
     v_hi = tl.load(v_ptrs + half, mask=mask_kv)
@@ -167,6 +187,6 @@ def qk_norm_rope_write_kv(
         qkv.stride(0), cos_sin.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
         PAGE=k_cache.shape[1], BLOCK_HQ=triton.next_power_of_2(q_heads),
         BLOCK_HKV=triton.next_power_of_2(kv_heads), BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
-        **pdl.launch(qkv.device),
+        **pdl.launch(qkv.device), **NO_FUSION,
     )  # fmt: skip
     return q
