@@ -93,7 +93,8 @@ def test_a_device_table_is_named_after_the_device():
 def test_the_bench_keeps_the_forms_that_beat_the_defaults(rng, tmp_path, monkeypatch):
     from gpu.q1 import write_tuned_table
 
-    rows, cols, m = 128 * int(rng.integers(1, 64)), 128 * int(rng.integers(1, 64)), int(rng.integers(1, 8))
+    rows, cols = 128 * int(rng.integers(1, 64)), 128 * int(rng.integers(1, 64))
+    m = int(rng.integers(1, q1_exact.FIXUP_MAX_M + 1))  # where the "gemv_fixup" choice applies
     default = float(rng.uniform(5, 50))
     forms = {"gemv/4": {"kernel": "gemv", "split_k": 4}, "gemv_fixup/auto": {"kernel": "gemv_fixup"}}
 
