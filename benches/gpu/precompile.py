@@ -7,7 +7,8 @@ The launches are recorded as ``sass.py`` records them, on the ``meta`` device wi
 in decode at every CUDA-graph bucket up to its largest batch and in its prefill, both Q1 arithmetics,
 a step of a row count no multiple of 16 (the engine's prefill chunks), the exact kernels without PDL
 at the decode section's batches (its graphs without PDL and its kernel profile), its one-row graphs
-quantizing apart and with each form of the split GEMV, and the q1
+unfused (the quantizations and the QK-norm/RoPE/KV write in launches of their own) and with each
+form of the split GEMV, and the q1
 section's matmuls, sweep, float op, twins and plain GEMV; each is then compiled exactly as the JIT
 would compile it (the same cache entry). A launch whose arguments differ at run time (another
 alignment, an int that is 1 here and not there) is compiled then, as before: this only ever saves
@@ -38,7 +39,7 @@ from gpu.sass import H100_SMS, Launch, as_on_a_gpu, compile_exactly, model_launc
 from gpu.timing import environment
 from gpu.triton_cache import default_cache_dir, device_keys, entries, entry_name
 from oxibonsai.torch_backend.graphs import decode_buckets
-from oxibonsai.torch_backend.ops import q1_exact
+from oxibonsai.torch_backend.ops import attn_triton, q1_exact
 from oxibonsai.torch_backend.ops.dispatch import Q1_ARITHMETICS
 
 _LAUNCHES: list[Launch] = []  # what the forked workers compile, by index
@@ -57,8 +58,8 @@ def planned_launches(plan: Plan) -> list[Launch]:
             launches.update(model_launches(spec, (1,), ODD_ROWS, q1))
         # the decode section's graphs without PDL and its kernel profile (PDL off) at its batches
         launches.update(model_launches(spec, tuple(plan.batches), plan.prefill_tokens, pdl_on=False))
-        with environment(q1_exact.FUSE_ENV_VAR, "0"):  # and its one-row graphs quantizing apart
-            launches.update(model_launches(spec, (1,), plan.prefill_tokens))
+        with environment(q1_exact.FUSE_ENV_VAR, "0"), environment(attn_triton.FUSE_ROPE_ENV_VAR, "0"):
+            launches.update(model_launches(spec, (1,), plan.prefill_tokens))  # its one-row graphs unfused
         for kernel in q1_exact.ONE_ROW_KERNELS:  # and with each form of the one-row split GEMV
             with environment(q1_exact.ONE_ROW_ENV_VAR, kernel):
                 launches.update(model_launches(spec, (1,), plan.prefill_tokens))
