@@ -51,7 +51,7 @@ workers=()
 python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
 first=$((total * 29 / 100))  # 150 s of 520
 echo "[0 s] precompile beside the CUDA-first tests (at most ${first}s)"
-( timeout --kill-after=10 "$first" python3 benches/gpu/precompile.py >"$out/precompile.log" 2>&1
+( timeout --kill-after=10 "$first" python3 benches/gpu/precompile.py --launchers >"$out/precompile.log" 2>&1
   echo "precompile: exit $? after $((SECONDS - start)) s" >"$out/precompile.status" ) &
 precompiling=$!
 for file in "${gpu_first[@]}"; do

@@ -37,7 +37,7 @@ from gpu.plan import GPU_PLAN, Plan
 from gpu.q1 import q1_shapes, random_q1, sweep_forms
 from gpu.sass import H100_SMS, Launch, as_on_a_gpu, compile_exactly, model_launches, recording
 from gpu.timing import environment
-from gpu.triton_cache import default_cache_dir, device_keys, entries, entry_name
+from gpu.triton_cache import default_cache_dir, device_keys, entry_name
 from oxibonsai.torch_backend.graphs import decode_buckets
 from oxibonsai.torch_backend.ops import attn_triton, q1_exact
 from oxibonsai.torch_backend.ops.dispatch import Q1_ARITHMETICS
@@ -96,9 +96,17 @@ def q1_launches(spec: Any, plan: Plan) -> dict[tuple[Any, ...], Launch]:
 def _compile(index: int) -> tuple[str | None, str | None]:
     """The launch's cache entry, or its error."""
     try:
-        return entry_name(compile_exactly(_LAUNCHES[index], ARGS.arch).hash), None
+        kernel = compile_exactly(_LAUNCHES[index], ARGS.arch)
     except Exception as e:  # reported; the run compiles it itself if it ever launches it
         return None, f"{_LAUNCHES[index].fn.__name__}: {type(e).__name__}: {e}"
+    if ARGS.launchers:
+        try:  # Triton's C launcher for the kernel's signature, built with gcc and cached on first use
+            from triton.backends.nvidia.driver import CudaLauncher
+
+            CudaLauncher(kernel.src, kernel.metadata)
+        except Exception as e:
+            return entry_name(kernel.hash), f"{kernel.name} launcher: {type(e).__name__}: {str(e)[:200]}"
+    return entry_name(kernel.hash), None
 
 
 def main() -> None:
@@ -108,25 +116,29 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--libtriton", type=Path, help="key the entries for the Triton with this libtriton.so")
     p.add_argument("--manifest", type=Path, help="write the launches' cache entries there, a line each")
+    p.add_argument("--launchers", action="store_true",
+                   help="build each kernel's C launcher too (needs libcuda: the GPU machine)")  # fmt: skip
     ARGS = p.parse_args()
     if os.environ.get("TRITON_INTERPRET"):
         raise SystemExit("unset TRITON_INTERPRET: the interpreter cannot compile kernels")
     if ARGS.libtriton:
         device_keys(ARGS.libtriton)  # before the workers fork
     start = time.perf_counter()
-    cached = entries(default_cache_dir())
+    cache_dir = default_cache_dir()
+    cached = {p.name for p in cache_dir.iterdir()} if cache_dir.is_dir() else set()
     _LAUNCHES.extend(planned_launches(GPU_PLAN))
     recorded = time.perf_counter() - start
     with multiprocessing.get_context("fork").Pool(ARGS.jobs) as pool:
         results = pool.map(_compile, range(len(_LAUNCHES)))
     errors = [e for _, e in results if e is not None]
-    for error in errors:
+    for error in errors[:20]:
         print(error)
+    names = {n for n, _ in results if n}
     if ARGS.manifest:
-        ARGS.manifest.write_text("".join(f"{name}\n" for name in sorted({n for n, _ in results if n})))
-    done = len(_LAUNCHES) - len(errors)
-    compiled = entries(default_cache_dir()) - cached  # the rest were in the cache (carried, or earlier)
-    print(f"{done - compiled} of {done} launches were in the cache already, {compiled} compiled")
+        ARGS.manifest.write_text("".join(f"{name}\n" for name in sorted(names)))
+    done = sum(1 for n, _ in results if n)
+    found = sum(1 for n, _ in results if n in cached)  # carried, or from an earlier run
+    print(f"{found} of {done} launches were in the cache already ({len(names)} kernels), the rest compiled")
     print(f"precompiled {done} of {len(_LAUNCHES)} launches for sm_{ARGS.arch} with {ARGS.jobs} jobs "
           f"in {time.perf_counter() - start:.1f} s ({recorded:.1f} s recording)")  # fmt: skip
 
