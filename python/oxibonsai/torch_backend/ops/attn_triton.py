@@ -62,7 +62,12 @@ from oxibonsai.torch_backend.ops.q1_exact import (
 )
 from oxibonsai.torch_backend.ops.q1_exact_kernels import _last_to_arrive, _store_block
 from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
-from oxibonsai.torch_backend.ops.rope_kv_triton import _norm_rope, qk_norm_rope_write_kv
+from oxibonsai.torch_backend.ops.rope_kv_triton import (
+    _angles,
+    _norm_rope,
+    _write_kv_heads,
+    qk_norm_rope_write_kv,
+)
 
 PRECISIONS = ("ieee", "tf32")  # tl.dot's: exact float32 (FMAs), or tensor cores on inputs rounded to tf32
 GPU_PRECISION = "tf32"  # the default on CUDA: "ieee" needs 255 registers and spills in prefill (sm_90)
@@ -252,11 +257,7 @@ def _rope_q(
     loads after a barrier."""
     row = row.to(tl.int64)
     half = head_dim // 2
-    offs = tl.arange(0, BLOCK_HALF)
-    mask_half = offs < half
-    angles = cos_sin_ptr + tl.load(positions_ptr + row).to(tl.int64) * stride_cs + offs
-    cos = tl.load(angles, mask=mask_half, other=0.0)
-    sin = tl.load(angles + half, mask=mask_half, other=0.0)
+    offs, mask_half, cos, sin = _angles(cos_sin_ptr, positions_ptr, row, stride_cs, half, BLOCK_HALF)
     qkv_row = qkv_ptr + row * stride_qkv
     offs_h = tl.arange(0, BLOCK_H)
     mask_q = (offs_h[:, None] < GROUP) & mask_half[None, :]
@@ -266,22 +267,11 @@ def _rope_q(
     if (start <= kv_len - 1) & (kv_len - 1 < end) & (slot >= 0):
         one = tl.arange(0, 2)  # a tile of one head (Triton's ranges are at least 2 wide here)
         mask_k = (one[:, None] < 1) & mask_half[None, :]
-        k_row = qkv_row + (q_heads + kv_head) * head_dim
-        k_lo, k_hi = _norm_rope(k_row, k_norm_ptr, one, offs, mask_k, half, head_dim, eps, cos, sin,
-                                BLOCK_HALF)  # fmt: skip
-        kv_heads = tl.num_programs(1)
-        v_ptrs = qkv_row + (q_heads + kv_heads + kv_head) * head_dim + one[:, None] * 0 + offs[None, :]
-        v_lo = tl.load(v_ptrs, mask=mask_k)
-        v_hi = tl.load(v_ptrs + half, mask=mask_k)
-        slot = slot.to(tl.int64)
-        block, offset = slot // PAGE, slot % PAGE
-        tile = one[:, None] * 0 + offs[None, :]  # the head's row twice: the second is masked
-        k_dst = k_cache_ptr + block * stride_kb + offset * stride_ks + kv_head * stride_kh + tile
-        v_dst = v_cache_ptr + block * stride_vb + offset * stride_vs + kv_head * stride_vh + tile
-        tl.store(k_dst, k_lo.to(k_cache_ptr.dtype.element_ty), mask=mask_k)
-        tl.store(k_dst + half, k_hi.to(k_cache_ptr.dtype.element_ty), mask=mask_k)
-        tl.store(v_dst, v_lo.to(v_cache_ptr.dtype.element_ty), mask=mask_k)
-        tl.store(v_dst + half, v_hi.to(v_cache_ptr.dtype.element_ty), mask=mask_k)
+        _write_kv_heads(
+            qkv_row, k_norm_ptr, k_cache_ptr, v_cache_ptr, slot, kv_head, one, offs, mask_k, q_heads,
+            tl.num_programs(1), half, head_dim, eps, cos, sin, stride_kb, stride_ks, stride_kh, stride_vb,
+            stride_vs, stride_vh, PAGE, BLOCK_HALF,
+        )  # fmt: skip
         tl.debug_barrier()  # the stores are visible to every thread's loads of the position
     return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), [BLOCK_H, 2 * BLOCK_HALF])
 

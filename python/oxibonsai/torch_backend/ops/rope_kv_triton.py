@@ -59,6 +59,40 @@ def _norm_rope(
 
 
 @triton.jit
+def _angles(cos_sin_ptr, pos_ptr, t, stride_cs, half, BLOCK_HALF: tl.constexpr):
+    """Row ``t``'s RoPE: the half-head offsets and their mask, then cos and sin ``[BLOCK_HALF]``."""
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < half
+    angles = cos_sin_ptr + tl.load(pos_ptr + t).to(tl.int64) * stride_cs + offs
+    return offs, mask, tl.load(angles, mask=mask, other=0.0), tl.load(angles + half, mask=mask, other=0.0)
+
+
+@triton.jit
+def _write_kv_heads(
+    qkv_row, k_norm_ptr, k_cache_ptr, v_cache_ptr, slot, first, offs_h, offs_d, mask, q_heads, kv_heads,
+    half, head_dim, eps, cos, sin, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    PAGE: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
+    """KV heads ``first + offs_h`` of a QKV row (where ``mask``): K normed and rotated, stored with V at
+    cache slot ``slot``."""
+    k_row = qkv_row + (q_heads + first) * head_dim
+    k_lo, k_hi = _norm_rope(k_row, k_norm_ptr, offs_h, offs_d, mask, half, head_dim, eps, cos, sin,
+                            BLOCK_HALF)  # fmt: skip
+    v_ptrs = k_row + kv_heads * head_dim + offs_h[:, None] * head_dim + offs_d[None, :]
+    v_lo = tl.load(v_ptrs, mask=mask)
+    v_hi = tl.load(v_ptrs + half, mask=mask)
+    slot = tl.maximum(slot, 0).to(tl.int64)
+    block, offset = slot // PAGE, slot % PAGE
+    heads = first + offs_h[:, None]
+    k_dst = k_cache_ptr + block * stride_kb + offset * stride_ks + heads * stride_kh + offs_d[None, :]
+    v_dst = v_cache_ptr + block * stride_vb + offset * stride_vs + heads * stride_vh + offs_d[None, :]
+    tl.store(k_dst, k_lo.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(k_dst + half, k_hi.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_dst, v_lo.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_dst + half, v_hi.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _qk_norm_rope_write_kv_kernel(
     qkv_ptr, q_norm_ptr, k_norm_ptr, pos_ptr, slots_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_sin_ptr,
     q_heads, kv_heads, head_dim, eps,
@@ -70,11 +104,7 @@ def _qk_norm_rope_write_kv_kernel(
     grid_dependency(PDL)
     t = tl.program_id(0).to(tl.int64)
     half = head_dim // 2
-    offs_d = tl.arange(0, BLOCK_HALF)
-    mask_d = offs_d < half
-    angles = cos_sin_ptr + tl.load(pos_ptr + t).to(tl.int64) * stride_cs + offs_d
-    cos = tl.load(angles, mask=mask_d, other=0.0)
-    sin = tl.load(angles + half, mask=mask_d, other=0.0)
+    offs_d, mask_d, cos, sin = _angles(cos_sin_ptr, pos_ptr, t, stride_cs, half, BLOCK_HALF)
     row = qkv_ptr + t * stride_qkv
 
     offs_hq = tl.arange(0, BLOCK_HQ)
@@ -90,25 +120,11 @@ def _qk_norm_rope_write_kv_kernel(
     offs_hk = tl.arange(0, BLOCK_HKV)
     heads = tl.where(slot >= 0, kv_heads, 0)  # a padding row masks every KV head
     mask_kv = (offs_hk[:, None] < heads) & mask_d[None, :]
-    k_row = row + q_heads * head_dim
-    k_lo, k_hi = _norm_rope(k_row, k_norm_ptr, offs_hk, offs_d, mask_kv, half, head_dim, eps, cos, sin,
-                            BLOCK_HALF)  # fmt: skip
-    v_ptrs = k_row + kv_heads * head_dim + offs_hk[:, None] * head_dim + offs_d[None, :]
-    v_lo = tl.load(v_ptrs, mask=mask_kv)
-    v_hi = tl.load(v_ptrs + half, mask=mask_kv)
-
-    slot = tl.maximum(slot, 0).to(tl.int64)
-    block, offset = slot // PAGE, slot % PAGE
-    k_dst = (
-        k_cache_ptr + block * stride_kb + offset * stride_ks + offs_hk[:, None] * stride_kh + offs_d[None, :]
-    )
-    v_dst = (
-        v_cache_ptr + block * stride_vb + offset * stride_vs + offs_hk[:, None] * stride_vh + offs_d[None, :]
-    )
-    tl.store(k_dst, k_lo.to(k_cache_ptr.dtype.element_ty), mask=mask_kv)
-    tl.store(k_dst + half, k_hi.to(k_cache_ptr.dtype.element_ty), mask=mask_kv)
-    tl.store(v_dst, v_lo.to(v_cache_ptr.dtype.element_ty), mask=mask_kv)
-    tl.store(v_dst + half, v_hi.to(v_cache_ptr.dtype.element_ty), mask=mask_kv)
+    _write_kv_heads(
+        row, k_norm_ptr, k_cache_ptr, v_cache_ptr, slot, 0, offs_hk, offs_d, mask_kv, q_heads, kv_heads,
+        half, head_dim, eps, cos, sin, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        PAGE, BLOCK_HALF,
+    )  # fmt: skip
 
 
 def _check_shapes(
