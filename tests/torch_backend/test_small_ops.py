@@ -140,7 +140,8 @@ def test_dispatch_forced_triton(monkeypatch: pytest.MonkeyPatch, device: str) ->
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")
     monkeypatch.delenv(dispatch.Q1_ENV_VAR, raising=False)
     ops = dispatch.ops_for(device)
-    assert set(vars(ops)) == set(dispatch.OP_NAMES) | set(ahead.OPS) and ahead.supported(ops)
+    assert set(vars(ops)) == set(dispatch.OP_NAMES) | set(ahead.OPS) | {"rope_kv"} and ahead.supported(ops)
+    assert ops.rope_kv is attn_triton.RopeKv  # its attention takes the QKV rows
     assert ops.q1_fused_linear_ahead is q1_exact.fused_linear_ahead
     assert ops.attention_linear_ahead is attn_triton.attention_linear_ahead
     assert ops.q1_linear is q1_exact.q1_linear and ops.paged_attention is attn_triton.paged_attention
