@@ -13,3 +13,6 @@ for kernel in gemv gemv_fixup; do  # the other one-row split GEMV forms the benc
     OXIBONSAI_ONE_ROW_GEMV=$kernel \
     "$venv/bin/python" benches/gpu/sass.py --model 1.7b --batches 1 --prefill 40 --q1 exact --check
 done
+# the decode kernel merging its own splits above 8 rows (OXIBONSAI_FUSE_MERGE=all, which the bench times)
+env -u TRITON_INTERPRET TRITON_DEFAULT_FP_FUSION=1 TRITON_CACHE_DIR="$PWD/target-triton/cache-$version" \
+  OXIBONSAI_FUSE_MERGE=all "$venv/bin/python" benches/gpu/sass.py --model 1.7b --batches 16 --prefill 40 --q1 exact --check

@@ -160,7 +160,8 @@ def decode_rate(
     elsewhere), with the last step's logits compared bit for bit; with ``compare_pdl`` (our model),
     where the kernels can launch with PDL, the graphs once more the other way (``graphs_other_pdl``),
     at one row once more without the quantizations fused into the matmuls (``graphs_unfused``) and
-    once with each other form of the split GEMV (``graphs_one_row_forms``), once with the ``tuned``
+    once with each other form of the split GEMV (``graphs_one_row_forms``), above 8 rows once with the
+    decode kernel merging its splits (``graphs_merged``), once with the ``tuned``
     table's Q1 forms (``graphs_tuned``), and the device time per
     kernel of a few eager steps (``gpu.kernels``) with the share of a graph step it covers."""
     steps = plan.warmup + plan.decode_steps
@@ -187,6 +188,7 @@ def decode_rate(
             **graphs_other_pdl(*args),
             **graphs_unfused(*args),
             **graphs_one_row_forms(*args),
+            **graphs_merged(*args),
             **graphs_tuned(tuned, *args),
         }
         kernels = kernel_times(model, pool, batches[-PROFILED_STEPS:], device)
@@ -263,6 +265,31 @@ def graphs_one_row_forms(
         forms[kernel] = {"graph_tok_s": tok_s, "logits_equal": equal,
                          "over_default": ratio(tok_s, graph_tok_s)}  # fmt: skip
     return {"one_row_default": q1_exact.one_row_gemv(), "one_row_forms": forms}
+
+
+def graphs_merged(
+    model: TorchQwen3, pool: KvPool, plans: list[StepBatch], per_seq: int, warmup: int, device: torch.device,
+    eager_logits: torch.Tensor, graph_tok_s: float,
+) -> dict[str, Any]:  # fmt: skip
+    """Above ``attn_triton.MERGE_MAX_ROWS`` rows, with the exact kernels, the same graph steps with the
+    decode kernel merging its own splits (``OXIBONSAI_FUSE_MERGE=all``; by default a merge launch does
+    there): ``merged_graph_tok_s``, whether the last step's logits are eager's bit for bit, and
+    ``merge_gain`` (tok/s merged in the kernel over the default's), for choosing the limit."""
+    from oxibonsai.torch_backend.ops import attn_triton
+
+    rows = plans[0].num_seqs
+    if not model.quantizes_ahead or rows <= attn_triton.MERGE_MAX_ROWS:
+        return {}
+    with environment(attn_triton.FUSE_MERGE_ENV_VAR, "all"):
+        if not attn_triton.merges_in_decode(rows, model.config.n_kv_heads):
+            return {}
+    args = (model, pool, plans, per_seq, warmup, device, eager_logits)
+    tok_s, equal = graphs_under(attn_triton.FUSE_MERGE_ENV_VAR, "all", *args)
+    return {
+        "merged_graph_tok_s": tok_s,
+        "merged_logits_equal": equal,
+        "merge_gain": ratio(tok_s, graph_tok_s),
+    }
 
 
 def graphs_tuned(

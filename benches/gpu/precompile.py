@@ -8,7 +8,7 @@ in decode at every CUDA-graph bucket up to its largest batch and in its prefill,
 a step of a row count no multiple of 16 (the engine's prefill chunks), the exact kernels without PDL
 at the decode section's batches (its graphs without PDL and its kernel profile), its one-row graphs
 unfused (the quantizations and the QK-norm/RoPE/KV write in launches of their own) and with each
-form of the split GEMV, and the q1
+form of the split GEMV, its larger batches' graphs with the decode kernel merging, and the q1
 section's matmuls, sweep, float op, twins and plain GEMV; each is then compiled exactly as the JIT
 would compile it (the same cache entry). A launch whose arguments differ at run time (another
 alignment, an int that is 1 here and not there) is compiled then, as before: this only ever saves
@@ -60,6 +60,9 @@ def planned_launches(plan: Plan) -> list[Launch]:
         launches.update(model_launches(spec, tuple(plan.batches), plan.prefill_tokens, pdl_on=False))
         with environment(q1_exact.FUSE_ENV_VAR, "0"), environment(attn_triton.FUSE_ROPE_ENV_VAR, "0"):
             launches.update(model_launches(spec, (1,), plan.prefill_tokens))  # its one-row graphs unfused
+        with environment(attn_triton.FUSE_MERGE_ENV_VAR, "all"):  # and above 8 rows merging in the kernel
+            wide = tuple(b for b in plan.batches if b > attn_triton.MERGE_MAX_ROWS)
+            launches.update(model_launches(spec, wide, plan.prefill_tokens))
         for kernel in q1_exact.ONE_ROW_KERNELS:  # and with each form of the one-row split GEMV
             with environment(q1_exact.ONE_ROW_ENV_VAR, kernel):
                 launches.update(model_launches(spec, (1,), plan.prefill_tokens))

@@ -77,7 +77,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"q1 tuned table (forms that beat the defaults): {report['q1']['tuned_table']}")
     lines.append(f"model {'name':<13} {'phase':<8} {'batch':>5} {'tok/s':>10} {'B2 tok/s':>10} {'xB2':>6} "
                  f"{'graph':>10} {'xeager':>6} {'B2 graph':>10} {'xB2':>6} {'same':>5} {'other PDL':>10} "
-                 f"{'xPDL':>5} {'xfuse':>5} {'xtuned':>6} {'x(other one-row GEMV)':<21}")  # fmt: skip
+                 f"{'xPDL':>5} {'xfuse':>5} {'xtuned':>6} {'xmerge':>6} "
+                 f"{'x(other one-row GEMV)':<21}")  # fmt: skip
     for m in report.get("decode", {}).get("models", []):
         for r in m.get("results", [{"phase": "-", "batch": "-"}]):
             other_pdl = r.get("no_pdl_graph_tok_s", r.get("all_pdl_graph_tok_s"))  # graphs_other_pdl
@@ -89,6 +90,7 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                          f"{r.get('graph_logits_equal', '-')!s:>5} {fmt(other_pdl):>10} "
                          f"{fmt(r.get('pdl_gain'), '.2f'):>5} {fmt(r.get('fuse_gain'), '.2f'):>5} "
                          f"{fmt(r.get('tuned_gain'), '.2f'):>5}{differs(r, 'tuned_logits_equal'):1} "
+                         f"{fmt(r.get('merge_gain'), '.2f'):>5}{differs(r, 'merged_logits_equal'):1} "
                          f"{one_row_forms_cell(r):<21} {problem(m) or problem(r)}")  # fmt: skip
             if r.get("kernels") or r.get("kernels_error"):
                 lines.append(f"{'':<8}{kernels_line(r)}")

@@ -374,3 +374,24 @@ def test_the_decode_kernel_does_the_qk_norm_rope_and_kv_write_with_their_launchs
         results[fuse] = (acts.planes, acts.scales, acts.sums, *(c.view(torch.int16) for c in caches))
     assert all(torch.equal(a, b) for a, b in zip(results["1"], results["0"], strict=True))
     assert not attn_triton.fuses_rope(rope, tokens, 2)  # two rows for a sequence: the launch first
+
+
+def test_the_decode_kernel_merges_up_to_eight_rows_or_wherever_asked(
+    attn_triton: ModuleType, monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+) -> None:
+    """``merges_in_decode``: up to ``MERGE_MAX_ROWS`` rows by default, never with
+    ``OXIBONSAI_FUSE_MERGE=0``, wherever ``merge_counts`` holds the (row, KV head) pairs with ``=all``."""
+    kv_heads = int(rng.integers(1, 9))
+    most = attn_triton.MERGE_COUNTS // kv_heads
+    monkeypatch.delenv(attn_triton.FUSE_MERGE_ENV_VAR, raising=False)
+    limit = attn_triton.MERGE_MAX_ROWS
+    assert [attn_triton.merges_in_decode(r, kv_heads) for r in (1, limit, limit + 1)] == [True, True, False]
+    monkeypatch.setenv(attn_triton.FUSE_MERGE_ENV_VAR, "all")
+    assert attn_triton.merges_in_decode(most, kv_heads) and not attn_triton.merges_in_decode(
+        most + 1, kv_heads
+    )
+    monkeypatch.setenv(attn_triton.FUSE_MERGE_ENV_VAR, "0")
+    assert not attn_triton.merges_in_decode(1, kv_heads)
+    monkeypatch.setenv(attn_triton.FUSE_MERGE_ENV_VAR, "yes")
+    with pytest.raises(ValueError, match="OXIBONSAI_FUSE_MERGE"):
+        attn_triton.merges_in_decode(1, kv_heads)

@@ -61,3 +61,30 @@ def test_the_one_row_decode_row_times_every_split_gemv_form_with_the_same_logits
         assert form["logits_equal"] and form["graph_tok_s"] > 0 and form["over_default"] > 0, form
     assert row["tuned_forms"] == {"qkv": "gemv_fixup/2", "gate_up": "gemv/2"}
     assert row["tuned_logits_equal"] and row["tuned_gain"] > 0, row
+
+
+def test_above_eight_rows_the_decode_row_times_the_merge_in_the_decode_kernel(monkeypatch):
+    from oxibonsai.torch_backend.batch import StepBatch
+    from oxibonsai.torch_backend.ops import attn_triton
+
+    monkeypatch.setenv("OXIBONSAI_TORCH_OPS", "triton")
+    monkeypatch.setenv("OXIBONSAI_Q1_ARITHMETIC", "exact")
+    monkeypatch.delenv(attn_triton.FUSE_MERGE_ENV_VAR, raising=False)
+    config, rows = ONE_LAYER.config, attn_triton.MERGE_MAX_ROWS + 1
+    rng = np.random.default_rng()
+    torch.manual_seed(int(rng.integers(2**31)))
+    model = TorchQwen3(config, random_weights(ONE_LAYER, DEVICE), ops_for(DEVICE))
+    per_seq = blocks_for(20)
+    pool = KvPool(config.n_layers, rows * per_seq, config.n_kv_heads, config.head_dim, torch.float16, DEVICE)
+    pool.data.normal_()
+    tables = rng.permutation(pool.num_blocks).reshape(rows, per_seq).tolist()
+    plans = [
+        StepBatch.for_sequences([(t, 16 + s, [int(rng.integers(256))], "last") for t in tables])
+        for s in (0, 1)
+    ]
+    for plan in plans:  # each step writes its row's K/V: the last step's logits need the first's
+        eager = model.forward(plan.to_device(DEVICE), pool)
+    row = gpu.models.graphs_merged(model, pool, plans, per_seq, 1, DEVICE, eager, 1.0)
+    assert row["merged_logits_equal"] and row["merged_graph_tok_s"] > 0 and row["merge_gain"] > 0, row
+    alone = [StepBatch.for_sequences([(tables[0], 16, [1], "last")])] * 2
+    assert gpu.models.graphs_merged(model, pool, alone, per_seq, 1, DEVICE, eager, 1.0) == {}  # merges anyway

@@ -622,10 +622,14 @@ def merges_in_decode(rows: int, kv_heads: int) -> bool:
     """Whether the decode kernel merges its splits itself (``_merge_when_last``) for ``rows`` decode
     rows: up to ``MERGE_MAX_ROWS`` (where launches dominate a step; the merge takes the kernel from 96
     to 128 registers under Triton 3.6, sm_90, fewer programs an SM for the larger batches) and where
-    ``merge_counts`` holds their counters, unless ``OXIBONSAI_FUSE_MERGE=0`` (a merge launch of its
-    own, as before)."""
-    fits = rows <= MERGE_MAX_ROWS and rows * kv_heads <= MERGE_COUNTS
-    return fits and os.environ.get(FUSE_MERGE_ENV_VAR, "1").strip() != "0"
+    ``merge_counts`` holds their counters. ``OXIBONSAI_FUSE_MERGE=0``: never (a merge launch of its
+    own, as before); ``=all``: wherever the counters hold them (for timing the larger batches on a GPU:
+    the bits are the same either way)."""
+    fits = rows * kv_heads <= MERGE_COUNTS
+    choice = os.environ.get(FUSE_MERGE_ENV_VAR, "1").strip()
+    if choice not in ("0", "1", "all"):
+        raise ValueError(f"{FUSE_MERGE_ENV_VAR} must be 0, 1 or all, got {choice!r}")
+    return fits and (choice == "all" or (choice == "1" and rows <= MERGE_MAX_ROWS))
 
 
 def merge_counts(device: torch.device) -> torch.Tensor:
