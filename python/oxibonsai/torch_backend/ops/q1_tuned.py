@@ -74,7 +74,13 @@ def _table_path(device: torch.device) -> str | None:
         return None if named == "0" else named
     if device.type != "cuda":
         return None
-    return str(table_file(torch.cuda.get_device_name(device)))
+    return _shipped_table(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.cache
+def _shipped_table(index: int) -> str:
+    """The shipped table's path for CUDA device ``index`` (named once per device: every matmul asks)."""
+    return str(table_file(torch.cuda.get_device_name(index)))
 
 
 @functools.cache
