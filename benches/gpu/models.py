@@ -300,14 +300,15 @@ def graphs_tuned(
     batch's rows, the same graph steps with its forms (``OXIBONSAI_Q1_TUNED``): ``tuned_graph_tok_s``,
     whether the last step's logits are eager's bit for bit (every form gives the same bits), and
     ``tuned_gain`` (tok/s tuned over the defaults')."""
-    if tuned is None or not tuned_forms(tuned, model, plans[0].num_seqs, device):
+    forms = {} if tuned is None else tuned_forms(tuned, model, plans[0].num_seqs, device)
+    if not forms:
         return {}
     from oxibonsai.torch_backend.ops import q1_tuned
 
     args = (model, pool, plans, per_seq, warmup, device, eager_logits)
     tok_s, equal = graphs_under(q1_tuned.ENV_VAR, str(tuned), *args)
     return {
-        "tuned_forms": tuned_forms(tuned, model, plans[0].num_seqs, device),
+        "tuned_forms": forms,
         "tuned_graph_tok_s": tok_s,
         "tuned_logits_equal": equal,
         "tuned_gain": ratio(tok_s, graph_tok_s),
@@ -362,14 +363,15 @@ def prefill_rate(
     reps = max(1, plan.reps // 3)
     seconds = timed_forwards(model, pool, [batch] * (plan.warmup + reps), plan.warmup, device) / reps
     out = {"tok_s": plan.prefill_tokens / seconds, "step_ms": seconds * 1e3, "steps": reps}
-    if tuned is not None and tuned_forms(tuned, model, plan.prefill_tokens, device):
+    forms = {} if tuned is None else tuned_forms(tuned, model, plan.prefill_tokens, device)
+    if forms:
         from oxibonsai.torch_backend.ops import q1_tuned
 
         logits = model.forward(batch, pool)
         with environment(q1_tuned.ENV_VAR, str(tuned)):
             tuned_s = timed_forwards(model, pool, [batch] * (plan.warmup + reps), plan.warmup, device) / reps
             same = bool(torch.equal(model.forward(batch, pool), logits))
-        out |= {"tuned_forms": tuned_forms(tuned, model, plan.prefill_tokens, device),
+        out |= {"tuned_forms": forms,
                 "tuned_tok_s": plan.prefill_tokens / tuned_s, "tuned_logits_equal": same,
                 "tuned_gain": ratio(seconds, tuned_s)}  # fmt: skip
     return out
