@@ -1,9 +1,8 @@
 """``OXIBONSAI_ISA``: each instruction set this CPU has can be asked for, and runs the whole model with
-the fastest set's results bit for bit: prefill logits and greedy decode tokens, with an f32 KV cache.
-(With the f16 cache the attention kernels of the sets sum in different orders, so they agree only to
-rounding, which int8 requantization of the next layer's activations can amplify on a random model;
-the Rust tests hold each attention kernel to the per-head loop.) Each set runs in its own process, as
-the choice is read once per process."""
+the fastest set's results bit for bit: prefill logits and greedy decode tokens, with the f16 KV cache
+(the default; each set has its own attention kernel, all doing the same arithmetic) and with f32.
+Each set runs in its own process, as the choice is read once per process. (Across CPUs and
+architectures: ``rust/core/tests/same_bits.rs``.)"""
 
 from __future__ import annotations
 
@@ -21,13 +20,13 @@ import oxibonsai
 
 AVAILABLE = oxibonsai.kernel_info()["available"]
 
-# Saves the logits of the token ids in argv[3] to argv[2]; prints the instruction set in use and the
-# greedy continuation of those ids.
+# Saves the logits of the token ids in argv[3] to argv[2] (KV cache type argv[4]); prints the
+# instruction set in use and the greedy continuation of those ids.
 CHILD = """
 import json, sys
 import numpy as np
 import oxibonsai
-llm = oxibonsai.LLM(sys.argv[1], num_threads=2, kv_cache_dtype="f32")
+llm = oxibonsai.LLM(sys.argv[1], num_threads=2, kv_cache_dtype=sys.argv[4])
 prompt = json.loads(sys.argv[3])
 np.save(sys.argv[2], llm.logits(prompt))
 greedy = oxibonsai.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -36,11 +35,13 @@ print(json.dumps([oxibonsai.kernel_info()["isa"], list(out.token_ids)]))
 """
 
 
-def run_child(isa: str, model: Path, out: Path, tokens: list[int]) -> tuple[str, list[int], str]:
+def run_child(
+    isa: str, model: Path, out: Path, tokens: list[int], kv: str = "f16"
+) -> tuple[str, list[int], str]:
     """The instruction set the child used, its greedy tokens, and its stderr."""
     env = {**os.environ, "OXIBONSAI_ISA": isa}
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(model), str(out), json.dumps(tokens)],
+        [sys.executable, "-c", CHILD, str(model), str(out), json.dumps(tokens), kv],
         env=env,
         capture_output=True,
         text=True,
@@ -51,28 +52,29 @@ def run_child(isa: str, model: Path, out: Path, tokens: list[int]) -> tuple[str,
     return isa_used, tokens_out, done.stderr
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["f16", "f32"])
 def fastest(
-    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[list[int], np.ndarray, list[int]]:
-    """A fresh random prompt, and the fastest set's logits and greedy tokens for it (one child)."""
+    request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, list[int], np.ndarray, list[int]]:
+    """A KV cache type, a fresh random prompt, and the fastest set's logits and greedy tokens for it
+    (one child)."""
     seed = secrets.randbits(64)
     print(f"prompt seed: {seed}")
     vocab = oxibonsai.LLM(tiny_model).tokenizer.vocab_size
     prompt = np.random.default_rng(seed).integers(0, vocab, 40).tolist()
     out = tmp_path_factory.mktemp("isa") / "fastest.npy"
-    isa, tokens, _ = run_child(AVAILABLE[-1], tiny_model, out, prompt)
+    isa, tokens, _ = run_child(AVAILABLE[-1], tiny_model, out, prompt, request.param)
     assert isa == AVAILABLE[-1]
-    return prompt, np.load(out), tokens
+    return request.param, prompt, np.load(out), tokens
 
 
 @pytest.mark.parametrize("isa", AVAILABLE)
 def test_each_instruction_set_gives_the_fastest_ones_results(
-    isa: str, tiny_model: Path, fastest: tuple[list[int], np.ndarray, list[int]], tmp_path: Path
+    isa: str, tiny_model: Path, fastest: tuple[str, list[int], np.ndarray, list[int]], tmp_path: Path
 ) -> None:
     # For the fastest set itself this checks that a second process gives the same bits.
-    prompt, want_logits, want_tokens = fastest
-    got_isa, got_tokens, stderr = run_child(isa, tiny_model, tmp_path / "got.npy", prompt)
+    kv, prompt, want_logits, want_tokens = fastest
+    got_isa, got_tokens, stderr = run_child(isa, tiny_model, tmp_path / "got.npy", prompt, kv)
     assert got_isa == isa
     assert "OXIBONSAI_ISA" not in stderr
     np.testing.assert_array_equal(np.load(tmp_path / "got.npy"), want_logits)

@@ -7,6 +7,7 @@
 
 pub mod bytes;
 pub mod error;
+pub mod fused;
 pub mod gguf;
 pub mod huge;
 pub mod kv;

@@ -1,8 +1,10 @@
 //! `KvElem`: how one element type of the KV cache is stored and read. `f32` keeps keys and values
 //! exactly; `F16` (IEEE half, as llama.cpp and vLLM store KV by default) halves the memory and the
-//! bandwidth attention needs. Reads widen to f32 exactly, and axpy accumulates in the same order for
-//! both types (`inline(always)`, so an AVX2 caller vectorizes it in place).
+//! bandwidth attention needs. Reads widen to f32 exactly, and axpy (`out = fma(w, v, out)`, one rounding per
+//! element, as every attention kernel adds values) is the same arithmetic for both types
+//! (`inline(always)`, so an AVX2 + FMA caller vectorizes it in place).
 
+use crate::fused::MulAdd;
 use crate::huge::Plain;
 
 /// An element type of the KV cache (a [`Plain`] number: the cache starts as zeroed memory).
@@ -12,7 +14,8 @@ pub trait KvElem: Plain + Default {
     fn from_f32(x: f32) -> Self;
     fn to_f32(self) -> f32;
     fn store(src: &[f32], dst: &mut [Self]);
-    fn axpy(out: &mut [f32], w: f32, v: &[Self]);
+    /// `out[i] = w * v[i] + out[i]` rounded once (by `F`), so every build gives the same bits.
+    fn axpy<F: MulAdd>(out: &mut [f32], w: f32, v: &[Self]);
 }
 
 impl KvElem for f32 {
@@ -32,8 +35,8 @@ impl KvElem for f32 {
     }
 
     #[inline(always)]
-    fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
-        axpy_lanes(out, w, v)
+    fn axpy<F: MulAdd>(out: &mut [f32], w: f32, v: &[f32]) {
+        axpy_lanes::<F>(out, w, v)
     }
 }
 
@@ -66,18 +69,18 @@ impl KvElem for F16 {
     }
 
     #[inline(always)]
-    fn axpy(out: &mut [f32], w: f32, v: &[F16]) {
+    fn axpy<F: MulAdd>(out: &mut [f32], w: f32, v: &[F16]) {
         let mut wide = [0.0f32; CHUNK];
         let mut o32 = out.chunks_exact_mut(CHUNK);
         let mut v32 = v.chunks_exact(CHUNK);
         for (oc, vc) in (&mut o32).zip(&mut v32) {
             widen_chunk(vc, &mut wide);
             for l in 0..CHUNK {
-                oc[l] += w * wide[l];
+                oc[l] = F::mul_add(w, wide[l], oc[l]);
             }
         }
         for (o, x) in o32.into_remainder().iter_mut().zip(v32.remainder()) {
-            *o += w * widen(*x);
+            *o = F::mul_add(w, widen(*x), *o);
         }
     }
 }
@@ -103,16 +106,17 @@ pub fn widen(h: F16) -> f32 {
 
 /// `y += alpha * x`, element by element in order (the compiler vectorizes it in the caller).
 #[inline(always)]
-pub(crate) fn axpy_lanes(y: &mut [f32], alpha: f32, x: &[f32]) {
+pub(crate) fn axpy_lanes<F: MulAdd>(y: &mut [f32], alpha: f32, x: &[f32]) {
     assert_eq!(y.len(), x.len());
     for (yi, xi) in y.iter_mut().zip(x) {
-        *yi += alpha * xi;
+        *yi = F::mul_add(alpha, *xi, *yi);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fused::Portable;
 
     #[test]
     fn widening_is_exact_for_every_half() {
@@ -130,8 +134,8 @@ mod tests {
         F16::store(&q.iter().map(|x| x * 0.5).collect::<Vec<_>>(), &mut k);
         let wide: Vec<f32> = k.iter().map(|h| widen(*h)).collect();
         let (mut a, mut b) = (q.clone(), q.clone());
-        F16::axpy(&mut a, 0.3, &k);
-        f32::axpy(&mut b, 0.3, &wide);
+        F16::axpy::<Portable>(&mut a, 0.3, &k);
+        f32::axpy::<Portable>(&mut b, 0.3, &wide);
         assert_eq!(a, b);
     }
 }
