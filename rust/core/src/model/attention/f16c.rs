@@ -126,6 +126,10 @@ unsafe fn score_block<const H: usize>(
 
 /// Dimensions `dim .. dim + L` (`L` at most 4, `dim` a multiple of 4) of keys `8 half .. 8 half + 8`
 /// into partial sums `0 .. L`, for each head.
+///
+/// # Safety
+/// Rows `dim .. dim + L` of 16 halves must be inside `keys`, and `dim + L` at most each `q`'s length
+/// (`score_block` asserts both for all dimensions once).
 #[inline(always)]
 unsafe fn add_keys<const H: usize, const L: usize>(
     acc: &mut [[__m256; 4]; H],
@@ -134,14 +138,14 @@ unsafe fn add_keys<const H: usize, const L: usize>(
     dim: usize,
     half: usize,
 ) {
-    assert!(keys.len() >= (dim + L) * BLOCK_TOKENS && q.iter().all(|q| q.len() >= dim + L));
     for lane in 0..L {
-        // SAFETY: row `dim + lane` of 16 halves is inside `keys` (asserted above); this half is its
-        // 8 halves from `8 half`.
+        // SAFETY: row `dim + lane` is inside `keys` (the caller's promise); this half is its 8
+        // halves from `8 half`.
         let row = keys.as_ptr().add((dim + lane) * BLOCK_TOKENS + 8 * half) as *const __m128i;
         let k = _mm256_cvtph_ps(_mm_loadu_si128(row));
-        for h in 0..H {
-            acc[h][lane] = _mm256_fmadd_ps(_mm256_set1_ps(q[h][dim + lane]), k, acc[h][lane]);
+        for (acc_h, q_h) in acc.iter_mut().zip(q) {
+            let qd = _mm256_set1_ps(*q_h.get_unchecked(dim + lane));
+            acc_h[lane] = _mm256_fmadd_ps(qd, k, acc_h[lane]);
         }
     }
 }
