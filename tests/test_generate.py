@@ -122,6 +122,20 @@ def test_repetition_penalty_reaches_the_sampler(llm, rng):
     assert len(set(out)) == len(out) and not set(out) & set(prompt)
 
 
+def test_logit_bias_steers_generation_and_is_checked_against_the_vocabulary(llm, rng):
+    prompt = llm.tokenizer.encode(words(rng))
+    greedy = ob.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    plain = tokens(llm.generate([prompt], greedy)[0])
+    forced = int(rng.integers(llm.tokenizer.vocab_size))
+    biased = ob.SamplingParams(**{**vars(greedy), "logit_bias": {forced: 100.0}})
+    assert tokens(llm.generate([prompt], biased)[0]) == [forced] * 6
+    banned = ob.SamplingParams(**{**vars(greedy), "logit_bias": {plain[0]: -100.0}})
+    assert tokens(llm.generate([prompt], banned)[0])[0] != plain[0]
+    vocab = llm.tokenizer.vocab_size
+    with pytest.raises(ValueError, match=f"logit_bias token id {vocab} is out of range"):
+        llm.generate([prompt], ob.SamplingParams(logit_bias={vocab: 1.0}))
+
+
 def test_logprobs_are_sorted_raw_log_softmax(llm, rng):
     prompt = llm.tokenizer.encode(words(rng))
     out = llm.generate([prompt], ob.SamplingParams(max_tokens=3, temperature=0.0, logprobs=4))[0].outputs[0]

@@ -301,6 +301,12 @@ INVALID: list[tuple[str, object, type[Exception], str]] = [
     ("skip_special_tokens", None, TypeError, "skip_special_tokens must be a bool"),
     ("logprobs", 21, ValueError, r"logprobs must be in \[0, 20\] or None, got 21"),
     ("logprobs", -1, ValueError, r"logprobs must be in \[0, 20\] or None, got -1"),
+    ("logit_bias", [(1, 2.0)], TypeError, "logit_bias must be a dict of token id to number or None"),
+    ("logit_bias", {"7": 1.0}, TypeError, "logit_bias key '7' must be an int, got str"),
+    ("logit_bias", {-1: 1.0}, ValueError, r"logit_bias key -1 must be a token id in \[0, 4294967296\)"),
+    ("logit_bias", {3: 100.5}, ValueError, r"logit_bias\[3\] must be in \[-100, 100\], got 100.5"),
+    ("logit_bias", {3: math.nan}, ValueError, r"logit_bias\[3\] must be in \[-100, 100\], got nan"),
+    ("logit_bias", {3: "up"}, TypeError, r"logit_bias\[3\] must be a number, got str"),
 ]
 
 
@@ -331,6 +337,28 @@ def test_sampling_params_defaults_and_normalization() -> None:
         SamplingParams(0.5)  # keyword-only: a positional value is a mistake
     with pytest.raises(ValueError, match=r"default_seed must be in \[0, 2\*\*64\)"):
         SamplingParams().sampler(default_seed=-1)
+
+
+def test_logit_bias_is_normalized_and_reaches_the_sampler(rng: np.random.Generator) -> None:
+    p = SamplingParams(logit_bias={np.int64(4): 1, 9: -100.0})
+    assert p.logit_bias == {4: 1.0, 9: -100.0} and all(type(k) is int for k in p.logit_bias)
+    assert SamplingParams(logit_bias={}).logit_bias is None
+    assert not SamplingParams(temperature=0.0, logit_bias={1: 0.5}).is_plain_greedy
+    logits = rng.normal(size=64).astype(np.float32)
+    best = int(np.argmax(logits))
+    other = int(np.argmin(logits))
+    greedy = SamplingParams(temperature=0.0, logit_bias={best: -100.0, other: 100.0}).sampler(0)
+    token, logprob, top = greedy.sample(logits, [], [], None, 64)
+    assert token == other
+    raw = logits.astype(np.float64) - np.log(np.exp(logits.astype(np.float64)).sum())
+    assert logprob == pytest.approx(raw[other], abs=1e-5), "logprobs are the raw ones"
+    assert top[0][0] == best and len(top) == 64
+    seeded = SamplingParams(seed=1, logit_bias={best: -100.0}).sampler(0)
+    assert all(seeded.sample(logits, [], [], None, None)[0] != best for _ in range(2000))
+    with pytest.raises(ValueError, match="logit_bias token 64 is not a token id of a vocabulary of 64"):
+        SamplingParams(logit_bias={64: 1.0}).sampler(0).sample(logits, [], [])
+    with pytest.raises(ValueError, match="logit_bias names token 3 twice"):
+        Sampler(logit_bias=[(3, 1.0), (3, 2.0)])
 
 
 def test_plain_greedy_is_greedy_without_penalties_or_logprobs() -> None:

@@ -80,6 +80,22 @@ def test_completion_matches_the_engine_greedy(app: Any, engine: ob.AsyncLLM) -> 
     assert "cached_tokens" in usage["prompt_tokens_details"]
 
 
+def test_logit_bias_forces_and_bans_tokens(app: Any, engine: ob.AsyncLLM) -> None:
+    word = engine.tokenizer.encode(" data")[-1]
+    prompt = words(random.Random(), 5)
+    body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    forced = post(app, "/v1/completions", {**body, "logit_bias": {str(word): 100}}).json()
+    assert forced["choices"][0]["text"] == engine.tokenizer.decode([word] * 4)
+    greedy = ob.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    llm = ob.LLM(None)
+    first = llm.generate([prompt], greedy)[0].outputs[0].token_ids[0]
+    ban = ob.SamplingParams(**{**vars(greedy), "logit_bias": {first: -100.0}})
+    want = llm.generate([prompt], ban)[0].outputs[0]
+    assert want.token_ids[0] != first
+    banned = post(app, "/v1/completions", {**body, "logit_bias": {str(first): -100}}).json()
+    assert banned["choices"][0]["text"] == want.text
+
+
 def test_prompt_forms_give_one_choice_each(app: Any, engine: ob.AsyncLLM) -> None:
     rng = random.Random()
     texts = [words(rng, 4), words(rng, 5)]

@@ -204,12 +204,24 @@ def test_model_names(app: Any) -> None:
         {"tool_choice": "auto"},
         {"response_format": {"type": "json_schema", "json_schema": {}}},
         {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
-        {"logit_bias": {"5": 10}},
         {"chat_template": "{{ messages }}"},
     ],
 )
 def test_unsupported_chat_features_are_refused_loudly(app: Any, fields: dict[str, Any]) -> None:
     assert_error(chat(app, **fields), 400)
+
+
+@pytest.mark.parametrize(
+    "bias",
+    [{"x": 1}, {"-1": 1}, {"1.5": 1}, {"5": 100.5}, {"5": "up"}, {str(i): 1 for i in range(2049)}],
+)
+def test_bad_logit_bias_is_400(app: Any, bias: dict[str, Any]) -> None:
+    assert_error(completion(app, logit_bias=bias), 400, "logit_bias")
+
+
+def test_out_of_vocabulary_logit_bias_is_400(app: Any, engine: ob.AsyncLLM) -> None:
+    vocab = engine.tokenizer.vocab_size
+    assert_error(chat(app, logit_bias={str(vocab): 1}), 400, contains=f"logit_bias token id {vocab}")
 
 
 @pytest.mark.parametrize("salt", ["", 123])

@@ -321,7 +321,10 @@ class Sampler:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         seed: int = 0,
-    ) -> Sampler: ...
+        logit_bias: Sequence[tuple[int, float]] | None = None,
+    ) -> Sampler:
+        """``logit_bias``: ``(token id, amount in [-100, 100])`` pairs added to the raw logits before the
+        penalties, each id once."""
     def sample(
         self,
         logits: npt.NDArray[np.float32],

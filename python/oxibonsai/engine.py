@@ -208,6 +208,9 @@ class Engine:
         bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is out of range for a vocabulary of {vocab}")
+        bad = next((t for t in params.logit_bias or () if t >= vocab), None)
+        if bad is not None:
+            raise ValueError(f"logit_bias token id {bad} is out of range for a vocabulary of {vocab}")
         room = limit - len(prompt_ids)
         max_new = room if params.max_tokens is None else min(params.max_tokens, room)
         if self._blocks_for(len(prompt_ids) + max_new) > self.num_blocks:

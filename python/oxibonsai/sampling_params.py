@@ -20,6 +20,8 @@ from oxibonsai import _core
 
 #: The most logprobs a request may ask for (vLLM's default limit).
 MAX_LOGPROBS = 20
+#: The largest ``logit_bias`` amount, either way (OpenAI's range).
+MAX_LOGIT_BIAS = 100.0
 _SEED_LIMIT = 2**64
 _TOKEN_ID_LIMIT = 2**32
 
@@ -86,6 +88,22 @@ def _stop_token_ids(value: object) -> list[int]:
     return ids
 
 
+def _logit_bias(value: object) -> dict[int, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"logit_bias must be a dict of token id to number or None, got {_type_name(value)}")
+    bias = {}
+    for key, amount in value.items():
+        token = _as_int(f"logit_bias key {key!r}", key)
+        if not 0 <= token < _TOKEN_ID_LIMIT:
+            raise _out_of_range(f"logit_bias key {key!r}", f"a token id in [0, {_TOKEN_ID_LIMIT})", token)
+        bias[token] = _float_in(
+            f"logit_bias[{token}]", amount, "in [-100, 100]", lambda x: abs(x) <= MAX_LOGIT_BIAS
+        )
+    return bias or None
+
+
 @dataclass(kw_only=True)
 class SamplingParams:
     """Sampling and stopping parameters of one request (vLLM's names, defaults and ranges).
@@ -93,7 +111,9 @@ class SamplingParams:
     ``top_k`` 0 or -1 turns top-k off; ``temperature`` 0 is greedy; ``seed`` None draws the request's
     seed from the engine; ``max_tokens`` None generates up to the context length; ``logprobs`` asks
     for that many top raw logprobs per token (None: none). ``stop`` becomes a list of strings and
-    ``stop_token_ids`` a list of ints.
+    ``stop_token_ids`` a list of ints. ``logit_bias`` maps token ids to amounts in [-100, 100] added to
+    their logits before the penalties (-100 all but bans a token, +100 all but forces it; logprobs stay
+    the raw ones); an empty dict becomes None.
     """
 
     n: int = 1
@@ -113,6 +133,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         self._check_lengths()
@@ -155,6 +176,7 @@ class SamplingParams:
             self.logprobs = _as_int("logprobs", self.logprobs)
             if not 0 <= self.logprobs <= MAX_LOGPROBS:
                 raise _out_of_range("logprobs", f"in [0, {MAX_LOGPROBS}] or None", self.logprobs)
+        self.logit_bias = _logit_bias(self.logit_bias)
 
     def _check_stopping(self) -> None:
         self.stop = _stop_strings(self.stop)
@@ -168,10 +190,11 @@ class SamplingParams:
     @property
     def is_plain_greedy(self) -> bool:
         """Greedy (temperature 0 or top-k 1, as the float32 samplers see them) with no repetition,
-        frequency or presence penalty and no logprobs: a draw is the first largest logit. (Ids banned
-        before ``min_tokens`` are the engine's to check at each step.)"""
+        frequency or presence penalty, no logit bias and no logprobs: a draw is the first largest
+        logit. (Ids banned before ``min_tokens`` are the engine's to check at each step.)"""
         greedy = np.float32(self.temperature) == 0 or self.top_k == 1
-        return bool(greedy and not self.has_penalties and self.logprobs is None)
+        plain = not self.has_penalties and self.logit_bias is None and self.logprobs is None
+        return bool(greedy and plain)
 
     @property
     def has_penalties(self) -> bool:
@@ -203,4 +226,5 @@ class SamplingParams:
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             seed=seed,
+            logit_bias=None if self.logit_bias is None else list(self.logit_bias.items()),
         )

@@ -107,9 +107,17 @@ def random_params(rng: np.random.Generator, **fixed: object) -> SamplingParams:
         "presence_penalty": pick(0.0, float(rng.uniform(-2.0, 2.0))),
         "frequency_penalty": pick(0.0, float(rng.uniform(-2.0, 2.0))),
         "logprobs": pick(None, None, 0, 1, 5, 20),
+        "logit_bias": pick(None, None, random_bias(rng)),
         **fixed,
     }
     return SamplingParams(**kwargs)
+
+
+def random_bias(rng: np.random.Generator) -> dict[int, float]:
+    """A few ids of the vocabulary with amounts in [-100, 100], the ends included."""
+    ids = rng.choice(VOCAB, size=int(rng.integers(1, 8)), replace=False)
+    amounts = [float(rng.choice([-100.0, 100.0, rng.uniform(-100, 100), rng.uniform(-3, 3)])) for _ in ids]
+    return {int(t): a for t, a in zip(ids, amounts, strict=True)}
 
 
 def seeds_for(rng: np.random.Generator, n: int) -> list[int]:
@@ -124,6 +132,7 @@ def boundary_margin(p: SamplingParams, rows: Rows, r: int) -> float:
         return math.inf
     plain = SamplingParams(
         temperature=p.temperature,
+        logit_bias=p.logit_bias,
         repetition_penalty=p.repetition_penalty,
         presence_penalty=p.presence_penalty,
         frequency_penalty=p.frequency_penalty,

@@ -3,8 +3,9 @@
 Validation happens here, at the edge: bodies are parsed as strict JSON (``model_validate_json``: invalid
 UTF-8, lone surrogates, ``"10"`` for an int and ``1.5`` for a count are all rejected), every range is a
 field constraint so a 400 names its field, and unknown fields are ignored as OpenAI's API does.
-Features the engine does not have (``logit_bias``, ``response_format`` other than text, request chat
-templates, forced tool choice, ``suffix``) are refused with a 400 rather than silently ignored.
+Features the engine does not have (``response_format`` other than text, request chat templates,
+forced tool choice, ``suffix``) are refused with a 400 rather than silently ignored. ``logit_bias``
+keys are token ids as decimal strings (OpenAI's form), at most ``MAX_LOGIT_BIAS_ENTRIES`` of them.
 ``sampling_params`` turns a validated request into the engine's ``SamplingParams``."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from oxibonsai.sampling_params import MAX_LOGPROBS, SamplingParams
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_N = 128
+MAX_LOGIT_BIAS_ENTRIES = 2048
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 1024
 COMPLETION_MAX_LOGPROBS = 5  # OpenAI's limit for the legacy completions API
@@ -59,7 +61,7 @@ class _SamplingFields(_Strict):
     user: str | None = None
     priority: int = Field(default=0, ge=INT32_MIN, le=INT32_MAX)
     cache_salt: str | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -83,9 +85,14 @@ class _SamplingFields(_Strict):
 
     @field_validator("logit_bias")
     @classmethod
-    def _refuse_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise ValueError("logit_bias is not supported by this server")
+    def _check_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+            raise ValueError(f"logit_bias may name at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {len(value)}")
+        for key in value:
+            if not (key.isascii() and key.isdigit() and int(key) < 2**32):
+                raise ValueError(f"logit_bias keys must be token ids (decimal strings), got {key!r}")
         return value
 
     @model_validator(mode="after")
@@ -119,6 +126,7 @@ class _SamplingFields(_Strict):
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
             logprobs=logprobs,
+            logit_bias=None if self.logit_bias is None else {int(k): v for k, v in self.logit_bias.items()},
             **given,
         )
 

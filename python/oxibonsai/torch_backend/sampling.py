@@ -4,12 +4,12 @@ requested logprobs cross to the host.
 ``sampling_batch.SamplingBatch.build`` turns each row's ``SamplingParams``, seed, history and banned ids
 into tensors on the logits' device (re-exported here with ``draw_uniform``). ``sample`` then runs the
 Rust sampler's pipeline (``rust/core/src/sample``) on all rows at once, in a number of kernel launches
-set by which features the batch uses, never by its size: repetition penalty over prompt and output
-ids, frequency and presence penalties over output ids, banned ids to ``-inf``; greedy rows
-(temperature 0 or top-k 1) take the first maximum; the others temperature -> top-k -> top-p -> min-p
-and one inverse-CDF draw over the candidates in ascending id, the walk the Rust sampler makes.
-Logprobs are the *raw* ``log_softmax`` of the logits as given (before penalties, temperature and
-filters), the top ones descending with ties to the lower id.
+set by which features the batch uses, never by its size: the logit biases, repetition penalty over
+prompt and output ids, frequency and presence penalties over output ids, banned ids to ``-inf``;
+greedy rows (temperature 0 or top-k 1) take the first maximum; the others temperature -> top-k ->
+top-p -> min-p and one inverse-CDF draw over the candidates in ascending id, the walk the Rust sampler
+makes. Logprobs are the *raw* ``log_softmax`` of the logits as given (before biases, penalties,
+temperature and filters), the top ones descending with ties to the lower id.
 
 A row's one uniform is a counter-based hash of (seed, step), step being the row's own token index (its
 output length by default), computed on the host when the batch is built. A row's token therefore depends
@@ -168,10 +168,13 @@ def _prepare(
 
 
 def _penalized(x: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """``penalties.rs``: repetition (divide positive, multiply non-positive logits) once per id seen in
-    prompt or output; then ``logit -= frequency * count + presence`` per id in the output; each result
-    saturated below ``+inf``; then banned ids to ``-inf``. Neutral parameters leave a row's bits as
-    they are, so rows without penalties share these kernels unchanged."""
+    """``bias.rs``: the logit biases; ``penalties.rs``: repetition (divide positive, multiply
+    non-positive logits) once per id seen in prompt or output; then ``logit -= frequency * count +
+    presence`` per id in the output; each result saturated below ``+inf``; then banned ids to
+    ``-inf``. Neutral parameters leave a row's bits as they are, so rows without penalties share these
+    kernels unchanged."""
+    if batch.bias is not None:
+        x = batch.bias.apply(x)
     if batch.seen is not None:
         rep = batch.repetition[:, None]
         x = torch.where(batch.seen, torch.where(x > 0, x / rep, x * rep).clamp_max(_F32_MAX), x)

@@ -58,6 +58,7 @@ class SamplingBatch:
     seen: torch.Tensor | None  # bool [R, V]: in prompt or output (None: no repetition penalty)
     output_counts: torch.Tensor | None  # float32 [R, V]: occurrences in output (None: no freq/presence)
     banned: torch.Tensor | None  # bool [R, V] (None: nothing banned)
+    bias: LogitBias | None  # every row's logit bias (None: no row has one)
     ranked: torch.Tensor  # bool [R]: a sampled row with top-k or top-p on
     uniforms: torch.Tensor  # float64 [R]: draw_uniform(seed, step)
     logprob_index: torch.Tensor  # int64 [L]: logprob_rows on the device
@@ -122,6 +123,7 @@ class SamplingBatch:
         )
         floats = rows["temperature":].float()  # one conversion for every float32 column
         seen, output_counts, banned_mask = _history_masks(params, histories, vocab_size, device, kept)
+        bias = LogitBias.build(params, vocab_size, device)
         if pending_ids is not None:
             _add_pending(seen, output_counts, pending_ids)
         return cls(
@@ -133,6 +135,7 @@ class SamplingBatch:
             seen=seen,
             output_counts=output_counts,
             banned=banned_mask,
+            bias=bias,
             ranked=rows["ranked"] != 0,
             uniforms=rows["uniforms"],
             logprob_index=rows["logprob_index"][: len(logprob_rows)].long(),
@@ -143,6 +146,38 @@ class SamplingBatch:
             all_greedy=not any(sampled),
             any_min_p=any(f32(p.min_p) > 0 for p, s in zip(params, sampled, strict=True) if s),
         )
+
+
+@dataclass(frozen=True)
+class LogitBias:
+    """The batch's logit biases as three columns on the device, one entry per (row, token id) with an
+    amount: ``x[rows, ids] += amounts`` (``bias.rs``)."""
+
+    rows: torch.Tensor  # int64 [B]
+    ids: torch.Tensor  # int64 [B]
+    amounts: torch.Tensor  # float32 [B]: the Python floats rounded to float32, as the Rust sampler's
+
+    @classmethod
+    def build(
+        cls, params: Sequence[SamplingParams], vocab: int, device: torch.device | str
+    ) -> LogitBias | None:
+        """None when no row has a bias; raises the Rust sampler's ValueError for an id outside the
+        vocabulary."""
+        entries = [(r, t, a) for r, p in enumerate(params) for t, a in (p.logit_bias or {}).items()]
+        if not entries:
+            return None
+        bad = next(((r, t) for r, t, _ in entries if t >= vocab), None)
+        if bad is not None:
+            raise ValueError(
+                f"row {bad[0]}: logit_bias token {bad[1]} is not a token id of a vocabulary of {vocab}"
+            )
+        table = torch.tensor(entries, dtype=torch.float64).T.to(device)  # ids < 2^32: exact in float64
+        return cls(table[0].long(), table[1].long(), table[2].float())
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (float32 [R, V]) with the amounts added, each sum kept below ``+inf``; a new tensor."""
+        biased = (x[self.rows, self.ids] + self.amounts).clamp_max(float(np.finfo(np.float32).max))
+        return x.index_put((self.rows, self.ids), biased)
 
 
 _FLOAT_PARAMS = {  # SamplingBatch field -> SamplingParams field, the float32 columns after temperature

@@ -1,8 +1,8 @@
-//! `Sampler`: one request's seeded sampler (penalties, temperature, top-k/p, min-p), for Python.
+//! `Sampler`: one request's seeded sampler (logit bias, penalties, temperature, top-k/p, min-p), for Python.
 //! The engine samples in Rust directly; this class exposes the same code to tests and tools.
 
 use numpy::PyArray1;
-use oxibonsai_core::sample::{History, Sampler as CoreSampler, SamplingConfig};
+use oxibonsai_core::sample::{History, LogitBias, Sampler as CoreSampler, SamplingConfig};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -70,7 +70,7 @@ impl<'py> Inputs<'py> {
 impl Sampler {
     #[new]
     #[pyo3(signature = (temperature = 1.0, top_k = 0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0,
-                        presence_penalty = 0.0, frequency_penalty = 0.0, seed = 0))]
+                        presence_penalty = 0.0, frequency_penalty = 0.0, seed = 0, logit_bias = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         temperature: f32,
@@ -81,6 +81,7 @@ impl Sampler {
         presence_penalty: f32,
         frequency_penalty: f32,
         seed: u64,
+        logit_bias: Option<Vec<(u32, f32)>>,
     ) -> PyResult<Sampler> {
         let config = SamplingConfig {
             temperature,
@@ -91,7 +92,8 @@ impl Sampler {
             presence_penalty,
             frequency_penalty,
         };
-        Ok(Sampler { inner: CoreSampler::new(config, seed).map_err(to_py)? })
+        let bias = LogitBias::new(logit_bias.unwrap_or_default()).map_err(to_py)?;
+        Ok(Sampler { inner: CoreSampler::new(config, seed).map_err(to_py)?.with_bias(bias) })
     }
 
     /// Samples one token: `(token, raw logprob, [(id, raw logprob)] * logprobs, descending)`;

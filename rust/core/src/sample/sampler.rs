@@ -1,5 +1,5 @@
 //! `Sampler`: one request's config and random stream, and the pipeline that turns its logits into a
-//! token. The steps themselves live in `penalties`, `filters` and `logprobs`; this file only orders
+//! token. The steps themselves live in `bias`, `penalties`, `filters` and `logprobs`; this file only orders
 //! them, validates the logits and makes the one draw.
 //!
 //! Draw order (fixed, so a seed gives a fixed sequence): the surviving candidates are walked in
@@ -7,6 +7,7 @@
 //! `u * total` is chosen, `u` being exactly one `Rng::next_f64()` per sampled token. Greedy sampling
 //! (temperature 0 or top-k 1) takes the argmax, ties to the lowest id, and draws nothing.
 
+use super::bias::LogitBias;
 use super::config::SamplingConfig;
 use super::math::max_and_bad;
 use super::penalties::{self, History};
@@ -25,10 +26,11 @@ pub struct Sampled {
     pub top: Vec<(u32, f32)>,
 }
 
-/// A request's sampler: its validated config and its own seeded random stream.
+/// A request's sampler: its validated config, its logit bias and its own seeded random stream.
 #[derive(Debug, Clone)]
 pub struct Sampler {
     config: SamplingConfig,
+    bias: LogitBias,
     rng: Rng,
 }
 
@@ -36,7 +38,12 @@ impl Sampler {
     /// Validates `config` and seeds the stream.
     pub fn new(config: SamplingConfig, seed: u64) -> Result<Sampler> {
         config.validate()?;
-        Ok(Sampler { config, rng: Rng::new(seed) })
+        Ok(Sampler { config, bias: LogitBias::default(), rng: Rng::new(seed) })
+    }
+
+    /// This sampler, adding `bias` to the logits before everything else.
+    pub fn with_bias(self, bias: LogitBias) -> Sampler {
+        Sampler { bias, ..self }
     }
 
     pub fn config(&self) -> &SamplingConfig {
@@ -54,12 +61,12 @@ impl Sampler {
         banned: &[u32],
         n_logprobs: Option<usize>,
     ) -> Result<Sampled> {
-        if self.config.is_greedy() && !self.config.has_penalties() && banned.is_empty() {
+        if self.config.is_greedy() && !self.config.has_penalties() && banned.is_empty() && self.bias.is_empty() {
             return plain_argmax(logits, history, n_logprobs);
         }
         check_logits(logits)?;
         with_scratch(|s| {
-            let max = prepare(&self.config, logits, history, banned, s)?;
+            let max = prepare(&self.config, &self.bias, logits, history, banned, s)?;
             let token = if self.config.is_greedy() {
                 argmax(&s.logits, max)
             } else {
@@ -74,7 +81,7 @@ impl Sampler {
     pub fn probabilities(&self, logits: &[f32], history: &History<'_>, banned: &[u32]) -> Result<Vec<f32>> {
         check_logits(logits)?;
         with_scratch(|s| {
-            let max = prepare(&self.config, logits, history, banned, s)?;
+            let max = prepare(&self.config, &self.bias, logits, history, banned, s)?;
             let mut probs = vec![0.0; logits.len()];
             if self.config.is_greedy() {
                 probs[argmax(&s.logits, max) as usize] = 1.0;
@@ -138,16 +145,18 @@ fn check_logits(logits: &[f32]) -> Result<()> {
     Err(Error::Value(format!("logits[{i}] is {}; logits must be finite or -inf", logits[i])))
 }
 
-/// Steps 1-3 into the scratch copy; returns the largest penalized logit, or fails if every token is
+/// Steps 0-3 into the scratch copy; returns the largest penalized logit, or fails if every token is
 /// `-inf` or banned.
 fn prepare(
     config: &SamplingConfig,
+    bias: &LogitBias,
     logits: &[f32],
     history: &History<'_>,
     banned: &[u32],
     s: &mut Scratch,
 ) -> Result<f32> {
     s.load(logits);
+    bias.apply(&mut s.logits)?;
     penalties::apply(&mut s.logits, history, banned, config, &mut s.marks)?;
     let max = max_and_bad(&s.logits).0;
     if max == f32::NEG_INFINITY {
@@ -195,6 +204,13 @@ fn draw(w: &[f32], cand: &[u32], total: f64, u: f64) -> u32 {
 mod tests {
     use super::*;
 
+    impl Sampled {
+        /// The raw logprob of `token` from this draw's top list.
+        fn logprobs_of(&self, token: u32) -> f32 {
+            self.top.iter().find(|(id, _)| *id == token).map_or(f32::NAN, |&(_, lp)| lp)
+        }
+    }
+
     #[test]
     fn argmax_ties_go_to_the_lowest_id() {
         assert_eq!(argmax(&[1.0, 3.0, 3.0, f32::NEG_INFINITY], 3.0), 1);
@@ -214,6 +230,27 @@ mod tests {
         assert_eq!(draw(&w, &cand, 4.0, 0.2499), 1);
         assert_eq!(draw(&w, &cand, 4.0, 0.25), 3);
         assert_eq!(draw(&w, &cand, 4.0, 1.0), 3);
+    }
+
+    #[test]
+    fn the_bias_moves_greedy_and_sampled_draws_but_not_logprobs() {
+        let logits = [2.0, 1.0, 0.0, -1.0];
+        let h = History::default();
+        let bias = LogitBias::new(vec![(0, -100.0), (3, 3.5)]).unwrap();
+        let mut greedy = Sampler::new(SamplingConfig::greedy(), 0).unwrap().with_bias(bias.clone());
+        let got = greedy.sample(&logits, &h, &[], Some(4)).unwrap();
+        let plain = Sampler::new(SamplingConfig::greedy(), 0).unwrap().sample(&logits, &h, &[], Some(4)).unwrap();
+        assert_eq!((got.token, plain.token), (3, 0));
+        assert_eq!((got.logprob.unwrap(), &got.top), (plain.logprobs_of(3), &plain.top));
+        assert!(got.logprob.unwrap() < -3.0, "the raw logprob, not the biased one");
+        // Sampling: token 0 weighs exp(-98 - 2.5) against the rest, so 4,000 draws never take it.
+        let sampler = Sampler::new(SamplingConfig::default(), 7).unwrap().with_bias(bias);
+        let probs = sampler.probabilities(&logits, &h, &[]).unwrap();
+        assert_eq!(probs[0], 0.0);
+        let want = 2.5f64.exp() / (2.5f64.exp() + 1f64.exp() + 1.0);
+        assert!((probs[3] as f64 - want).abs() < 1e-6, "{probs:?}");
+        let mut sampler = sampler;
+        assert!((0..4000).all(|_| sampler.sample(&logits, &h, &[], None).unwrap().token != 0));
     }
 
     #[test]
