@@ -65,6 +65,24 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(llm, rng):
     assert tokens(llm.generate(prompt, params)[0]) == alone
 
 
+def test_n_samples_are_the_seeded_requests_and_share_the_prompt(llm, rng):
+    prompt = llm.tokenizer.encode(words(rng, 60))
+    seed = int(rng.integers(0, 2**63))
+    params = ob.SamplingParams(n=3, max_tokens=8, temperature=1.0, seed=seed, ignore_eos=True)
+    hits = llm.cache_stats()["hit_tokens"]
+    other = words(rng)
+    out = llm.generate([prompt, other], [params, GREEDY])
+    shared = llm.cache_stats()["hit_tokens"] - hits
+    assert [c.index for c in out[0].outputs] == [0, 1, 2] and len(out[1].outputs) == 1
+    assert shared >= 2 * ((len(prompt) - 1) // llm.block_size * llm.block_size), "samples 1 and 2 hit"
+    for i, completion in enumerate(out[0].outputs):
+        alone = ob.SamplingParams(max_tokens=8, temperature=1.0, seed=seed + i, ignore_eos=True)
+        assert completion.token_ids == tokens(llm.generate([prompt], alone)[0])
+    assert tokens(out[1]) == tokens(llm.generate(other, GREEDY)[0])
+    with pytest.raises(ValueError, match="a request generates one sample, got n=2"):
+        next(llm.stream(other, ob.SamplingParams(n=2)))
+
+
 def test_unseeded_requests_follow_the_llm_seed(tiny_model, rng):
     prompt = words(rng)
     params = ob.SamplingParams(max_tokens=24, temperature=1.0, ignore_eos=True)

@@ -267,7 +267,7 @@ def test_bad_sampler_arguments() -> None:
 
 
 INVALID: list[tuple[str, object, type[Exception], str]] = [
-    ("n", 2, ValueError, "n must be 1"),
+    ("n", 0, ValueError, "n must be >= 1, got 0"),
     ("n", 1.0, TypeError, "n must be an int, got float"),
     ("max_tokens", 0, ValueError, "max_tokens must be >= 1 or None, got 0"),
     ("max_tokens", True, TypeError, "max_tokens must be an int, got bool"),

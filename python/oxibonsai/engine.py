@@ -196,6 +196,11 @@ class Engine:
 
     def check_prompt(self, prompt_ids: list[int], params: SamplingParams) -> int:
         """Validates a prompt; returns how many tokens the request may generate."""
+        if params.n != 1:
+            raise ValueError(
+                f"a request generates one sample, got n={params.n}: LLM.generate and the server run n "
+                "samples as n requests (SamplingParams.for_sample)"
+            )
         limit = self.max_model_len
         if not prompt_ids:
             raise ValueError("the prompt is empty: at least one token is needed")
@@ -244,6 +249,12 @@ class Engine:
     def scheduler_stats(self) -> dict[str, int]:
         """The scheduler's counters: steps, admitted, preemptions, finished, aborted, tokens."""
         return dict(self._sched.stats())
+
+    def has_started(self, request_id: str) -> bool:
+        """Whether the request has sampled a token (its prompt is computed, and its full blocks are in
+        the prefix cache) or has ended."""
+        handle = self._handles.get(request_id)
+        return handle is None or bool(self._requests[handle].output_ids)
 
     def abort(self, request_id: str) -> bool:
         """Drops a waiting or running request and frees its KV blocks; False if it is unknown."""

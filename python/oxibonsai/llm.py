@@ -4,6 +4,7 @@ the engine's step loop."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -241,7 +242,9 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generates for one prompt or a list (strings, token id lists, or ``{"prompt": ...}`` /
         ``{"prompt_token_ids": [...]}`` dicts, optionally with ``"cache_salt": str``); returns one
-        finished ``RequestOutput`` per prompt, in order. All prompts are checked before any runs.
+        finished ``RequestOutput`` per prompt, in order, holding ``n`` completions (index 0 to n - 1)
+        for ``SamplingParams(n=...)``: the first sample computes the prompt and the others start from
+        its cached blocks once it has. All prompts are checked before any runs.
         ``priority``: one per prompt, lower first. ``use_tqdm``: a progress bar on stderr (default:
         for 16 prompts or more)."""
         batch = self._prompt_list(prompts)
@@ -251,29 +254,35 @@ class LLM:
             raise ValueError(f"got {len(priorities)} priorities for {len(batch)} prompts")
         requests = [self._prepare(p) for p in batch]
         for (_, ids, _), sp in zip(requests, params, strict=True):
-            self._engine.check_prompt(ids, sp)
+            self._engine.check_prompt(ids, sp.for_sample(0))
         show = use_tqdm if use_tqdm is not None else len(batch) >= PROGRESS_MIN_PROMPTS
-        bar = Progress(len(batch)) if show else None
+        bar = Progress(sum(sp.n for sp in params)) if show else None
         finished: dict[str, RequestOutput] = {}
-        pending = list(zip(requests, params, priorities, strict=True))[::-1]
-        ids: list[str] = []
+        samples: list[list[str]] = [[] for _ in batch]  # each prompt's request ids, by sample
+        pending = [(k, 0) for k in reversed(range(len(batch)))]  # (prompt, sample), popped from the end
+        siblings: dict[str, int] = {}  # a first sample whose prompt's other samples wait -> its prompt
         try:
             while pending or self._engine.has_unfinished():
                 while pending and self._has_room():
-                    (text, token_ids, salt), sp, prio = pending.pop()
-                    ids.append(self._submit(text, token_ids, salt, sp, priority=prio))
+                    k, i = pending.pop()
+                    text, token_ids, salt = requests[k]
+                    sp = params[k].for_sample(i)
+                    samples[k].append(self._submit(text, token_ids, salt, sp, priority=priorities[k]))
+                    if i == 0 and params[k].n > 1:
+                        siblings[samples[k][0]] = k
                 for out in self._engine.step():
                     if out.finished:
                         finished[out.request_id] = out
                         if bar is not None:
                             bar.update(out)
+                pending += _started_siblings(self._engine, siblings, params)
         except BaseException:
             self._engine.abort_all()
             raise
         finally:
             if bar is not None:
                 bar.close()
-        return [finished[i] for i in ids]
+        return [_merge_samples([finished[i] for i in ids]) for ids in samples]
 
     def _has_room(self) -> bool:
         limit = self._engine.config.max_waiting
@@ -397,6 +406,28 @@ class LLM:
         if len(out) != n:
             raise ValueError(f"got {len(out)} SamplingParams for {n} prompts")
         return out
+
+
+def _started_siblings(
+    engine: Engine, siblings: dict[str, int], params: list[SamplingParams]
+) -> list[tuple[int, int]]:
+    """The (prompt, sample) pairs of the later samples of every first sample that has started, last
+    sample first (``generate`` pops its queue from the end): they start from its cached prompt blocks
+    instead of computing the prompt again beside it, as the server's ``n`` does."""
+    release = []
+    for rid in [rid for rid in siblings if engine.has_started(rid)]:
+        k = siblings.pop(rid)
+        release += [(k, i) for i in reversed(range(1, params[k].n))]
+    return release
+
+
+def _merge_samples(outputs: list[RequestOutput]) -> RequestOutput:
+    """One prompt's samples as one ``RequestOutput`` (the first's id, prompt and metrics) holding each
+    sample's completion with its index, as vLLM returns ``n`` samples."""
+    if len(outputs) == 1:
+        return outputs[0]
+    merged = [dataclasses.replace(o.outputs[0], index=i) for i, o in enumerate(outputs)]
+    return dataclasses.replace(outputs[0], outputs=merged)
 
 
 def _cache_salt(prompt: PromptType) -> str | None:

@@ -9,6 +9,7 @@ builds.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Callable
@@ -108,12 +109,13 @@ def _logit_bias(value: object) -> dict[int, float] | None:
 class SamplingParams:
     """Sampling and stopping parameters of one request (vLLM's names, defaults and ranges).
 
-    ``top_k`` 0 or -1 turns top-k off; ``temperature`` 0 is greedy; ``seed`` None draws the request's
-    seed from the engine; ``max_tokens`` None generates up to the context length; ``logprobs`` asks
-    for that many top raw logprobs per token (None: none). ``stop`` becomes a list of strings and
-    ``stop_token_ids`` a list of ints. ``logit_bias`` maps token ids to amounts in [-100, 100] added to
-    their logits before the penalties (-100 all but bans a token, +100 all but forces it; logprobs stay
-    the raw ones); an empty dict becomes None.
+    ``n`` samples of the prompt (``LLM.generate`` and the server run them as ``n`` requests, see
+    ``for_sample``); ``top_k`` 0 or -1 turns top-k off; ``temperature`` 0 is greedy; ``seed`` None
+    draws the request's seed from the engine; ``max_tokens`` None generates up to the context length;
+    ``logprobs`` asks for that many top raw logprobs per token (None: none). ``stop`` becomes a list
+    of strings and ``stop_token_ids`` a list of ints. ``logit_bias`` maps token ids to amounts in
+    [-100, 100] added to their logits before the penalties (-100 all but bans a token, +100 all but
+    forces it; logprobs stay the raw ones); an empty dict becomes None.
     """
 
     n: int = 1
@@ -142,8 +144,8 @@ class SamplingParams:
 
     def _check_lengths(self) -> None:
         self.n = _as_int("n", self.n)
-        if self.n != 1:
-            raise ValueError(f"n must be 1 (one completion per request is supported), got {self.n}")
+        if self.n < 1:
+            raise _out_of_range("n", ">= 1", self.n)
         if self.max_tokens is not None:
             self.max_tokens = _as_int("max_tokens", self.max_tokens)
             if self.max_tokens < 1:
@@ -206,6 +208,14 @@ class SamplingParams:
             or f32(self.frequency_penalty) != 0
             or f32(self.presence_penalty) != 0
         )
+
+    def for_sample(self, index: int) -> SamplingParams:
+        """The parameters of sample ``index`` of ``n``, as one request: ``n`` 1, and a given seed
+        becomes ``seed + index`` (mod 2**64), so samples differ and reproduce."""
+        seed = None if self.seed is None else (self.seed + index) % _SEED_LIMIT
+        if self.n == 1 and seed == self.seed:
+            return self
+        return dataclasses.replace(self, n=1, seed=seed)
 
     def effective_seed(self, default_seed: int) -> int:
         """``seed``, or ``default_seed`` when it is None."""

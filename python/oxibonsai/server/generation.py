@@ -11,7 +11,6 @@ arrival order; ``aclose`` aborts whatever is still running, so a client that lea
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -21,8 +20,6 @@ from oxibonsai.async_llm import AsyncLLM, EngineDeadError, RequestStream
 from oxibonsai.outputs import RequestOutput
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.server.errors import APIError
-
-_SEED_MASK = 2**64 - 1
 
 
 def context_length_error(max_model_len: int, prompt_len: int, max_tokens: int) -> APIError:
@@ -61,13 +58,6 @@ class Prompt:
         if self.cache_salt is not None:
             prompt["cache_salt"] = self.cache_salt
         return prompt
-
-
-def sample_params(params: SamplingParams, index: int) -> SamplingParams:
-    """The parameters of sample ``index``: a given seed becomes ``seed + index`` so samples differ."""
-    if index == 0 or params.seed is None:
-        return params
-    return dataclasses.replace(params, seed=(params.seed + index) & _SEED_MASK)
 
 
 class Samples:
@@ -110,7 +100,7 @@ class Samples:
         try:
             stream = self._engine.generate(
                 prompt.engine_prompt(),
-                sample_params(params, sample),
+                params.for_sample(sample),
                 request_id=f"{self._request_id}-{choice}",
                 priority=priority,
             )
