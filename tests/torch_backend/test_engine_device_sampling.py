@@ -50,6 +50,20 @@ def test_greedy_tokens_and_logprobs_equal_the_host_samplers(tiny_model, monkeypa
         assert g.outputs[0].cumulative_logprob == pytest.approx(w.outputs[0].cumulative_logprob, rel=1e-5)
 
 
+def test_logit_bias_steers_device_draws_as_host_ones(tiny_model, monkeypatch, rng):
+    device = torch_llm(tiny_model, monkeypatch, True)
+    host = torch_llm(tiny_model, monkeypatch, False)
+    vocab = device.config["vocab"]
+    ps = prompts(rng, vocab, 3)
+    plain = ob.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    first = tokens(host.generate(ps, plain))
+    bias = {first[0][0]: -100.0, int(rng.integers(vocab)): float(rng.uniform(-5, 5)), first[1][1]: -100.0}
+    biased = ob.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logit_bias=bias)
+    got = tokens(device.generate(ps, [biased, biased, plain]))
+    assert got == tokens(host.generate(ps, [biased, biased, plain]))
+    assert got[0][0] != first[0][0] and got[2] == first[2]
+
+
 def test_a_seeded_request_draws_the_same_tokens_alone_and_in_any_batch(tiny_model, monkeypatch, rng):
     llm = torch_llm(tiny_model, monkeypatch, True)
     vocab = llm.config["vocab"]
