@@ -30,14 +30,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from oxibonsai.runner import Draw
 from oxibonsai.torch_backend.histories import DeviceHistories
 from oxibonsai.torch_backend.pending import NON_FINITE, NOTHING, HostCopy, PendingDraws
-from oxibonsai.torch_backend.sampling_batch import SamplingBatch, draw_uniform
+from oxibonsai.torch_backend.sampling_batch import F32_MAX, SamplingBatch, draw_uniform
 
 __all__ = ["SampleResult", "SamplingBatch", "draw_uniform", "greedy_sample", "probabilities", "sample",
            "start_sampling"]  # fmt: skip
@@ -47,7 +46,6 @@ if TYPE_CHECKING:
 
 _EXP_FLOOR = -87.0
 """The Rust sampler's exp is exactly 0 below this argument (``math.rs``), so such tokens have no weight."""
-_F32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -177,11 +175,11 @@ def _penalized(x: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         x = batch.bias.apply(x)
     if batch.seen is not None:
         rep = batch.repetition[:, None]
-        x = torch.where(batch.seen, torch.where(x > 0, x / rep, x * rep).clamp_max(_F32_MAX), x)
+        x = torch.where(batch.seen, torch.where(x > 0, x / rep, x * rep).clamp_max(F32_MAX), x)
     if batch.output_counts is not None:
         counts = batch.output_counts
         penalty = batch.frequency[:, None] * counts + batch.presence[:, None]
-        x = torch.where(counts > 0, (x - penalty).clamp_max(_F32_MAX), x)
+        x = torch.where(counts > 0, (x - penalty).clamp_max(F32_MAX), x)
     if batch.banned is not None:
         x = x.masked_fill(batch.banned, float("-inf"))
     return x

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from oxibonsai.sampling_params import SamplingParams
 
 _MASK64 = 2**64 - 1
+F32_MAX = float(np.finfo(np.float32).max)
+"""Where biased and penalized logits saturate, below ``+inf`` (as the Rust sampler's do)."""
 _SEED_LIMIT = 2**64
 
 
@@ -176,7 +178,7 @@ class LogitBias:
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (float32 [R, V]) with the amounts added, each sum kept below ``+inf``; a new tensor."""
-        biased = (x[self.rows, self.ids] + self.amounts).clamp_max(float(np.finfo(np.float32).max))
+        biased = (x[self.rows, self.ids] + self.amounts).clamp_max(F32_MAX)
         return x.index_put((self.rows, self.ids), biased)
 
 
