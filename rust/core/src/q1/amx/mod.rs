@@ -2,10 +2,11 @@
 //! `Auto` run it instead of the 6-bit lookup GEMM from 8 activation rows (`matrix::AMX_MIN_ROWS`).
 //!
 //! One `tdpbssd` (16 x 16 x 64 int8 products) took ~7 ns on an Emerald Rapids Xeon, a tile load ~6
-//! and a tile store ~10, and the tile unit barely overlaps them (BENCHMARKS.md, session 11): the
-//! kernel is bound by its tile loads and stores per block (two weight tiles in, one product tile out;
-//! the per-block scales force the store), and the vector units turn sign bits into ±1 bytes and
-//! scale each block's sums meanwhile.
+//! and a tile store ~10, and the tile unit barely overlaps them (BENCHMARKS.md, session 11). So a
+//! pass loads each activation group's block tiles once and reuses them for every weight tile of the
+//! pass (two weight tiles in and one product tile out per step; the per-block scales force the
+//! store), while the vector units turn sign bits into ±1 bytes and scale each block's sums.
+//! Results are transposed in registers and written as contiguous output rows (session 31).
 //! Weights are read straight from the GGUF blocks (no repacking; the scales come from the LUT
 //! repacking, which decode builds anyway); activations are rearranged once per call ([`acts`]).
 //! Each output is computed by one task in block order, so results do not depend on the thread count
@@ -33,7 +34,7 @@ use crate::q1::par::SharedOut;
 use crate::q1::BlockQ1;
 
 use acts::{ActTiles, TILE_COLS};
-use kernel::{pass, TileResult, WeightRows, PASS_TILES, TILE_ROWS};
+use kernel::{pass, transposed, TileResult, WeightRows, PASS_TILES, TILE_ROWS};
 use unit::{Amx, TileUnit};
 
 /// `outs[i][j * rows + r]` = row `r` of matrix `i` (`blocks`, `packed`) times activation row `j`.
@@ -76,23 +77,26 @@ fn gemm_with<U: TileUnit>(
     }
 }
 
-/// Copies a pass's results (weight rows by activation rows, per tile and group) to their places in
-/// `out` (activation rows by weight rows), dropping padding rows.
+/// Writes a pass's results (weight rows by activation rows, per tile and group) to their places in
+/// `out` (activation rows by weight rows), dropping padding rows: each result is transposed in
+/// registers, so each activation row's values are one contiguous store.
 ///
 /// # Safety
-/// No other task writes these tiles' rows.
+/// No other task writes these tiles' rows; AVX-512 F is available.
+#[target_feature(enable = "avx512f")]
 unsafe fn write_results(results: &[TileResult], w: &WeightRows, tiles: Range<usize>, acts: &ActTiles, out: &SharedOut) {
-    let mut column = [0f32; TILE_ROWS];
     for (i, tile) in tiles.enumerate() {
         let r0 = tile * TILE_ROWS;
         let rows = (w.rows() - r0).min(TILE_ROWS);
         for g in 0..acts.groups {
-            let result = &results[i * acts.groups + g];
-            for n in 0..acts.rows_in(g) {
-                for (c, row) in column.iter_mut().zip(result) {
-                    *c = row[n];
+            let by_act_row = transposed(&results[i * acts.groups + g]);
+            for (n, values) in by_act_row[..acts.rows_in(g)].iter().enumerate() {
+                let start = (g * TILE_COLS + n) * w.rows() + r0;
+                if rows == TILE_ROWS {
+                    out.write(start, values);
+                } else {
+                    out.write(start, &values[..rows]);
                 }
-                out.write((g * TILE_COLS + n) * w.rows() + r0, &column[..rows]);
             }
         }
     }

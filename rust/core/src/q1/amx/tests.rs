@@ -2,7 +2,8 @@
 //! plain-loop tile emulation on any AVX-512 machine, and through the real tile unit where the CPU has
 //! AMX-INT8 (skipped elsewhere, saying so).
 
-use super::acts::{ActTiles, Plane};
+use super::acts::{ActTiles, BLOCK_BYTES};
+use super::kernel::{transposed, TileResult};
 use super::unit::{Emulated, TILE_BYTES};
 use super::{available, gemm_shared, gemm_with};
 use crate::pool::Pool;
@@ -84,15 +85,18 @@ fn amx_tiles_give_what_the_emulation_gives() {
 
 #[test]
 fn act_tiles_put_each_value_where_the_tile_unit_reads_it() {
+    if !avx512() {
+        return;
+    }
     let (n, cols) = (19, 256);
     let acts = quantize_acts(&values(n * cols, "activations"), n, cols, Isa::Scalar).unwrap();
     let tiles = ActTiles::new(&acts, &Pool::new(3));
     assert_eq!((tiles.groups, tiles.rows_in(0), tiles.rows_in(1)), (2, 16, 3));
     for g in 0..2 {
         for b in 0..2 {
-            // SAFETY: `block` points at the two tiles of a plane.
-            let plane = |p: Plane| unsafe { std::slice::from_raw_parts(tiles.block(g, b, p), 2 * TILE_BYTES) };
-            let (high, low) = (plane(Plane::High), plane(Plane::Low));
+            // SAFETY: `block` points at the block's four tiles.
+            let block = unsafe { std::slice::from_raw_parts(tiles.block(g, b), BLOCK_BYTES) };
+            let (high, low) = block.split_at(2 * TILE_BYTES);
             for col in 0..16 {
                 let i = 16 * g + col;
                 for k in 0..128 {
@@ -104,6 +108,22 @@ fn act_tiles_put_each_value_where_the_tile_unit_reads_it() {
                 let scale = if i < n { acts.scale[i * 2 + b] } else { 0.0 };
                 assert_eq!(tiles.scales(g, b)[col], scale);
             }
+        }
+    }
+}
+
+#[test]
+fn results_transpose_in_registers_as_in_a_plain_loop() {
+    if !avx512() {
+        return;
+    }
+    let v = values(256, "tile result");
+    let result: TileResult = std::array::from_fn(|m| std::array::from_fn(|n| v[16 * m + n]));
+    // SAFETY: AVX-512 checked above.
+    let got = unsafe { transposed(&result) };
+    for (n, row) in got.iter().enumerate() {
+        for (m, &x) in row.iter().enumerate() {
+            assert_eq!(x.to_bits(), result[m][n].to_bits(), "[{n}][{m}]");
         }
     }
 }

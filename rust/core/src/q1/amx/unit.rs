@@ -2,10 +2,11 @@
 //! the tests' `Emulated` computes the same thing with plain loops, so every other part of the kernel
 //! (sign expansion, activation layout, scaling, the task split) is tested on any AVX-512 machine.
 //!
-//! One product is one Q1 block (128 weights) of 16 weight rows against 16 activation rows:
-//! `c[m][n] = sum_k a[m][k] * b[k][n]` over k < 128, where the weights come as two row-major
-//! 16 x 64 int8 tiles (`a`, 2 KiB: k < 64, then k >= 64) and the activations as two tiles in the
-//! tile unit's "VNNI" layout (`b`, 2 KiB: byte `64 * (k / 4) + 4 * n + k % 4` of each half).
+//! One product is one Q1 block (128 weights) of 16 weight rows against 16 activation rows, for both
+//! byte planes of the activations: `c[p][m][n] = sum_k a[m][k] * b[p][k][n]` over k < 128, where the
+//! weights come as two row-major 16 x 64 int8 tiles (`a`, 2 KiB: k < 64, then k >= 64) and each plane
+//! `p` of the activations as two tiles in the tile unit's "VNNI" layout (`b`, 4 KiB: the high plane's
+//! 2 KiB, then the low plane's; byte `64 * (k / 4) + 4 * n + k % 4` of each half).
 
 /// Bytes of one 16 x 64 int8 tile.
 pub const TILE_BYTES: usize = 1024;
@@ -20,19 +21,19 @@ pub trait TileUnit {
     /// The unit must be usable on this CPU (for [`Amx`]: [`super::available`]).
     unsafe fn begin(&mut self);
 
-    /// Holds activation tiles `b` (2 KiB) for the following [`TileUnit::product`]s.
+    /// Holds one block's activation tiles `b` (both planes, 4 KiB) for the following
+    /// [`TileUnit::product`]s.
     ///
     /// # Safety
-    /// `b` points at 2 KiB, and `begin` ran on this thread.
+    /// `b` points at 4 KiB, and `begin` ran on this thread.
     unsafe fn load_acts(&mut self, b: *const u8);
 
-    /// `c = a0 * b0 + a1 * b1` in int32, with the activations of the last `load_acts`. Consecutive
-    /// calls should alternate `ODD` (false, true, ...): it picks one of two sets of weight and product
-    /// tiles, so a block need not wait for the previous one's tiles to be free.
+    /// `c[p] = a0 * b[p][0] + a1 * b[p][1]` in int32 for both planes `p` (high, then low), with the
+    /// activations of the last `load_acts`.
     ///
     /// # Safety
-    /// `a` points at 2 KiB, `c` at 256 int32 values, and `load_acts` ran on this thread.
-    unsafe fn product<const ODD: bool>(&mut self, a: *const u8, c: *mut i32);
+    /// `a` points at 2 KiB, `c` at 512 int32 values, and `load_acts` ran on this thread.
+    unsafe fn product(&mut self, a: *const u8, c: *mut i32);
 
     /// Releases what `begin` set up.
     ///
@@ -41,8 +42,8 @@ pub trait TileUnit {
     unsafe fn end(&mut self);
 }
 
-/// The CPU's AMX tile unit: tiles 2-3 hold the activations; 0-1 the weights and 4 the products of
-/// even blocks, 5-6 and 7 those of odd ones.
+/// The CPU's AMX tile unit: tiles 2-3 hold the activations' high plane and 4-5 the low one, 0-1 the
+/// weights, 6 and 7 the two planes' products.
 pub struct Amx;
 
 /// `ldtilecfg`'s 64-byte configuration: palette 1, all eight tiles 16 rows x 64 bytes.
@@ -72,26 +73,29 @@ impl TileUnit for Amx {
         std::arch::asm!(
             "tileloadd tmm2, [{b} + {s}*1]",
             "tileloadd tmm3, [{b} + {s}*1 + 1024]",
+            "tileloadd tmm4, [{b} + {s}*1 + 2048]",
+            "tileloadd tmm5, [{b} + {s}*1 + 3072]",
             b = in(reg) b,
             s = in(reg) TILE_STRIDE,
             options(nostack, readonly),
         );
     }
 
-    unsafe fn product<const ODD: bool>(&mut self, a: *const u8, c: *mut i32) {
+    unsafe fn product(&mut self, a: *const u8, c: *mut i32) {
         std::arch::asm!(
-            "tileloadd tmm{a0}, [{a} + {s}*1]",
-            "tileloadd tmm{a1}, [{a} + {s}*1 + 1024]",
-            "tilezero tmm{p}",
-            "tdpbssd tmm{p}, tmm{a0}, tmm2",
-            "tdpbssd tmm{p}, tmm{a1}, tmm3",
-            "tilestored [{c} + {s}*1], tmm{p}",
+            "tileloadd tmm0, [{a} + {s}*1]",
+            "tileloadd tmm1, [{a} + {s}*1 + 1024]",
+            "tilezero tmm6",
+            "tilezero tmm7",
+            "tdpbssd tmm6, tmm0, tmm2",
+            "tdpbssd tmm7, tmm0, tmm4",
+            "tdpbssd tmm6, tmm1, tmm3",
+            "tdpbssd tmm7, tmm1, tmm5",
+            "tilestored [{c} + {s}*1], tmm6",
+            "tilestored [{c} + {s}*1 + 1024], tmm7",
             a = in(reg) a,
             c = in(reg) c,
             s = in(reg) TILE_STRIDE,
-            a0 = const if ODD { 5 } else { 0 },
-            a1 = const if ODD { 6 } else { 1 },
-            p = const if ODD { 7 } else { 4 },
             options(nostack),
         );
     }
@@ -110,7 +114,7 @@ pub struct Emulated {
 #[cfg(test)]
 impl Emulated {
     pub fn new() -> Emulated {
-        Emulated { acts: vec![0; 2 * TILE_BYTES] }
+        Emulated { acts: vec![0; 4 * TILE_BYTES] }
     }
 }
 
@@ -119,23 +123,26 @@ impl TileUnit for Emulated {
     unsafe fn begin(&mut self) {}
 
     unsafe fn load_acts(&mut self, b: *const u8) {
-        self.acts.copy_from_slice(std::slice::from_raw_parts(b.cast::<i8>(), 2 * TILE_BYTES));
+        self.acts.copy_from_slice(std::slice::from_raw_parts(b.cast::<i8>(), 4 * TILE_BYTES));
     }
 
-    unsafe fn product<const ODD: bool>(&mut self, a: *const u8, c: *mut i32) {
+    unsafe fn product(&mut self, a: *const u8, c: *mut i32) {
         let a = std::slice::from_raw_parts(a.cast::<i8>(), 2 * TILE_BYTES);
-        let c = std::slice::from_raw_parts_mut(c, 256);
-        for m in 0..16 {
-            for n in 0..16 {
-                let mut sum = 0i32;
-                for half in 0..2 {
-                    for k in 0..64 {
-                        let w = a[half * TILE_BYTES + m * TILE_STRIDE + k];
-                        let x = self.acts[half * TILE_BYTES + TILE_STRIDE * (k / 4) + 4 * n + k % 4];
-                        sum += i32::from(w) * i32::from(x);
+        let c = std::slice::from_raw_parts_mut(c, 512);
+        for (plane, c) in c.chunks_exact_mut(256).enumerate() {
+            let b = &self.acts[plane * 2 * TILE_BYTES..][..2 * TILE_BYTES];
+            for m in 0..16 {
+                for n in 0..16 {
+                    let mut sum = 0i32;
+                    for half in 0..2 {
+                        for k in 0..64 {
+                            let w = a[half * TILE_BYTES + m * TILE_STRIDE + k];
+                            let x = b[half * TILE_BYTES + TILE_STRIDE * (k / 4) + 4 * n + k % 4];
+                            sum += i32::from(w) * i32::from(x);
+                        }
                     }
+                    c[16 * m + n] = sum;
                 }
-                c[16 * m + n] = sum;
             }
         }
     }
