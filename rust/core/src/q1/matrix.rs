@@ -204,10 +204,10 @@ impl Q1Matrix {
 }
 
 /// Activation rows from which `Gemm` and `Auto` take the AMX GEMM: below, the 6-bit lookup GEMM is
-/// faster (on an Emerald Rapids Xeon, 6144x2048: AMX 1.09-1.17x faster at 8 rows, 1.4-1.7x slower
-/// at 4; BENCHMARKS.md, session 11).
+/// faster (Emerald Rapids Xeon, 2048x2048 and 6144x2048, 1 and 2 threads: the lookup GEMM 1.03-1.16x
+/// faster at 10 rows, AMX 1.03-1.13x faster at 12; BENCHMARKS.md, session 32).
 #[cfg(target_arch = "x86_64")]
-const AMX_MIN_ROWS: usize = 8;
+const AMX_MIN_ROWS: usize = 12;
 
 /// True when the AMX GEMM runs for `isa`: an AVX-512 plan on a CPU with AMX-INT8.
 #[cfg(target_arch = "x86_64")]
@@ -215,7 +215,7 @@ fn amx_runs(isa: Isa) -> bool {
     isa.has_avx512() && super::amx::available()
 }
 
-/// The small-GEMM kernel that [`Kernel::Gemm`] runs for `isa` (with AMX: from 8 activation rows),
+/// The small-GEMM kernel that [`Kernel::Gemm`] runs for `isa` (with AMX: from 12 activation rows),
 /// e.g. `"amx-gemm"` or `"perm-gemm-avx512"`.
 pub fn gemm_name(isa: Isa) -> String {
     #[cfg(target_arch = "x86_64")]

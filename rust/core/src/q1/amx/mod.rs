@@ -1,5 +1,5 @@
 //! The AMX-INT8 small GEMM, for Xeons with Intel AMX (Sapphire Rapids and later), where `Gemm` and
-//! `Auto` run it instead of the 6-bit lookup GEMM from 8 activation rows (`matrix::AMX_MIN_ROWS`).
+//! `Auto` run it instead of the 6-bit lookup GEMM from 12 activation rows (`matrix::AMX_MIN_ROWS`).
 //!
 //! One `tdpbssd` (16 x 16 x 64 int8 products) took ~7 ns on an Emerald Rapids Xeon, a tile load ~6
 //! and a tile store ~10, and the tile unit barely overlaps them (BENCHMARKS.md, session 11). So a
