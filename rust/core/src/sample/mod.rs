@@ -22,6 +22,7 @@ mod scratch;
 
 pub use bias::{LogitBias, MAX_BIAS};
 pub use config::SamplingConfig;
+pub use logprobs::{score_token, TokenScore};
 pub use penalties::History;
 pub use rng::Rng;
 pub use sampler::{Sampled, Sampler};

@@ -53,7 +53,7 @@ impl Scheduler {
         let mut out = SchedulerOutput { step: self.step + 1, ..Default::default() };
         for it in prev.items.iter().filter(live).filter(|it| !skip.contains(&it.request)) {
             let start = it.start + it.num_tokens;
-            out.items.push(ScheduledItem { start, num_tokens: 1, sample: true, ..*it });
+            out.items.push(ScheduledItem { start, num_tokens: 1, sample: true, prompt_logits: false, ..*it });
             out.num_batched_tokens += 1;
             out.num_sample += 1;
             out.new_blocks += blocks_for(start + 1) - blocks_for(start);

@@ -20,6 +20,8 @@ mod ahead;
 mod ahead_tests;
 mod config;
 mod output;
+#[cfg(test)]
+mod prompt_logits_tests;
 mod queue;
 mod request;
 mod running;
@@ -36,3 +38,4 @@ pub use output::{ScheduledItem, SchedulerOutput, SchedulerStats};
 pub use queue::WaitingQueue;
 pub use request::Request;
 pub use scheduler::Scheduler;
+pub use step::{LogitRows, PromptRows};

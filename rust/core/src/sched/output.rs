@@ -3,8 +3,9 @@
 use super::request::Request;
 
 /// `num_tokens` tokens of request `request` (starting at token `start`, into KV sequence `seq`) run
-/// in this step; `sample`: they complete the request's known tokens, so its logits are sampled.
-/// `slot`: where the scheduler keeps the request (valid while the request runs on `seq`). The blocks
+/// in this step; `sample`: they complete the request's known tokens, so its logits are sampled;
+/// `prompt_logits`: the request asked for its prompt's logprobs and some of these tokens are prompt
+/// tokens whose logits score the next prompt token, so every token's logits are needed. `slot`: where the scheduler keeps the request (valid while the request runs on `seq`). The blocks
 /// the step's sequences grow by are reserved as one total ([`SchedulerOutput::new_blocks`]); each
 /// sequence's share follows from its length. 40 bytes: a step's items are written by `schedule` and
 /// read by the forward pass and `update`.
@@ -16,6 +17,7 @@ pub struct ScheduledItem {
     pub num_tokens: usize,
     pub slot: u32,
     pub sample: bool,
+    pub prompt_logits: bool,
 }
 
 const _: () = assert!(std::mem::size_of::<ScheduledItem>() == 40);
@@ -50,15 +52,18 @@ impl SchedulerOutput {
         self.new_blocks
     }
 
-    /// Adds `n` tokens of running request `r` (at `slot`), growing its sequence by `new_blocks`.
+    /// Adds `n` tokens of running request `r` (at `slot`), growing its sequence by `new_blocks`;
+    /// `prompt_logits`: `r` wants its prompt's logprobs.
     #[inline(always)]
-    pub(super) fn push(&mut self, r: &Request, slot: u32, n: usize, new_blocks: usize) {
+    pub(super) fn push(&mut self, r: &Request, slot: u32, n: usize, new_blocks: usize, prompt_logits: bool) {
         let sample = r.num_computed + n == r.tokens.len();
+        let prompt_logits = prompt_logits && r.num_computed + 1 < r.prompt_len as usize;
         if !r.is_decoding() {
             self.num_prefill_tokens += n;
         }
         let seq = r.seq.expect("scheduled requests run");
-        self.items.push(ScheduledItem { request: r.id, slot, seq, start: r.num_computed, num_tokens: n, sample });
+        let start = r.num_computed;
+        self.items.push(ScheduledItem { request: r.id, slot, seq, start, num_tokens: n, sample, prompt_logits });
         self.num_batched_tokens += n;
         self.num_sample += usize::from(sample);
         self.new_blocks += new_blocks;

@@ -1,6 +1,8 @@
 //! `Scheduler`: the waiting queue, the running set, and the step rules (see the module doc of
 //! [`crate::sched`]).
 
+use std::collections::HashMap;
+
 use crate::error::{Error, Result};
 use crate::kv::{blocks_for, PrefixMatch, SequenceTable, BLOCK_TOKENS, GENERATION_ROOM};
 
@@ -33,6 +35,10 @@ pub struct Scheduler {
     /// (see `admit`): it is not put off twice in a row.
     deferred: Option<u64>,
     pub(super) stats: SchedulerStats,
+    /// The requests that want their prompt's logprobs, each with how many top logprobs per token,
+    /// until every prompt token's logits have been computed. They start without the prefix cache (a
+    /// cached token's logits are never computed) and their prompt chunks return every row.
+    pub(super) prompt_logprobs: HashMap<u64, usize>,
 }
 
 /// What a step has handed out so far.
@@ -73,6 +79,7 @@ impl Scheduler {
             ahead: None,
             deferred: None,
             stats: SchedulerStats::default(),
+            prompt_logprobs: HashMap::new(),
         })
     }
 
@@ -148,6 +155,26 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Asks for the logprobs of waiting request `id`'s prompt tokens, with the `top` highest of each
+    /// position: its prompt chunks return every row's logits ([`ScheduledItem::prompt_logits`],
+    /// laid out by [`logit_rows`](Self::logit_rows)), and it starts without the prefix cache. Fails on
+    /// a request that is not waiting or has run before.
+    pub fn want_prompt_logprobs(&mut self, id: u64, top: usize) -> Result<()> {
+        match self.requests.get(id) {
+            Some(r) if r.seq.is_none() && r.tokens.len() == r.prompt_len as usize => {
+                // A one-token prompt has no token to score (its only row is the first sampling row).
+                if r.prompt_len > 1 {
+                    self.prompt_logprobs.insert(id, top);
+                }
+                Ok(())
+            }
+            Some(_) => {
+                Err(Error::Value(format!("request {id} has already run: ask for prompt logprobs when adding it")))
+            }
+            None => Err(Error::Value(format!("request id {id} is not in the scheduler"))),
+        }
+    }
+
     /// Decides the next step (see the module doc); the caller runs it, then calls [`update`](Self::update).
     /// A step planned ahead ([`schedule_ahead`](Self::schedule_ahead)) and not recorded is forgotten
     /// (an engine drops one only together with its requests, whose blocks that frees).
@@ -217,11 +244,12 @@ impl Scheduler {
         // Between steps a running request's sequence holds exactly its computed tokens' blocks.
         let need = blocks_for(r.num_computed + n) - blocks_for(r.num_computed);
         debug_assert_eq!(Ok(need), kv.new_blocks_for(seq, n), "request {} and its sequence disagree", r.id);
+        let wants = &self.prompt_logprobs;
         if need <= budget.room() {
-            return schedule_item(step, r, slot, n, need, budget, out);
+            return schedule_item(step, r, slot, n, need, wants, budget, out);
         }
         if self.make_room(slot, need, kv, budget, out) {
-            schedule_item(step, self.requests.at_mut(slot), slot, n, need, budget, out);
+            schedule_item(step, self.requests.at_mut(slot), slot, n, need, &self.prompt_logprobs, budget, out);
         }
     }
 
@@ -274,7 +302,11 @@ impl Scheduler {
             let Some(id) = self.pick_waiting(kv) else { return };
             let slot = self.requests.slot_of(id).expect("waiting requests exist");
             let r = self.requests.at(slot);
-            let m = kv.cached_prefix(&r.tokens, r.salt.as_deref());
+            let m = if self.prompt_logprobs.contains_key(&id) {
+                PrefixMatch::default()
+            } else {
+                kv.cached_prefix(&r.tokens, r.salt.as_deref())
+            };
             let remaining = r.tokens.len() - m.cached_tokens;
             if !self.config.chunked_prefill && remaining > budget.tokens {
                 return;
@@ -292,7 +324,8 @@ impl Scheduler {
             }
             self.start(slot, kv, m);
             budget.available = kv.num_available_blocks();
-            schedule_item(self.step, self.requests.at_mut(slot), slot, n, new_blocks, budget, out);
+            let wants = &self.prompt_logprobs;
+            schedule_item(self.step, self.requests.at_mut(slot), slot, n, new_blocks, wants, budget, out);
         }
     }
 
@@ -338,6 +371,9 @@ impl Scheduler {
                 return;
             }
             let r = self.requests.get(id).expect("waiting requests exist");
+            if self.prompt_logprobs.contains_key(&id) {
+                continue; // it starts without the cache
+            }
             if kv.prefetch(&r.tokens, r.salt.as_deref(), spare) > 0 {
                 budget.available = kv.num_available_blocks();
             }
@@ -398,6 +434,7 @@ impl Scheduler {
     fn remove(&mut self, id: u64, kv: &mut SequenceTable) -> bool {
         let Some(slot) = self.requests.slot_of(id) else { return false };
         let r = self.requests.remove(id).expect("found above");
+        self.prompt_logprobs.remove(&id);
         match r.seq {
             Some(seq) => {
                 self.running.remove(r.running_key(slot));
@@ -440,18 +477,21 @@ impl Scheduler {
 }
 
 /// Puts `n` tokens of request `r` (at `slot`), growing its sequence by `new_blocks`, into step
-/// `step`'s output and budget.
+/// `step`'s output and budget; `wants`: the requests that want their prompt's logprobs.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn schedule_item(
     step: u64,
     r: &mut Request,
     slot: u32,
     n: usize,
     new_blocks: usize,
+    wants: &HashMap<u64, usize>,
     budget: &mut Budget,
     out: &mut SchedulerOutput,
 ) {
     r.scheduled_step = step;
-    out.push(r, slot, n, new_blocks);
+    let prompt_logits = !wants.is_empty() && wants.contains_key(&r.id);
+    out.push(r, slot, n, new_blocks, prompt_logits);
     budget.take(n, new_blocks);
 }

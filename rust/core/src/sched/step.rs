@@ -1,5 +1,6 @@
 //! Running a planned step and recording it: the model's work for a [`SchedulerOutput`]
-//! ([`Scheduler::step_items`]), the ledger's version of a forward pass
+//! ([`Scheduler::step_items`]), where its logits rows are ([`Scheduler::logit_rows`]), the
+//! ledger's version of a forward pass
 //! ([`Scheduler::advance_ledger`]), and [`Scheduler::update`]. Items of requests finished (or
 //! preempted) since `schedule` are skipped everywhere.
 
@@ -10,6 +11,27 @@ use crate::step::{Logits, StepItem, StepPlan};
 use super::output::{ScheduledItem, SchedulerOutput};
 use super::request::Request;
 use super::scheduler::Scheduler;
+
+/// A step's logits rows: `total` of them, `sample[i]` the row sampling item `i` samples from, and
+/// the prompt rows of the requests that asked for their prompt's logprobs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogitRows {
+    pub total: usize,
+    pub sample: Vec<usize>,
+    pub prompt: Vec<PromptRows>,
+}
+
+/// Rows `first_row..first_row + targets.len()` hold the logits at request `request`'s prompt
+/// positions `start..`; the row at position `p` scores prompt token `p + 1` (`targets`), with the
+/// `top` highest logprobs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PromptRows {
+    pub request: u64,
+    pub start: usize,
+    pub first_row: usize,
+    pub targets: Vec<u32>,
+    pub top: usize,
+}
 
 /// The token a plan carries for one that the step before it samples (a step planned ahead).
 const PLACEHOLDER: [u32; 1] = [0];
@@ -29,8 +51,8 @@ impl Scheduler {
         Some(tokens.unwrap_or(&PLACEHOLDER))
     }
 
-    /// The model's work for `out` (the latest step's output): each item's tokens and whether its last
-    /// row's logits are needed.
+    /// The model's work for `out` (the latest step's output): each item's tokens and which rows'
+    /// logits are needed (the last of a sampling item; every row of a `prompt_logits` item).
     pub fn step_items(&self, out: &SchedulerOutput) -> Result<Vec<StepItem<'_>>> {
         self.check_pending(out)?;
         Ok(out.items.iter().filter_map(|it| self.step_item(it)).collect())
@@ -39,7 +61,44 @@ impl Scheduler {
     /// An item as the model's work, if its request still runs on the item's sequence.
     fn step_item(&self, it: &ScheduledItem) -> Option<StepItem<'_>> {
         let tokens = self.item_tokens(it)?;
-        Some(StepItem { seq: it.seq, tokens, logits: if it.sample { Logits::Last } else { Logits::None } })
+        let logits = match (it.prompt_logits, it.sample) {
+            (true, _) => Logits::All,
+            (false, true) => Logits::Last,
+            (false, false) => Logits::None,
+        };
+        Some(StepItem { seq: it.seq, tokens, logits })
+    }
+
+    /// Where the logits rows of `out`'s step (the latest schedule's, not yet updated) come from, in
+    /// the order a runner returns them ([`step_items`](Self::step_items), or the plan's
+    /// `logits_indices`): the sampling rows, and the prompt rows of the requests that want their
+    /// prompt's logprobs.
+    pub fn logit_rows(&self, out: &SchedulerOutput) -> LogitRows {
+        let mut rows = LogitRows::default();
+        let mut next = 0;
+        for it in &out.items {
+            let Some(r) = self.item_request(it) else { continue };
+            if it.prompt_logits {
+                // Row p scores prompt token p + 1; the prompt's last row is its first sampling row.
+                let count = it.num_tokens.min((r.prompt_len as usize - 1).saturating_sub(it.start));
+                rows.prompt.push(PromptRows {
+                    request: it.request,
+                    start: it.start,
+                    first_row: next,
+                    targets: r.tokens[it.start + 1..it.start + 1 + count].to_vec(),
+                    top: self.prompt_logprobs.get(&it.request).copied().unwrap_or(0),
+                });
+                next += it.num_tokens;
+                if it.sample {
+                    rows.sample.push(next - 1);
+                }
+            } else if it.sample {
+                rows.sample.push(next);
+                next += 1;
+            }
+        }
+        rows.total = next;
+        rows
     }
 
     /// What a forward pass does to a model-free table: grow the block tables for the step's tokens
@@ -120,6 +179,9 @@ impl Scheduler {
             let token = if it.sample { tokens.next().copied() } else { None };
             let Some(r) = self.requests.running_at_mut(it.slot, it.request, it.seq) else { continue };
             r.num_computed += it.num_tokens;
+            if it.prompt_logits && r.num_computed + 1 >= r.prompt_len as usize {
+                self.prompt_logprobs.remove(&it.request);
+            }
             if let Some(token) = token {
                 r.tokens.push(token);
             }
