@@ -10,7 +10,10 @@ finishes requests (freeing their blocks). Python never loops over layers or toke
 Requests are validated before they enter the queue (length against the context and the cache,
 token ids, sampling parameters); a full waiting queue raises ``QueueFull``. With prefix caching on, a
 request starts on the cached blocks of its longest cached prefix (per ``cache_salt``) and computes only
-the rest; a preempted request keeps its output and is recomputed, mostly from the cache, when readmitted."""
+the rest; a preempted request keeps its output and is recomputed, mostly from the cache, when readmitted.
+A request with ``prompt_logprobs`` computes its whole prompt (it starts without the cache) and the
+runner scores each prompt token from the row before it; its ``RequestOutput.prompt_logprobs`` is set
+once the prompt is computed (a prefill preempted and recomputed is not scored twice)."""
 
 from __future__ import annotations
 
@@ -62,6 +65,16 @@ class _Request:
     stop_reason: int | str | None = None
     plain_greedy: bool = False  # params.is_plain_greedy, read once
     row: SampleRow | None = None  # the sampling row of every step with nothing banned
+    prompt_scored: dict[int, dict[int, Logprob]] | None = None  # prompt position -> its logprobs
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # set once every position is
+
+    def prompt_logprobs_done(self) -> list[dict[int, Logprob] | None] | None:
+        """The prompt's logprobs once every position after the first is scored, else None."""
+        scored = self.prompt_scored
+        if self.prompt_logprobs is None and scored is not None and len(scored) == len(self.prompt_ids) - 1:
+            first: list[dict[int, Logprob] | None] = [None]
+            self.prompt_logprobs = first + [scored[p] for p in range(1, len(self.prompt_ids))]
+        return self.prompt_logprobs
 
     def snapshot(self) -> RequestOutput:
         completion = CompletionOutput(
@@ -80,6 +93,7 @@ class _Request:
             outputs=[completion],
             finished=self.finish_reason is not None,
             metrics=self.metrics,
+            prompt_logprobs=self.prompt_logprobs_done(),
             num_cached_tokens=self.num_cached_tokens,
         )
 
@@ -188,8 +202,15 @@ class Engine:
             ),
             logprobs=[] if params.logprobs is not None else None,
             streamed=stream,
+            prompt_scored={} if params.prompt_logprobs is not None else None,
         )
-        self._sched.add(handle, request.prompt_ids, priority=priority, cache_salt=cache_salt)
+        self._sched.add(
+            handle,
+            request.prompt_ids,
+            priority=priority,
+            cache_salt=cache_salt,
+            prompt_logprobs=params.prompt_logprobs,
+        )
         self._arrivals += 1
         self._requests[handle] = request
         self._handles[request_id] = handle
@@ -317,6 +338,7 @@ class Engine:
         ahead = self._launch_ahead(launched) if self._runner.async_scheduling else None
         draws = pending.draws()
         self._sched.update(plan, [token for token, _, _ in draws])
+        self._take_prompt_scores()
         # Requests aborted while the step ran (between two calls), or ended by the step before it when
         # it was launched ahead, are gone: their draws are dropped (and not counted as generated).
         taken = [(r, draw, self._take(r, draw)) for r, draw in zip(sampling, draws, strict=True)
@@ -375,6 +397,27 @@ class Engine:
         rows = [self._sample_row(r, pending=1) for r in ahead]  # min_tokens counts the token in flight
         feed = Feed(pending, [row_of[r.handle] for r in ahead])
         return out, ahead, self._runner.launch(self._sched, out, rows, feed)
+
+    def _take_prompt_scores(self) -> None:
+        """Records the prompt logprobs the runner scored, by position; a position scored again (its
+        prefill was preempted and recomputed) keeps its first score."""
+        for key, start, scores in self._runner.take_prompt_logprobs():
+            r = self._requests.get(key)
+            if r is None or r.prompt_scored is None:
+                continue  # ended since
+            for pos, (logprob, rank, top) in enumerate(scores, start + 1):
+                if pos not in r.prompt_scored:
+                    r.prompt_scored[pos] = self._logprob_entry(r.prompt_ids[pos], logprob, rank, top)
+
+    def _logprob_entry(
+        self, token: int, logprob: float, rank: int | None, top: list[tuple[int, float]]
+    ) -> dict[int, Logprob]:
+        """The top logprobs (ranked 1..) and ``token``'s own, each with its text."""
+        decode = self._tokenizer.decode
+        entry = {t: Logprob(lp, i, decode([t], skip_special_tokens=False)) for i, (t, lp) in enumerate(top, 1)}
+        if token not in entry:
+            entry[token] = Logprob(logprob, rank, decode([token], skip_special_tokens=False))
+        return entry
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_tokens)
@@ -460,13 +503,7 @@ class Engine:
             return
         assert logprob is not None, "the sampler computes logprobs whenever the request asks for them"
         r.cumulative_logprob += logprob
-        entry = {
-            t: Logprob(lp, rank, self._tokenizer.decode([t], skip_special_tokens=False))
-            for rank, (t, lp) in enumerate(top, 1)
-        }
-        if token not in entry:
-            entry[token] = Logprob(logprob, None, self._tokenizer.decode([token], skip_special_tokens=False))
-        r.logprobs.append(entry)
+        r.logprobs.append(self._logprob_entry(token, logprob, None, top))
 
     def _finish(self, r: _Request, reason: str, *, flush: bool = False) -> None:
         if flush:

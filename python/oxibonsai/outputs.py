@@ -97,6 +97,9 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
-    prompt_logprobs: None = field(default=None)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = field(default=None)
+    """With ``SamplingParams.prompt_logprobs``: one entry per prompt token, None for the first (nothing
+    comes before it), then the token's raw logprob and rank and the top logprobs at its position;
+    set once the prompt is computed."""
     num_cached_tokens: int = 0
     """Prompt tokens whose KV came from the prefix cache (not computed for this request)."""

@@ -38,6 +38,10 @@ TORCH_MISSING = "torch is not installed: pip install 'oxibonsai[torch]'"
 
 
 Draw = tuple[int, float | None, list[tuple[int, float]]]
+PromptScores = list[tuple[int, int, list[tuple[float, int, list[tuple[int, float]]]]]]
+"""Prompt logprobs of some steps: ``(request key, start, scores)``, where ``scores[j]`` is the raw
+logprob, the rank and the top ``(id, logprob)`` pairs of prompt token ``start + j + 1`` (what
+``_core.Scheduler.take_prompt_logprobs`` returns)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,7 @@ class Runner(Protocol):
     def reset_prefix_cache(self) -> int: ...
     def logits(self, token_ids: list[int]) -> np.ndarray: ...
     def forget(self, key: int) -> None: ...
+    def take_prompt_logprobs(self) -> PromptScores: ...
 
 
 class NativeRunner:
@@ -143,6 +148,7 @@ class NativeRunner:
         self.vocab_size = int(model.vocab_size)
         self.num_blocks = int(model.num_blocks)
         self.block_tokens = int(model.block_tokens)
+        self._sched: _core.Scheduler | None = None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -153,7 +159,8 @@ class NativeRunner:
         return bool(self._model.prefix_caching)
 
     def make_scheduler(self, **options: Any) -> _core.Scheduler:
-        return _core.Scheduler(self._model, **options)
+        self._sched = _core.Scheduler(self._model, **options)
+        return self._sched
 
     def launch(
         self,
@@ -177,6 +184,10 @@ class NativeRunner:
 
     def forget(self, key: int) -> None:
         """Nothing to drop: each request's Rust sampler holds its own state."""
+
+    def take_prompt_logprobs(self) -> PromptScores:
+        """The prompt logprobs the steps run since the last call scored (in the native step)."""
+        return self._sched.take_prompt_logprobs() if self._sched is not None else []
 
     def logits(self, token_ids: list[int]) -> np.ndarray:
         seq = self._model.add_sequence()

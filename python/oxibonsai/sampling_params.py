@@ -112,7 +112,9 @@ class SamplingParams:
     ``n`` samples of the prompt (``LLM.generate`` and the server run them as ``n`` requests, see
     ``for_sample``); ``top_k`` 0 or -1 turns top-k off; ``temperature`` 0 is greedy; ``seed`` None
     draws the request's seed from the engine; ``max_tokens`` None generates up to the context length;
-    ``logprobs`` asks for that many top raw logprobs per token (None: none). ``stop`` becomes a list
+    ``logprobs`` asks for that many top raw logprobs per token (None: none); ``prompt_logprobs`` as
+    many for every prompt token after the first (``RequestOutput.prompt_logprobs``; such a request
+    computes its whole prompt, the prefix cache cannot give it the logits). ``stop`` becomes a list
     of strings and ``stop_token_ids`` a list of ints. ``logit_bias`` maps token ids to amounts in
     [-100, 100] added to their logits before the penalties (-100 all but bans a token, +100 all but
     forces it; logprobs stay the raw ones); an empty dict becomes None.
@@ -135,6 +137,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
@@ -174,10 +177,12 @@ class SamplingParams:
             self.seed = _as_int("seed", self.seed)
             if not 0 <= self.seed < _SEED_LIMIT:
                 raise _out_of_range("seed", "in [0, 2**64) or None", self.seed)
-        if self.logprobs is not None:
-            self.logprobs = _as_int("logprobs", self.logprobs)
-            if not 0 <= self.logprobs <= MAX_LOGPROBS:
-                raise _out_of_range("logprobs", f"in [0, {MAX_LOGPROBS}] or None", self.logprobs)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, _as_int(name, value))
+                if not 0 <= getattr(self, name) <= MAX_LOGPROBS:
+                    raise _out_of_range(name, f"in [0, {MAX_LOGPROBS}] or None", value)
         self.logit_bias = _logit_bias(self.logit_bias)
 
     def _check_stopping(self) -> None:
@@ -211,11 +216,13 @@ class SamplingParams:
 
     def for_sample(self, index: int) -> SamplingParams:
         """The parameters of sample ``index`` of ``n``, as one request: ``n`` 1, and a given seed
-        becomes ``seed + index`` (mod 2**64), so samples differ and reproduce."""
+        becomes ``seed + index`` (mod 2**64), so samples differ and reproduce. Only sample 0 scores
+        the prompt (``prompt_logprobs``): the others would score the same tokens again."""
         seed = None if self.seed is None else (self.seed + index) % _SEED_LIMIT
         if self.n == 1 and seed == self.seed:
             return self
-        return dataclasses.replace(self, n=1, seed=seed)
+        prompt_logprobs = self.prompt_logprobs if index == 0 else None
+        return dataclasses.replace(self, n=1, seed=seed, prompt_logprobs=prompt_logprobs)
 
     def effective_seed(self, default_seed: int) -> int:
         """``seed``, or ``default_seed`` when it is None."""

@@ -30,13 +30,22 @@ import numpy as np
 import torch
 
 from oxibonsai import _core
-from oxibonsai.runner import BLOCK_TOKENS, DEFAULT_MAX_MODEL_LEN, Feed, HostSampling, SampleRow, StepDraws
+from oxibonsai.runner import (
+    BLOCK_TOKENS,
+    DEFAULT_MAX_MODEL_LEN,
+    Feed,
+    HostSampling,
+    PromptScores,
+    SampleRow,
+    StepDraws,
+)
 from oxibonsai.torch_backend.batch import StepBatch
 from oxibonsai.torch_backend.graphs import DecodeGraphs
 from oxibonsai.torch_backend.histories import DeviceHistories
 from oxibonsai.torch_backend.kv_pool import KvPool, TierCopier
 from oxibonsai.torch_backend.model import TorchQwen3
 from oxibonsai.torch_backend.pending import HostCopy, fed_ids
+from oxibonsai.torch_backend.prompt_scores import score_prompt_rows
 from oxibonsai.torch_backend.sampling import start_sampling
 
 HOST_TIER_FRACTION = 0.25  # of the available host memory, at most, for a default host tier
@@ -136,6 +145,7 @@ class TorchRunner:
         )
         self._sched: _core.Scheduler | None = None
         self._computed_tokens = 0
+        self._prompt_scores: PromptScores = []
 
     @property
     def config(self) -> dict[str, Any]:
@@ -174,6 +184,10 @@ class TorchRunner:
         fed = fed_ids(feed) if feed is not None else None
         logits = self._forward(StepBatch.from_plan(plan), fed)
         self._computed_tokens += plan.num_tokens
+        if plan.logits_indices.shape[0] != len(rows):  # prompt rows to score, then the sampling rows
+            sample_rows, prompt = sched.logit_rows(out)
+            self._prompt_scores.extend(score_prompt_rows(logits, prompt))
+            logits = logits[torch.tensor(sample_rows, dtype=torch.long, device=logits.device)]
         if self.sample_on_device:
             return start_sampling(logits, rows, self.vocab_size, self.histories, fed)
         copy = HostCopy([logits.float()])
@@ -211,6 +225,11 @@ class TorchRunner:
 
     def reset_prefix_cache(self) -> int:
         return self._scheduler().reset_prefix_cache()
+
+    def take_prompt_logprobs(self) -> PromptScores:
+        """The prompt logprobs the steps launched since the last call scored (at their launch)."""
+        scores, self._prompt_scores = self._prompt_scores, []
+        return scores
 
     def forget(self, key: int) -> None:
         """Frees the device history rows of a finished request."""

@@ -8,6 +8,7 @@ mod gil;
 mod logits;
 mod model;
 mod plan;
+mod prompt_scores;
 mod prefix;
 mod q1;
 mod runtime;

@@ -19,6 +19,7 @@ use crate::gil::without_gil;
 use crate::logits;
 use crate::model::Model;
 use crate::plan::StepPlan;
+use crate::prompt_scores::{self, PromptScores};
 use crate::prefix::stats_dict;
 use crate::token_ids::{token_ids, token_ids_with_room};
 
@@ -40,6 +41,8 @@ struct State {
     prepared: Option<u64>,
     /// A step planned ahead of `prepared` and prepared too: `update` of `prepared` makes it `prepared`.
     prepared_ahead: Option<u64>,
+    /// The prompt logprobs `execute` scored and `take_prompt_logprobs` has not taken yet.
+    prompt_scores: Vec<PromptScores>,
 }
 
 impl State {
@@ -157,22 +160,57 @@ impl Scheduler {
             }
         };
         Ok(Scheduler {
-            state: Mutex::new(State { sched, backend, executed: None, prepared: None, prepared_ahead: None }),
+            state: Mutex::new(State {
+                sched,
+                backend,
+                executed: None,
+                prepared: None,
+                prepared_ahead: None,
+                prompt_scores: Vec::new(),
+            }),
         })
     }
 
     /// Queues a request. Raises `QueueFull` when `max_waiting` requests wait, `ValueError` for a
-    /// known id or an empty prompt; nothing changes then.
-    #[pyo3(signature = (request_id, prompt, *, priority=0, cache_salt=None))]
+    /// known id or an empty prompt; nothing changes then. `prompt_logprobs`: score every prompt token
+    /// with that many top logprobs (the request then starts without the prefix cache; `execute`
+    /// scores them, `take_prompt_logprobs` hands them over, or a table's runner scores the rows
+    /// `logit_rows` names).
+    #[pyo3(signature = (request_id, prompt, *, priority=0, cache_salt=None, prompt_logprobs=None))]
     fn add(
         &self,
         request_id: u64,
         prompt: &Bound<'_, PyAny>,
         priority: i32,
         cache_salt: Option<String>,
+        prompt_logprobs: Option<usize>,
     ) -> PyResult<()> {
         let prompt = token_ids_with_room(prompt, GENERATION_ROOM)?;
-        self.lock().sched.add(request_id, prompt, priority, cache_salt).map_err(to_py)
+        let mut state = self.lock();
+        state.sched.add(request_id, prompt, priority, cache_salt).map_err(to_py)?;
+        if let Some(top) = prompt_logprobs {
+            state.sched.want_prompt_logprobs(request_id, top).map_err(to_py)?;
+        }
+        Ok(())
+    }
+
+    /// The prompt scores of the steps executed since the last call: `(request_id, start, scores)`,
+    /// where `scores[j]` is `(logprob, rank, [(id, logprob)] * top)` of prompt token `start + j + 1`
+    /// (raw logprobs; rank 1 is the most likely). A request preempted in its prefill is scored again
+    /// from its start.
+    fn take_prompt_logprobs(&self) -> Vec<PromptScores> {
+        std::mem::take(&mut self.lock().prompt_scores)
+    }
+
+    /// Where the logits rows of `out`'s step sit (before its `update`): the sampling rows in item
+    /// order, and `(request_id, start, first_row, targets, top)` per run of prompt rows: row
+    /// `first_row + j` scores prompt token `targets[j]` (position `start + j + 1`) with `top`
+    /// logprobs. For a runner outside Rust, whose `logits_indices` return these rows.
+    #[allow(clippy::type_complexity)]
+    fn logit_rows(&self, out: &SchedulerOutput) -> (Vec<usize>, Vec<(u64, usize, usize, Vec<u32>, usize)>) {
+        let rows = self.lock().sched.logit_rows(&out.inner);
+        let prompt = rows.prompt.into_iter().map(|p| (p.request, p.start, p.first_row, p.targets, p.top)).collect();
+        (rows.sample, prompt)
     }
 
     /// Plans the next step.
@@ -223,11 +261,16 @@ impl Scheduler {
             state.executed.filter(|&s| s == out.inner.step).map_or(Ok(()), already_executed)?;
             let Backend::Model(model) = &state.backend else { unreachable!("checked above") };
             let items = state.sched.step_items(&out.inner)?;
+            let rows = state.sched.logit_rows(&out.inner);
             let mut runner = model.get().lock();
             let vocab = runner.model().config.vocab;
             let mut logits = logits::buffer();
             runner.step_into(&items, &pool::global(), &mut logits)?;
             drop(runner);
+            if !rows.prompt.is_empty() {
+                state.prompt_scores.extend(prompt_scores::score(&rows, &logits, vocab));
+                prompt_scores::keep_sample_rows(&rows, &mut logits, vocab);
+            }
             state.executed = Some(out.inner.step);
             Ok::<_, Error>((logits, vocab))
         })
