@@ -414,7 +414,9 @@ class Engine:
     ) -> dict[int, Logprob]:
         """The top logprobs (ranked 1..) and ``token``'s own, each with its text."""
         decode = self._tokenizer.decode
-        entry = {t: Logprob(lp, i, decode([t], skip_special_tokens=False)) for i, (t, lp) in enumerate(top, 1)}
+        entry = {
+            t: Logprob(lp, i, decode([t], skip_special_tokens=False)) for i, (t, lp) in enumerate(top, 1)
+        }
         if token not in entry:
             entry[token] = Logprob(logprob, rank, decode([token], skip_special_tokens=False))
         return entry
