@@ -122,19 +122,34 @@ def chat_logprobs(
 def completion_logprobs(
     tokenizer: Tokenizer,
     token_ids: Sequence[int],
-    entries: Sequence[dict[int, Logprob]],
+    entries: Sequence[dict[int, Logprob] | None],
     top: int,
     text_offset: int,
 ) -> dict[str, Any]:
     """The legacy form: parallel lists ``tokens``, ``token_logprobs``, ``top_logprobs`` (one
-    ``{token: logprob}`` per position) and ``text_offset`` (starting at ``text_offset``)."""
-    tokens, logprobs, tops, offsets = [], [], [], []
+    ``{token: logprob}`` per position) and ``text_offset`` (starting at ``text_offset``). An entry of
+    None (an echoed prompt's first token, which nothing scores) gives null logprobs."""
+    tokens: list[str] = []
+    logprobs: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
     offset = text_offset
     for token, entry in zip(token_ids, entries, strict=True):
-        text = _text(entry[token], tokenizer, token)
+        if entry is None:
+            text = tokenizer.decode([token], skip_special_tokens=False)
+            logprobs.append(None)
+            tops.append(None)
+        else:
+            text = _text(entry[token], tokenizer, token)
+            logprobs.append(entry[token].logprob)
+            best = {_text(lp, tokenizer, t): lp.logprob for t, lp in _ranked(entry, top)} if top else None
+            tops.append(best)
         tokens.append(text)
-        logprobs.append(entry[token].logprob)
-        tops.append({_text(lp, tokenizer, t): lp.logprob for t, lp in _ranked(entry, top)} if top else None)
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def joined_logprobs(*parts: dict[str, Any]) -> dict[str, Any]:
+    """Legacy logprobs of consecutive spans (an echoed prompt's, then the completion's) as one."""
+    return {key: [x for part in parts for x in part[key]] for key in parts[0]}

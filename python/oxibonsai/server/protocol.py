@@ -105,7 +105,9 @@ class _SamplingFields(_Strict):
         """Whether a stream ends with a usage chunk (asked for, or forced by the server)."""
         return force or (self.stream_options is not None and self.stream_options.include_usage)
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling_params(
+        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+    ) -> SamplingParams:
         """The engine's parameters; fields left out take vLLM's defaults. ``max_tokens`` is the checked
         output budget; a negative ``seed`` is taken modulo 2**64."""
         given: dict[str, Any] = {
@@ -126,6 +128,7 @@ class _SamplingFields(_Strict):
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             logit_bias=None if self.logit_bias is None else {int(k): v for k, v in self.logit_bias.items()},
             **given,
         )
@@ -138,7 +141,7 @@ class CompletionRequest(_SamplingFields):
     """``POST /v1/completions``."""
 
     prompt: PromptField
-    max_tokens: int | None = Field(default=16, ge=1)
+    max_tokens: int | None = Field(default=16, ge=0)
     logprobs: int | None = Field(default=None, ge=0, le=COMPLETION_MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
@@ -159,9 +162,20 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("suffix is not supported by this server")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of must equal n (best-of sampling is not supported)")
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs is not supported (prompt logprobs are not computed)")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens must be >= 1 (0 only with echo: the prompt alone, scored)")
         return self
+
+    @property
+    def echo_only(self) -> bool:
+        """``echo`` with ``max_tokens`` 0: the prompt (and its logprobs) alone; one token is generated
+        and left out, as vLLM does."""
+        return self.echo and self.max_tokens == 0
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """How many top logprobs each prompt token needs: ``logprobs`` with ``echo``."""
+        return self.logprobs if self.echo else None
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: a string or a token-id list."""

@@ -1,5 +1,8 @@
 """``/v1/completions``: prompts (strings or token ids, one or many) to engine requests, and engine outputs
-to a ``text_completion`` response or its SSE chunks. Choice ``k * n + i`` is sample ``i`` of prompt ``k``."""
+to a ``text_completion`` response or its SSE chunks. Choice ``k * n + i`` is sample ``i`` of prompt ``k``.
+With ``echo`` and ``logprobs`` the prompt's tokens lead the logprobs (the first one null), as
+lm-eval-harness's loglikelihood requests read them; ``max_tokens`` 0 with ``echo`` returns the prompt
+alone."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from oxibonsai.server.openai_format import (
     completion_logprobs,
     created,
     full_response,
+    joined_logprobs,
     response_id,
     sse,
 )
@@ -36,8 +40,9 @@ class CompletionServing:
         prompts = await asyncio.to_thread(self._prompts, req)
         jobs = []
         for prompt in prompts:
-            budget = output_budget(self._engine.max_model_len, len(prompt.token_ids), req.max_tokens)
-            jobs.append((prompt, req.sampling_params(budget, req.logprobs)))
+            requested = 1 if req.echo_only else req.max_tokens
+            budget = output_budget(self._engine.max_model_len, len(prompt.token_ids), requested)
+            jobs.append((prompt, req.sampling_params(budget, req.logprobs, req.prompt_logprobs)))
         return await Samples.start(self._engine, jobs, req.n, priority=req.priority)
 
     def _prompts(self, req: CompletionRequest) -> list[Prompt]:
@@ -55,18 +60,35 @@ class CompletionServing:
             return out.prompt
         return self._engine.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
 
+    def _logprobs(
+        self,
+        req: CompletionRequest,
+        out: RequestOutput | None,
+        token_ids: list[int],
+        entries: Any,
+        offset: int,
+    ) -> dict[str, Any] | None:
+        """The legacy logprobs of ``token_ids`` (starting at text ``offset``), after those of ``out``'s
+        echoed prompt (its text at 0) unless ``out`` is None, or None without ``logprobs``."""
+        if req.logprobs is None or entries is None:
+            return None
+        tokenizer = self._engine.tokenizer
+        generated = completion_logprobs(tokenizer, token_ids, entries, req.logprobs, offset)
+        if out is None or out.prompt_logprobs is None:
+            return generated
+        prompt = completion_logprobs(tokenizer, out.prompt_token_ids, out.prompt_logprobs, req.logprobs, 0)
+        return joined_logprobs(prompt, generated)
+
     def _choice(self, req: CompletionRequest, index: int, out: RequestOutput) -> dict[str, Any]:
         completion = out.outputs[0]
         prefix = self._prompt_text(out) if req.echo else ""
-        logprobs = None
-        if req.logprobs is not None and completion.logprobs is not None:
-            logprobs = completion_logprobs(
-                self._engine.tokenizer, completion.token_ids, completion.logprobs, req.logprobs, len(prefix)
-            )
+        text, token_ids, entries = completion.text, completion.token_ids, completion.logprobs
+        if req.echo_only:
+            text, token_ids, entries = "", [], [] if entries is not None else None
         return {
             "index": index,
-            "text": prefix + completion.text,
-            "logprobs": logprobs,
+            "text": prefix + text,
+            "logprobs": self._logprobs(req, out if req.echo else None, token_ids, entries, len(prefix)),
             "finish_reason": completion.finish_reason,
             "stop_reason": completion.stop_reason,
         }
@@ -111,17 +133,19 @@ class CompletionServing:
         self, req: CompletionRequest, index: int, out: RequestOutput, cursor: ChoiceCursor
     ) -> dict[str, Any] | None:
         completion = out.outputs[0]
-        prefix = self._prompt_text(out) if req.echo and not cursor.started else ""
-        text = prefix + cursor.new_text(completion.text)
-        tokens, entries = cursor.new_tokens(completion.token_ids, completion.logprobs)
+        first = not cursor.started
+        prefix = self._prompt_text(out) if req.echo and first else ""
+        text, token_ids, entries = completion.text, completion.token_ids, completion.logprobs
+        if req.echo_only:
+            text, token_ids, entries = "", [], [] if entries is not None else None
+        text = prefix + cursor.new_text(text)
+        tokens, entries = cursor.new_tokens(token_ids, entries)
         if not text and not completion.finish_reason and not (tokens and req.logprobs is not None):
             return None
         cursor.started = True
-        logprobs = None
-        if req.logprobs is not None and entries is not None:
-            logprobs = completion_logprobs(
-                self._engine.tokenizer, tokens, entries, req.logprobs, cursor.take_offset(text)
-            )
+        offset = cursor.take_offset(text) + len(prefix)
+        # The prompt's logprobs come with its text, in the first chunk.
+        logprobs = self._logprobs(req, out if prefix else None, tokens, entries, offset)
         return {
             "index": index,
             "text": text,
