@@ -301,6 +301,8 @@ INVALID: list[tuple[str, object, type[Exception], str]] = [
     ("skip_special_tokens", None, TypeError, "skip_special_tokens must be a bool"),
     ("logprobs", 21, ValueError, r"logprobs must be in \[0, 20\] or None, got 21"),
     ("logprobs", -1, ValueError, r"logprobs must be in \[0, 20\] or None, got -1"),
+    ("prompt_logprobs", 21, ValueError, r"prompt_logprobs must be in \[0, 20\] or None, got 21"),
+    ("prompt_logprobs", True, TypeError, r"prompt_logprobs must be an int, got bool True"),
     ("logit_bias", [(1, 2.0)], TypeError, "logit_bias must be a dict of token id to number or None"),
     ("logit_bias", {"7": 1.0}, TypeError, "logit_bias key '7' must be an int, got str"),
     ("logit_bias", {-1: 1.0}, ValueError, r"logit_bias key -1 must be a token id in \[0, 4294967296\)"),

@@ -162,8 +162,6 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("suffix is not supported by this server")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of must equal n (best-of sampling is not supported)")
-        if self.max_tokens == 0 and not self.echo:
-            raise ValueError("max_tokens must be >= 1 (0 only with echo: the prompt alone, scored)")
         return self
 
     @property

@@ -13,6 +13,7 @@ from typing import Any
 from oxibonsai.async_llm import AsyncLLM
 from oxibonsai.outputs import RequestOutput
 from oxibonsai.server.config import ServerConfig
+from oxibonsai.server.errors import APIError
 from oxibonsai.server.generation import Prompt, Samples, output_budget
 from oxibonsai.server.openai_format import (
     DONE_EVENT,
@@ -37,6 +38,9 @@ class CompletionServing:
     async def start(self, req: CompletionRequest) -> Samples:
         """Tokenizes (in a worker thread), checks lengths and submits every sample; raises before any
         response is sent."""
+        if req.max_tokens == 0 and not req.echo:
+            message = "max_tokens must be >= 1 (0 only with echo: the prompt alone)"
+            raise APIError(400, message, param="max_tokens")
         prompts = await asyncio.to_thread(self._prompts, req)
         jobs = []
         for prompt in prompts:
