@@ -19,8 +19,8 @@ use crate::gil::without_gil;
 use crate::logits;
 use crate::model::Model;
 use crate::plan::StepPlan;
-use crate::prompt_scores::{self, PromptScores};
 use crate::prefix::stats_dict;
+use crate::prompt_scores::{self, PromptScores};
 use crate::token_ids::{token_ids, token_ids_with_room};
 
 /// Where the scheduler's blocks live.
