@@ -45,6 +45,16 @@ def check_scores(out: ob.RequestOutput, want: list[tuple[float, int, list[int]]]
         assert all(lp.decoded_token is not None for lp in entry.values())
 
 
+def assert_same_scores(got: ob.RequestOutput, want: ob.RequestOutput, tol: float) -> None:
+    """The same tokens, and the same prompt logprobs (ranks exactly, logprobs within ``tol``)."""
+    assert got.outputs[0].token_ids == want.outputs[0].token_ids
+    assert got.prompt_logprobs is not None and want.prompt_logprobs is not None
+    for a, b in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:], strict=True):
+        assert a is not None and b is not None and a.keys() == b.keys()
+        for t in a:
+            assert a[t].rank == b[t].rank and a[t].logprob == pytest.approx(b[t].logprob, abs=tol)
+
+
 @pytest.fixture(scope="module")
 def llm(tiny_model: Path) -> ob.LLM:
     return ob.LLM(tiny_model, max_model_len=256, max_num_seqs=4)
@@ -89,12 +99,7 @@ def test_chunked_batched_and_preempted_prefills_score_as_a_lone_run(tiny_model, 
     got = tight.generate(prompts, params)
     assert tight._engine.scheduler_stats()["preemptions"] > 0
     for g, w in zip(got, want, strict=True):
-        assert g.outputs[0].token_ids == w.outputs[0].token_ids
-        assert g.prompt_logprobs is not None and w.prompt_logprobs is not None
-        for a, b in zip(g.prompt_logprobs[1:], w.prompt_logprobs[1:], strict=True):
-            assert a is not None and b is not None and a.keys() == b.keys()
-            for t in a:
-                assert a[t].rank == b[t].rank and a[t].logprob == pytest.approx(b[t].logprob, abs=1e-5)
+        assert_same_scores(g, w, 1e-5)
     stats = tight.cache_stats()
     assert stats["free_blocks"] + stats["idle_blocks"] == stats["capacity_blocks"], "no block leaks"
 

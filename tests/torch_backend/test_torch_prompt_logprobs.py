@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'oxibonsai[torch]')")
 
-from test_prompt_logprobs import check_scores, expected, random_ids  # noqa: E402
+from test_prompt_logprobs import assert_same_scores, check_scores, expected, random_ids  # noqa: E402
 
 import oxibonsai as ob  # noqa: E402
 
@@ -46,9 +46,4 @@ def test_torch_chunked_preempted_prefills_score_as_a_lone_run(tiny_model, rng):
     got = tight.generate(prompts, params)
     assert tight._engine.scheduler_stats()["preemptions"] > 0
     for g, w in zip(got, want, strict=True):
-        assert g.outputs[0].token_ids == w.outputs[0].token_ids
-        assert g.prompt_logprobs is not None and w.prompt_logprobs is not None
-        for a, b in zip(g.prompt_logprobs[1:], w.prompt_logprobs[1:], strict=True):
-            assert a is not None and b is not None and a.keys() == b.keys()
-            for t in a:
-                assert a[t].rank == b[t].rank and a[t].logprob == pytest.approx(b[t].logprob, abs=1e-4)
+        assert_same_scores(g, w, 1e-4)
