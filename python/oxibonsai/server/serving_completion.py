@@ -86,9 +86,7 @@ class CompletionServing:
     def _choice(self, req: CompletionRequest, index: int, out: RequestOutput) -> dict[str, Any]:
         completion = out.outputs[0]
         prefix = self._prompt_text(out) if req.echo else ""
-        text, token_ids, entries = completion.text, completion.token_ids, completion.logprobs
-        if req.echo_only:
-            text, token_ids, entries = "", [], [] if entries is not None else None
+        text, token_ids, entries = _generated(req, out)
         return {
             "index": index,
             "text": prefix + text,
@@ -139,9 +137,7 @@ class CompletionServing:
         completion = out.outputs[0]
         first = not cursor.started
         prefix = self._prompt_text(out) if req.echo and first else ""
-        text, token_ids, entries = completion.text, completion.token_ids, completion.logprobs
-        if req.echo_only:
-            text, token_ids, entries = "", [], [] if entries is not None else None
+        text, token_ids, entries = _generated(req, out)
         text = prefix + cursor.new_text(text)
         tokens, entries = cursor.new_tokens(token_ids, entries)
         if not text and not completion.finish_reason and not (tokens and req.logprobs is not None):
@@ -157,3 +153,12 @@ class CompletionServing:
             "finish_reason": completion.finish_reason,
             "stop_reason": completion.stop_reason,
         }
+
+
+def _generated(req: CompletionRequest, out: RequestOutput) -> tuple[str, list[int], Any]:
+    """The completion's text, token ids and logprob entries as the response shows them: none with
+    ``echo_only`` (the token generated for it is left out)."""
+    completion = out.outputs[0]
+    if req.echo_only:
+        return "", [], [] if completion.logprobs is not None else None
+    return completion.text, completion.token_ids, completion.logprobs

@@ -22,10 +22,10 @@ def score_prompt_rows(logits: torch.Tensor, prompt: PromptRows) -> PromptScores:
         logprobs = torch.log_softmax(rows, dim=-1)
         own = logprobs.gather(1, ids)[:, 0]
         rank = (rows > rows.gather(1, ids)).sum(dim=1) + 1
-        k = min(top, rows.shape[1])
-        top_values, top_ids = logprobs.topk(k, dim=-1) if k else (own[:, None][:, :0], ids[:, :0])
+        top_values, top_ids = logprobs.topk(min(top, rows.shape[1]), dim=-1)
         own_h, rank_h = own.float().tolist(), rank.tolist()
         values_h, ids_h = top_values.float().tolist(), top_ids.tolist()
+        # topk's order among equal values is unspecified: ties go to the lower id, as in Rust.
         row_scores = [
             (lp, r, sorted(zip(i, v, strict=True), key=lambda p: (-p[1], p[0])))
             for lp, r, i, v in zip(own_h, rank_h, ids_h, values_h, strict=True)

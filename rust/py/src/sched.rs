@@ -261,13 +261,15 @@ impl Scheduler {
             state.executed.filter(|&s| s == out.inner.step).map_or(Ok(()), already_executed)?;
             let Backend::Model(model) = &state.backend else { unreachable!("checked above") };
             let items = state.sched.step_items(&out.inner)?;
-            let rows = state.sched.logit_rows(&out.inner);
+            // Only a step with prompt rows lays its rows out: the others return just their sampling rows.
+            let scored = out.inner.items.iter().any(|it| it.prompt_logits);
+            let rows = scored.then(|| state.sched.logit_rows(&out.inner));
             let mut runner = model.get().lock();
             let vocab = runner.model().config.vocab;
             let mut logits = logits::buffer();
             runner.step_into(&items, &pool::global(), &mut logits)?;
             drop(runner);
-            if !rows.prompt.is_empty() {
+            if let Some(rows) = rows.filter(|rows| !rows.prompt.is_empty()) {
                 state.prompt_scores.extend(prompt_scores::score(&rows, &logits, vocab));
                 prompt_scores::keep_sample_rows(&rows, &mut logits, vocab);
             }

@@ -5,7 +5,8 @@ use super::request::Request;
 /// `num_tokens` tokens of request `request` (starting at token `start`, into KV sequence `seq`) run
 /// in this step; `sample`: they complete the request's known tokens, so its logits are sampled;
 /// `prompt_logits`: the request asked for its prompt's logprobs and some of these tokens are prompt
-/// tokens whose logits score the next prompt token, so every token's logits are needed. `slot`: where the scheduler keeps the request (valid while the request runs on `seq`). The blocks
+/// tokens whose logits score the next prompt token, so every token's logits are needed. `slot`:
+/// where the scheduler keeps the request (valid while the request runs on `seq`). The blocks
 /// the step's sequences grow by are reserved as one total ([`SchedulerOutput::new_blocks`]); each
 /// sequence's share follows from its length. 40 bytes: a step's items are written by `schedule` and
 /// read by the forward pass and `update`.
