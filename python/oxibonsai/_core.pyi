@@ -344,15 +344,18 @@ class Sampler:
         output_ids: Sequence[int],
         banned: Sequence[int] | None = None,
         logprobs: int | None = 0,
+        allowed: npt.NDArray[np.int32] | npt.NDArray[np.uint32] | None = None,
     ) -> tuple[int, float | None, list[tuple[int, float]]]:
         """Samples one token: ``(token, raw logprob, [(id, raw logprob)] * logprobs, descending)``;
-        ``logprobs=None`` computes no logprob (``(token, None, [])``)."""
+        ``logprobs=None`` computes no logprob (``(token, None, [])``). ``allowed``: a structured-output
+        allow-bitmask (bit ``i % 32`` of word ``i // 32`` set where id ``i`` may be sampled), or None."""
     def probabilities(
         self,
         logits: npt.NDArray[np.float32],
         prompt_ids: Sequence[int],
         output_ids: Sequence[int],
         banned: Sequence[int] | None = None,
+        allowed: npt.NDArray[np.int32] | npt.NDArray[np.uint32] | None = None,
     ) -> npt.NDArray[np.float32]:
         """The float32 distribution ``sample`` draws from (zero outside the candidates; one-hot if greedy)."""
 

@@ -379,7 +379,7 @@ def test_a_row_with_nothing_to_sample(rng: np.random.Generator) -> None:
     result = sample(logits, batch)
     assert result.token_ids[1].item() == -1 and result.token_ids[0].item() >= 0
     assert probabilities(logits, batch)[1].sum().item() == 0.0
-    with pytest.raises(ValueError, match="no token can be sampled: all 6 logits are -inf or banned"):
+    with pytest.raises(ValueError, match="no token can be sampled: all 6 logits are -inf, banned or masked"):
         result.to_host(batch)
 
 

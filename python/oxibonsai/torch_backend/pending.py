@@ -107,7 +107,7 @@ def _raise_for_missing(tokens: list[int], vocab: int) -> None:
         row = tokens.index(NON_FINITE)
         raise ValueError(f"the logits of sampling row {row} hold NaN or +inf; logits must be finite or -inf")
     if NOTHING in tokens:
-        raise ValueError(f"no token can be sampled: all {vocab} logits are -inf or banned")
+        raise ValueError(f"no token can be sampled: all {vocab} logits are -inf, banned or masked")
 
 
 def fed_ids(feed: Feed) -> torch.Tensor:

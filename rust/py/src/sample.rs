@@ -1,8 +1,8 @@
 //! `Sampler`: one request's seeded sampler (logit bias, penalties, temperature, top-k/p, min-p), for Python.
 //! The engine samples in Rust directly; this class exposes the same code to tests and tools.
 
-use numpy::PyArray1;
-use oxibonsai_core::sample::{History, LogitBias, Sampler as CoreSampler, SamplingConfig};
+use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
+use oxibonsai_core::sample::{History, LogitBias, Sampler as CoreSampler, SamplingConfig, TokenMask};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -34,12 +34,27 @@ fn token_ids(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Vec<u32>> {
         .collect()
 }
 
+/// A structured-output allow-bitmask (`None`: every id allowed): a 1-D int32 or uint32 array, bit
+/// `i % 32` of word `i / 32` set where id `i` is allowed (what llguidance fills).
+fn mask_words(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u32>>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
+    let wrong = || PyTypeError::new_err("allowed must be a 1-D numpy array of int32 or uint32 bitmask words");
+    if let Ok(words) = obj.cast::<PyArray1<u32>>() {
+        return Ok(Some(words.to_vec().map_err(|_| wrong())?));
+    }
+    let words = obj.cast::<PyArray1<i32>>().map_err(|_| wrong())?;
+    let words = words.readonly();
+    let words = words.as_array();
+    Ok(Some(words.iter().map(|&w| w as u32).collect()))
+}
+
 /// The owned inputs of one sampling call, extracted (and checked) before the GIL is released.
 struct Inputs<'py> {
     logits: numpy::PyReadonlyArrayDyn<'py, f32>,
     prompt: Vec<u32>,
     output: Vec<u32>,
     banned: Vec<u32>,
+    allowed: Option<Vec<u32>>,
 }
 
 impl<'py> Inputs<'py> {
@@ -48,13 +63,19 @@ impl<'py> Inputs<'py> {
         prompt_ids: &Bound<'py, PyAny>,
         output_ids: &Bound<'py, PyAny>,
         banned: Option<&Bound<'py, PyAny>>,
+        allowed: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Inputs<'py>> {
         Ok(Inputs {
             logits: f32_array(logits, "logits", &[1])?,
             prompt: token_ids(Some(prompt_ids), "prompt_ids")?,
             output: token_ids(Some(output_ids), "output_ids")?,
             banned: token_ids(banned, "banned")?,
+            allowed: mask_words(allowed)?,
         })
+    }
+
+    fn mask(&self) -> Option<TokenMask<'_>> {
+        self.allowed.as_deref().map(TokenMask::new)
     }
 
     fn logits(&self) -> PyResult<&[f32]> {
@@ -98,10 +119,12 @@ impl Sampler {
 
     /// Samples one token: `(token, raw logprob, [(id, raw logprob)] * logprobs, descending)`;
     /// `logprobs=None` computes no logprob (`(token, None, [])`), which is most of a greedy draw's cost.
+    /// `allowed`: a structured-output allow-bitmask (int32 words, one bit per id), or None.
     #[pyo3(
-        signature = (logits, prompt_ids, output_ids, banned = None, logprobs = Some(0)),
-        text_signature = "(self, /, logits, prompt_ids, output_ids, banned=None, logprobs=0)"
+        signature = (logits, prompt_ids, output_ids, banned = None, logprobs = Some(0), allowed = None),
+        text_signature = "(self, /, logits, prompt_ids, output_ids, banned=None, logprobs=0, allowed=None)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn sample(
         &mut self,
         py: Python<'_>,
@@ -110,19 +133,21 @@ impl Sampler {
         output_ids: &Bound<'_, PyAny>,
         banned: Option<&Bound<'_, PyAny>>,
         logprobs: Option<i64>,
+        allowed: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<SampleResult> {
         let logprobs = logprobs
             .map(|n| usize::try_from(n).map_err(|_| PyValueError::new_err(format!("logprobs must be >= 0, got {n}"))))
             .transpose()?;
-        let args = Inputs::extract(logits, prompt_ids, output_ids, banned)?;
-        let (logits, history) = (args.logits()?, args.history());
+        let args = Inputs::extract(logits, prompt_ids, output_ids, banned, allowed)?;
+        let (logits, history, mask) = (args.logits()?, args.history(), args.mask());
         let inner = &mut self.inner;
-        let sampled = without_gil(py, || inner.sample(logits, &history, &args.banned, logprobs)).map_err(to_py)?;
+        let sampled =
+            without_gil(py, || inner.sample_masked(logits, &history, &args.banned, mask, logprobs)).map_err(to_py)?;
         Ok((sampled.token, sampled.logprob, sampled.top))
     }
 
     /// The float32 distribution `sample` draws from (zero outside the candidates; one-hot if greedy).
-    #[pyo3(signature = (logits, prompt_ids, output_ids, banned = None))]
+    #[pyo3(signature = (logits, prompt_ids, output_ids, banned = None, allowed = None))]
     fn probabilities<'py>(
         &self,
         py: Python<'py>,
@@ -130,11 +155,13 @@ impl Sampler {
         prompt_ids: &Bound<'py, PyAny>,
         output_ids: &Bound<'py, PyAny>,
         banned: Option<&Bound<'py, PyAny>>,
+        allowed: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<f32>>> {
-        let args = Inputs::extract(logits, prompt_ids, output_ids, banned)?;
-        let (logits, history) = (args.logits()?, args.history());
+        let args = Inputs::extract(logits, prompt_ids, output_ids, banned, allowed)?;
+        let (logits, history, mask) = (args.logits()?, args.history(), args.mask());
         let inner = &self.inner;
-        let probs = without_gil(py, || inner.probabilities(logits, &history, &args.banned)).map_err(to_py)?;
+        let probs =
+            without_gil(py, || inner.probabilities_masked(logits, &history, &args.banned, mask)).map_err(to_py)?;
         Ok(PyArray1::from_vec(py, probs))
     }
 

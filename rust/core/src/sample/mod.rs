@@ -3,7 +3,8 @@
 //! A [`Sampler`] owns one request's [`SamplingConfig`] and its own [`Rng`], so the token it draws
 //! depends only on the request's seed, its logits and its token [`History`], never on the rest of the
 //! batch. The pipeline (vLLM's semantics) is: the logit bias, repetition penalty over prompt and output tokens,
-//! frequency/presence penalties over output tokens, banned ids to `-inf`, then either greedy argmax or
+//! frequency/presence penalties over output tokens, banned ids (and those a structured-output
+//! [`TokenMask`] does not allow) to `-inf`, then either greedy argmax or
 //! temperature -> top-k -> top-p -> min-p -> one inverse-CDF draw. Logprobs are the `log_softmax` of
 //! the *raw* logits. `Sampler::sample` allocates nothing O(vocab) per step (its buffers are a
 //! per-thread scratch, `scratch.rs`), never sorts the vocabulary (top-k and top-p select, after a
@@ -13,6 +14,7 @@ mod bias;
 mod config;
 mod filters;
 mod logprobs;
+mod mask;
 pub(crate) mod math;
 mod penalties;
 mod rank;
@@ -23,6 +25,7 @@ mod scratch;
 pub use bias::{LogitBias, MAX_BIAS};
 pub use config::SamplingConfig;
 pub use logprobs::{score_token, TokenScore};
+pub use mask::TokenMask;
 pub use penalties::History;
 pub use rng::Rng;
 pub use sampler::{Sampled, Sampler};

@@ -9,6 +9,7 @@
 
 use super::bias::LogitBias;
 use super::config::SamplingConfig;
+use super::mask::TokenMask;
 use super::math::max_and_bad;
 use super::penalties::{self, History};
 use super::rng::Rng;
@@ -61,12 +62,26 @@ impl Sampler {
         banned: &[u32],
         n_logprobs: Option<usize>,
     ) -> Result<Sampled> {
-        if self.config.is_greedy() && !self.config.has_penalties() && banned.is_empty() && self.bias.is_empty() {
+        self.sample_masked(logits, history, banned, None, n_logprobs)
+    }
+
+    /// [`sample`](Self::sample), never an id `mask` does not allow (structured output). The
+    /// logprobs stay those of the raw logits.
+    pub fn sample_masked(
+        &mut self,
+        logits: &[f32],
+        history: &History<'_>,
+        banned: &[u32],
+        mask: Option<TokenMask<'_>>,
+        n_logprobs: Option<usize>,
+    ) -> Result<Sampled> {
+        let plain = banned.is_empty() && mask.is_none() && self.bias.is_empty();
+        if plain && self.config.is_greedy() && !self.config.has_penalties() {
             return plain_argmax(logits, history, n_logprobs);
         }
         check_logits(logits)?;
         with_scratch(|s| {
-            let max = prepare(&self.config, &self.bias, logits, history, banned, s)?;
+            let max = prepare(&self.config, &self.bias, logits, history, (banned, mask), s)?;
             let token = if self.config.is_greedy() {
                 argmax(&s.logits, max)
             } else {
@@ -79,9 +94,20 @@ impl Sampler {
 
     /// The distribution the draw would use: zero except for the candidates (one-hot when greedy).
     pub fn probabilities(&self, logits: &[f32], history: &History<'_>, banned: &[u32]) -> Result<Vec<f32>> {
+        self.probabilities_masked(logits, history, banned, None)
+    }
+
+    /// [`probabilities`](Self::probabilities) under a token mask, as [`sample_masked`](Self::sample_masked).
+    pub fn probabilities_masked(
+        &self,
+        logits: &[f32],
+        history: &History<'_>,
+        banned: &[u32],
+        mask: Option<TokenMask<'_>>,
+    ) -> Result<Vec<f32>> {
         check_logits(logits)?;
         with_scratch(|s| {
-            let max = prepare(&self.config, &self.bias, logits, history, banned, s)?;
+            let max = prepare(&self.config, &self.bias, logits, history, (banned, mask), s)?;
             let mut probs = vec![0.0; logits.len()];
             if self.config.is_greedy() {
                 probs[argmax(&s.logits, max) as usize] = 1.0;
@@ -128,7 +154,7 @@ fn with_logprobs(logits: &[f32], token: u32, n_logprobs: Option<usize>, ids: &mu
 }
 
 fn no_token(vocab: usize) -> Error {
-    Error::Value(format!("no token can be sampled: all {vocab} logits are -inf or banned"))
+    Error::Value(format!("no token can be sampled: all {vocab} logits are -inf, banned or masked"))
 }
 
 /// Rejects empty logits, NaN and `+inf` (`-inf` marks a masked token).
@@ -145,19 +171,25 @@ fn check_logits(logits: &[f32]) -> Result<()> {
     Err(Error::Value(format!("logits[{i}] is {}; logits must be finite or -inf", logits[i])))
 }
 
-/// Steps 0-3 into the scratch copy; returns the largest penalized logit, or fails if every token is
-/// `-inf` or banned.
+/// Steps 0-3 into the scratch copy (the token mask with the bans); returns the largest penalized
+/// logit, or fails if every token is `-inf`, banned or masked.
 fn prepare(
     config: &SamplingConfig,
     bias: &LogitBias,
     logits: &[f32],
     history: &History<'_>,
-    banned: &[u32],
+    (banned, mask): (&[u32], Option<TokenMask<'_>>),
     s: &mut Scratch,
 ) -> Result<f32> {
+    if let Some(mask) = mask {
+        mask.check(logits.len())?;
+    }
     s.load(logits);
     bias.apply(&mut s.logits)?;
     penalties::apply(&mut s.logits, history, banned, config, &mut s.marks)?;
+    if let Some(mask) = mask {
+        mask.apply(&mut s.logits);
+    }
     let max = max_and_bad(&s.logits).0;
     if max == f32::NEG_INFINITY {
         return Err(no_token(logits.len()));
