@@ -1,7 +1,7 @@
 //! `Sampler`: one request's seeded sampler (logit bias, penalties, temperature, top-k/p, min-p), for Python.
 //! The engine samples in Rust directly; this class exposes the same code to tests and tools.
 
-use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayMethods};
 use oxibonsai_core::sample::{History, LogitBias, Sampler as CoreSampler, SamplingConfig, TokenMask};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
