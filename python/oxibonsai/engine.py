@@ -13,12 +13,18 @@ request starts on the cached blocks of its longest cached prefix (per ``cache_sa
 the rest; a preempted request keeps its output and is recomputed, mostly from the cache, when readmitted.
 A request with ``prompt_logprobs`` computes its whole prompt (it starts without the cache) and the
 runner scores each prompt token from the row before it; its ``RequestOutput.prompt_logprobs`` is set
-once the prompt is computed (a prefill preempted and recomputed is not scored twice)."""
+once the prompt is computed (a prefill preempted and recomputed is not scored twice).
+A request with ``structured_outputs`` compiles its grammar when it is added (an invalid one is a
+``ValueError`` then); each of its sampling rows carries the grammar's mask of allowed ids, each token
+taken advances the grammar, and the request ends (``"stop"``) once the grammar is complete. Its steps
+are never planned ahead of the tokens they follow (the mask needs them)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from oxibonsai import _core
 from oxibonsai.detokenizer import IncrementalDetokenizer, StopStringMatcher, TextBuffer
@@ -26,6 +32,7 @@ from oxibonsai.metrics import EngineMetrics
 from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from oxibonsai.runner import Draw, Feed, Runner, SampleRow, StepDraws
 from oxibonsai.sampling_params import SamplingParams
+from oxibonsai.structured_output import GrammarCompiler, GrammarState
 from oxibonsai.tokenizer import Tokenizer
 
 _MASK64 = (1 << 64) - 1
@@ -67,6 +74,8 @@ class _Request:
     row: SampleRow | None = None  # the sampling row of every step with nothing banned
     prompt_scored: dict[int, dict[int, Logprob]] | None = None  # prompt position -> its logprobs
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # set once every position is
+    grammar: GrammarState | None = None  # structured output: the grammar's state after output_ids
+    ended_on_stop_token: bool = False  # its last token is a stop id (whose text is not output)
 
     def prompt_logprobs_done(self) -> list[dict[int, Logprob] | None] | None:
         """The prompt's logprobs once every position after the first is scored, else None."""
@@ -159,6 +168,7 @@ class Engine:
         self._arrivals = 0
         self._launched: _Launched | None = None  # a step the runner runs whose tokens are not taken yet
         self._launch_error: Exception | None = None
+        self._grammars = GrammarCompiler(tokenizer, runner.vocab_size)
         self.metrics = EngineMetrics()
 
     def add_request(
@@ -182,6 +192,8 @@ class Engine:
         if request_id in self._handles:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         max_new = self.check_prompt(prompt_ids, params)
+        spec = params.structured_outputs
+        grammar = self._grammars.compile(spec) if spec is not None else None
         handle = self._arrivals
         default_seed = request_seed(self._seed, handle + 1)
         request = _Request(
@@ -203,6 +215,7 @@ class Engine:
             logprobs=[] if params.logprobs is not None else None,
             streamed=stream,
             prompt_scored={} if params.prompt_logprobs is not None else None,
+            grammar=grammar,
         )
         self._sched.add(
             handle,
@@ -216,7 +229,8 @@ class Engine:
         self._handles[request_id] = handle
 
     def check_prompt(self, prompt_ids: list[int], params: SamplingParams) -> int:
-        """Validates a prompt; returns how many tokens the request may generate."""
+        """Validates a prompt (and compiles its grammar, if any: thread-safe); returns how many tokens
+        the request may generate."""
         if params.n != 1:
             raise ValueError(
                 f"a request generates one sample, got n={params.n}: LLM.generate and the server run n "
@@ -237,6 +251,8 @@ class Engine:
         bad = next((t for t in params.logit_bias or () if t >= vocab), None)
         if bad is not None:
             raise ValueError(f"logit_bias token id {bad} is out of range for a vocabulary of {vocab}")
+        if params.structured_outputs is not None:
+            self._grammars.compile(params.structured_outputs)  # kept compiled for add_request
         room = limit - len(prompt_ids)
         max_new = room if params.max_tokens is None else min(params.max_tokens, room)
         if self._blocks_for(len(prompt_ids) + max_new) > self.num_blocks:
@@ -386,6 +402,8 @@ class Engine:
         otherwise. The runner feeds each row its request's token from ``launched``'s draws on its
         device (and the penalties count it there)."""
         plan, sampling, pending = launched
+        if any(r.grammar is not None for r in sampling):
+            return None  # a grammar's mask needs the token in flight
         ending = [
             r.handle for r in sampling if r.finish_reason is None and len(r.output_ids) + 1 >= r.max_new
         ]
@@ -434,6 +452,8 @@ class Engine:
         taken yet (1 in a step launched ahead); one kept for every step once nothing is banned (its
         histories are the request's own lists, which grow in place)."""
         banned = self._banned(r, pending)
+        if r.grammar is not None:
+            return _new_row(r, banned, r.grammar.mask())
         if banned:
             return _new_row(r, banned)
         if r.row is None:
@@ -451,6 +471,8 @@ class Engine:
         self._append(r, token)
         if self._stops_on_token(r, token):
             self._finish(r, "stop")
+        elif r.grammar is not None and r.grammar.done:
+            self._finish(r, "stop")
         elif len(r.output_ids) >= r.max_new:
             self._finish(r, "length")
         return True
@@ -461,7 +483,7 @@ class Engine:
         """The rest of taking a token ``_take`` left: its logprobs and text (none for a stop token),
         and the text held back from a request that just ended. No stop strings are watched here."""
         self._record_logprobs(r, token, logprob, top)
-        if r.finish_reason != "stop":
+        if not r.ended_on_stop_token:
             r.text_buffer.append(r.detok.add(token))
         if r.finish_reason is not None:
             r.text_buffer.append(r.detok.finish())
@@ -471,6 +493,8 @@ class Engine:
             r.metrics.first_token_time = time.perf_counter()
         r.output_ids.append(token)
         r.metrics.num_generated_tokens = len(r.output_ids)
+        if r.grammar is not None and not self._is_stop_id(r, token):
+            r.grammar.accept((token,))
 
     def _accept(self, r: _Request, token: int, logprob: float | None, top: list[tuple[int, float]]) -> None:
         """Appends a sampled token and finishes the request on a stop token, stop string or length."""
@@ -484,19 +508,26 @@ class Engine:
         if stopped:
             r.stop_reason = r.stops.matched
             self._finish(r, "stop")
+        elif r.grammar is not None and r.grammar.done:
+            self._finish(r, "stop", flush=True)
         elif len(r.output_ids) >= r.max_new:
             self._finish(r, "length", flush=True)
 
     def _stops_on_token(self, r: _Request, token: int) -> bool:
         """Whether ``token`` ends the request (its stop ids, or the tokenizer's unless ``ignore_eos``);
         if so, records its ``stop_reason`` (None for the tokenizer's)."""
+        if not self._is_stop_id(r, token):
+            return False
+        own = token in (r.params.stop_token_ids or []) and token not in self._tokenizer.stop_token_ids
+        r.stop_reason = token if own else None
+        r.ended_on_stop_token = True
+        return True
+
+    def _is_stop_id(self, r: _Request, token: int) -> bool:
+        """Whether ``token`` is one of the request's stop ids, or the tokenizer's unless ``ignore_eos``."""
         if token in (r.params.stop_token_ids or []):
-            r.stop_reason = None if token in self._tokenizer.stop_token_ids else token
             return True
-        if not r.params.ignore_eos and token in self._tokenizer.stop_token_ids:
-            r.stop_reason = None
-            return True
-        return False
+        return not r.params.ignore_eos and token in self._tokenizer.stop_token_ids
 
     def _record_logprobs(
         self, r: _Request, token: int, logprob: float | None, top: list[tuple[int, float]]
@@ -525,7 +556,7 @@ class Engine:
         del self._handles[r.request_id]
 
 
-def _new_row(r: _Request, banned: list[int]) -> SampleRow:
+def _new_row(r: _Request, banned: list[int], allowed: np.ndarray | None = None) -> SampleRow:
     return SampleRow(
-        r.params, r.seed, r.sampler, r.prompt_ids, r.output_ids, banned, r.handle, r.plain_greedy
+        r.params, r.seed, r.sampler, r.prompt_ids, r.output_ids, banned, r.handle, r.plain_greedy, allowed
     )

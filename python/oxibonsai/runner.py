@@ -48,8 +48,10 @@ logprob, the rank and the top ``(id, logprob)`` pairs of prompt token ``start + 
 class SampleRow:
     """What sampling one request's next token needs: its parameters, its seed (the request's, or the
     engine's for it), its stateful Rust sampler (built from both), its prompt and output so far, the
-    ids it may not sample now (stop ids before ``min_tokens``), and a key naming the request while it
-    runs (what a runner keeps for it across steps is keyed by it; ``Runner.forget`` drops it)."""
+    ids it may not sample now (stop ids before ``min_tokens``), a key naming the request while it
+    runs (what a runner keeps for it across steps is keyed by it; ``Runner.forget`` drops it), and for
+    structured output the ids its grammar allows now (an int32 allow-bitmask, bit ``i % 32`` of word
+    ``i // 32`` per id; None: all)."""
 
     params: SamplingParams
     seed: int
@@ -60,6 +62,7 @@ class SampleRow:
     key: int = -1
     # params.is_plain_greedy, worked out once per request by the engine (None: read from params)
     plain_greedy: bool | None = None
+    allowed: np.ndarray | None = None
 
 
 class Feed(NamedTuple):
@@ -94,7 +97,7 @@ def sample_on_host(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[Draw]:
     """Each row of float32 ``logits`` through its request's Rust sampler; no logprobs are computed
     for requests that did not ask (the normalizer is most of a greedy draw's cost)."""
     return [
-        r.sampler.sample(row, r.prompt_ids, r.output_ids, r.banned, r.params.logprobs)
+        r.sampler.sample(row, r.prompt_ids, r.output_ids, r.banned, r.params.logprobs, r.allowed)
         for r, row in zip(rows, logits, strict=True)
     ]
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from oxibonsai import _core
+from oxibonsai.structured_output import StructuredOutputsParams
 
 #: The most logprobs a request may ask for (vLLM's default limit).
 MAX_LOGPROBS = 20
@@ -105,6 +106,21 @@ def _logit_bias(value: object) -> dict[int, float] | None:
     return bias or None
 
 
+def _structured_outputs(value: object) -> StructuredOutputsParams | None:
+    if value is None or isinstance(value, StructuredOutputsParams):
+        return value
+    if not isinstance(value, dict):
+        raise TypeError(
+            f"structured_outputs must be a StructuredOutputsParams (or a dict of its fields) or None, "
+            f"got {_type_name(value)}"
+        )
+    fields = {f.name for f in dataclasses.fields(StructuredOutputsParams)}
+    unknown = sorted(set(value) - fields)
+    if unknown:
+        raise TypeError(f"structured_outputs has unknown field(s) {unknown}; known: {sorted(fields)}")
+    return StructuredOutputsParams(**value)
+
+
 @dataclass(kw_only=True)
 class SamplingParams:
     """Sampling and stopping parameters of one request (vLLM's names, defaults and ranges).
@@ -117,7 +133,10 @@ class SamplingParams:
     computes its whole prompt, the prefix cache cannot give it the logits). ``stop`` becomes a list
     of strings and ``stop_token_ids`` a list of ints. ``logit_bias`` maps token ids to amounts in
     [-100, 100] added to their logits before the penalties (-100 all but bans a token, +100 all but
-    forces it; logprobs stay the raw ones); an empty dict becomes None.
+    forces it; logprobs stay the raw ones); an empty dict becomes None. ``structured_outputs``
+    constrains the output to a JSON schema, any JSON object, a regex, a choice or a grammar
+    (``StructuredOutputsParams``; a dict of its fields is converted); the request ends, with finish
+    reason ``"stop"``, once the value is complete.
     """
 
     n: int = 1
@@ -139,6 +158,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         self._check_lengths()
@@ -184,6 +204,7 @@ class SamplingParams:
                 if not 0 <= getattr(self, name) <= MAX_LOGPROBS:
                     raise _out_of_range(name, f"in [0, {MAX_LOGPROBS}] or None", value)
         self.logit_bias = _logit_bias(self.logit_bias)
+        self.structured_outputs = _structured_outputs(self.structured_outputs)
 
     def _check_stopping(self) -> None:
         self.stop = _stop_strings(self.stop)
@@ -197,10 +218,12 @@ class SamplingParams:
     @property
     def is_plain_greedy(self) -> bool:
         """Greedy (temperature 0 or top-k 1, as the float32 samplers see them) with no repetition,
-        frequency or presence penalty, no logit bias and no logprobs: a draw is the first largest
-        logit. (Ids banned before ``min_tokens`` are the engine's to check at each step.)"""
+        frequency or presence penalty, no logit bias, no logprobs and no structured output: a draw is
+        the first largest logit. (Ids banned before ``min_tokens`` are the engine's to check at each
+        step.)"""
         greedy = np.float32(self.temperature) == 0 or self.top_k == 1
         plain = not self.has_penalties and self.logit_bias is None and self.logprobs is None
+        plain = plain and self.structured_outputs is None
         return bool(greedy and plain)
 
     @property

@@ -88,7 +88,7 @@ def greedy_sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampleResu
 
 def _plain_greedy(row: SampleRow) -> bool:
     plain = row.plain_greedy if row.plain_greedy is not None else row.params.is_plain_greedy
-    return plain and not row.banned
+    return plain and not row.banned and row.allowed is None
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
@@ -134,6 +134,7 @@ def start_sampling(
         steps=None if pending_ids is None else [len(r.output_ids) + 1 for r in rows],
         kept=None if kept is None or any(r.key < 0 for r in rows) else (kept, [r.key for r in rows]),
         pending_ids=pending_ids,
+        allowed=[r.allowed for r in rows],
     )
     return sample(logits, batch).send_to_host(batch.vocab_size, batch.logprob_rows, batch.logprob_counts)
 

@@ -89,6 +89,7 @@ class SamplingBatch:
         steps: Sequence[int] | None = None,
         kept: tuple[DeviceHistories, Sequence[int]] | None = None,
         pending_ids: torch.Tensor | None = None,
+        allowed: Sequence[np.ndarray | None] | None = None,
     ) -> SamplingBatch:
         """The batch of rows ``params[r]`` with ``seeds[r]`` (the request's seed, or the engine's when it
         has none), its histories and the ids it must not sample now. ``steps[r]`` keys row r's random
@@ -96,7 +97,9 @@ class SamplingBatch:
         penalties' history rows come from these ``DeviceHistories`` under these request keys (only
         the ids they add are read and checked), not from histograms of the whole lists.
         ``pending_ids`` (int64 ``[R]`` on the device): each row's output token that ``output_ids`` does
-        not hold yet (a step launched ahead of it), added to the penalties' histories of this batch."""
+        not hold yet (a step launched ahead of it), added to the penalties' histories of this batch.
+        ``allowed[r]``: row r's structured-output allow-bitmask (int32 words, one bit per id; None:
+        every id), unpacked on the device into the banned mask."""
         steps = [len(o) for o in output_ids] if steps is None else steps
         histories = {"prompt_ids": prompt_ids, "output_ids": output_ids, "banned": banned}
         _check_rows(params, seeds, steps, histories, vocab_size, whole_lists=kept is None)
@@ -125,6 +128,7 @@ class SamplingBatch:
         )
         floats = rows["temperature":].float()  # one conversion for every float32 column
         seen, output_counts, banned_mask = _history_masks(params, histories, vocab_size, device, kept)
+        banned_mask = _with_disallowed(banned_mask, allowed, vocab_size, device)
         bias = LogitBias.build(params, vocab_size, device)
         if pending_ids is not None:
             _add_pending(seen, output_counts, pending_ids)
@@ -265,6 +269,29 @@ def _history_masks(
     if any(banned):
         banned_mask = _histogram(banned, vocab, device) > 0
     return seen, output_counts, banned_mask
+
+
+def _with_disallowed(
+    banned: torch.Tensor | None,
+    allowed: Sequence[np.ndarray | None] | None,
+    vocab: int,
+    device: torch.device | str,
+) -> torch.Tensor | None:
+    """``banned`` (bool [R, V] or None) with every id a row's allow-bitmask leaves out: the words go
+    to the device (4 bytes per 32 ids) and are unpacked there."""
+    if allowed is None or all(a is None for a in allowed):
+        return banned
+    words = (vocab + 31) // 32
+    table = np.full((len(allowed), words), -1, dtype=np.int32)
+    for r, mask in enumerate(allowed):
+        if mask is not None:
+            if mask.shape != (words,):
+                raise ValueError(f"row {r}: the token mask has shape {mask.shape}; {vocab} ids need {words}")
+            table[r] = mask
+    bits = torch.arange(32, dtype=torch.int32, device=device)
+    packed = torch.from_numpy(table).to(device)
+    disallowed = ((packed.unsqueeze(-1) >> bits) & 1).reshape(len(allowed), -1)[:, :vocab] == 0
+    return disallowed if banned is None else banned | disallowed
 
 
 def _add_pending(seen: torch.Tensor | None, counts: torch.Tensor | None, ids: torch.Tensor) -> None:

@@ -1,0 +1,198 @@
+"""Structured output: generation constrained to a JSON schema, any JSON object, a regex, a choice of
+strings or a grammar (Lark, or llama.cpp's GBNF), with vLLM's ``StructuredOutputsParams``.
+
+This module owns turning those parameters into a grammar and a per-request matcher. The grammar
+engine is llguidance (imported only when a request asks for structured output). Before each of a
+request's sampling steps, ``GrammarState.mask`` gives the ids the grammar allows next, as the
+int32 allow-bitmask the Rust sampler (and the torch sampler) take. ``accept`` advances the grammar
+by each token taken. ``done`` is true once the grammar can take no more tokens, and the engine then
+ends the request (finish reason ``"stop"``). A stop token the grammar allows (at the end of a
+complete value) ends the request as usual.
+
+A compiled grammar is kept per distinct specification (``GrammarCompiler``, a small LRU behind a
+lock: requests are checked on the caller's thread and added on the engine's), and each request gets
+a copy of its matcher: repeated schemas, the common case on a server, compile once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import llguidance
+
+    from oxibonsai.tokenizer import Tokenizer
+
+_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+#: Compiled grammars kept per engine (each is a matcher at its start, copied per request).
+GRAMMAR_CACHE_SIZE = 64
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__
+
+
+@dataclass(frozen=True, kw_only=True)
+class StructuredOutputsParams:
+    """What a request's output must match; exactly one of:
+
+    - ``json``: a JSON schema (a dict, or its JSON text);
+    - ``regex``: a regular expression the whole output matches;
+    - ``choice``: a list of strings, one of which the output is;
+    - ``grammar``: a context-free grammar, in Lark syntax or llama.cpp's GBNF;
+    - ``json_object``: ``True`` for any JSON object (OpenAI's ``response_format`` ``json_object``).
+
+    ``disable_any_whitespace`` allows no whitespace between JSON tokens (compact JSON; small models
+    otherwise can loop on whitespace). Values are checked when built; the grammar itself is compiled
+    when the request is added (a bad schema or regex is a ``ValueError`` then)."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        given = [k for k in _KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            named = ", ".join(given) if given else "none"
+            raise ValueError(
+                f"structured outputs need exactly one of {', '.join(_KINDS)}; got {named}"
+            )
+        self._check_types()
+
+    def _check_types(self) -> None:
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise TypeError(f"json must be a JSON schema (dict or str), got {_type_name(self.json)}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"{name} must be a non-empty str, got {_type_name(value)} {value!r}")
+        if self.choice is not None:
+            if not isinstance(self.choice, (list, tuple)) or not self.choice:
+                raise TypeError(f"choice must be a non-empty list of str, got {self.choice!r}")
+            bad = next((c for c in self.choice if not isinstance(c, str) or not c), None)
+            if bad is not None:
+                raise TypeError(f"choice must hold non-empty strings, got {bad!r}")
+            object.__setattr__(self, "choice", list(self.choice))
+        if self.json_object is not None and not isinstance(self.json_object, bool):
+            raise TypeError(f"json_object must be a bool, got {_type_name(self.json_object)}")
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise TypeError("disable_any_whitespace must be a bool")
+
+    def key(self) -> str:
+        """A text naming this specification exactly (the compiled-grammar cache's key)."""
+        kind = next(k for k in _KINDS if getattr(self, k) not in (None, False))
+        value = getattr(self, kind)
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        return json.dumps([kind, text, self.disable_any_whitespace])
+
+
+def _llguidance() -> Any:
+    try:
+        import llguidance
+    except ImportError as error:  # a dependency of the package; missing only in a broken install
+        raise ImportError("structured output needs llguidance: pip install llguidance") from error
+    return llguidance
+
+
+def _grammar_text(llg: Any, spec: StructuredOutputsParams) -> str:
+    """The llguidance grammar of ``spec``; ValueError for a specification that is not valid text."""
+    options = {"whitespace_flexible": not spec.disable_any_whitespace}
+    if spec.json is not None or spec.json_object:
+        schema = {"type": "object"} if spec.json_object else spec.json
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"json is not a valid JSON schema text: {error}") from None
+        if not isinstance(schema, dict):
+            raise ValueError(f"a JSON schema must be a JSON object, got {_type_name(schema)}")
+        return str(llg.LLMatcher.grammar_from_json_schema(schema, overrides=options))
+    if spec.regex is not None:
+        return str(llg.grammar_from("regex", spec.regex))
+    if spec.choice is not None:
+        return str(llg.grammar_from("choice", json.dumps(spec.choice)))
+    assert spec.grammar is not None
+    return str(llg.grammar_from("grammar", spec.grammar))
+
+
+class GrammarCompiler:
+    """Compiles ``StructuredOutputsParams`` into per-request ``GrammarState``s for one tokenizer and
+    vocabulary (the model's, which may be larger than the tokenizer's); one per engine."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _tokenizer_for_grammars(self) -> llguidance.LLTokenizer:
+        if self._ll_tokenizer is None:
+            llg = _llguidance()
+            stops = sorted(self._tokenizer.stop_token_ids)
+            self._ll_tokenizer = llg.LLTokenizer(
+                self._tokenizer.hf.to_str(), n_vocab=self.vocab_size, eos_token=stops or None
+            )
+        return self._ll_tokenizer
+
+    def compile(self, spec: StructuredOutputsParams) -> GrammarState:
+        """A fresh matcher for ``spec``; ValueError naming the problem for an invalid schema, regex
+        or grammar."""
+        with self._lock:
+            return GrammarState(self._template(spec).deep_copy(), self.vocab_size)
+
+    def _template(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
+        key = spec.key()
+        template = self._compiled.get(key)
+        if template is not None:
+            self._compiled.move_to_end(key)
+            return template
+        llg = _llguidance()
+        matcher = llg.LLMatcher(self._tokenizer_for_grammars(), _grammar_text(llg, spec), log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"invalid structured output specification: {matcher.get_error()}")
+        self._compiled[key] = matcher
+        while len(self._compiled) > GRAMMAR_CACHE_SIZE:
+            self._compiled.popitem(last=False)
+        return matcher
+
+
+class GrammarState:
+    """One request's position in its grammar: the mask of its next token, and each token taken."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self._matcher = matcher
+        self._words = (vocab_size + 31) // 32
+
+    def mask(self) -> np.ndarray:
+        """The int32 allow-bitmask of the next token (bit ``i % 32`` of word ``i // 32`` per id)."""
+        mask = np.empty(self._words, dtype=np.int32)
+        self._matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+        return mask
+
+    def accept(self, tokens: Iterable[int]) -> None:
+        """Advances the grammar by ``tokens`` (sampled under its masks, so it accepts them; the rare
+        token the grammar refuses, e.g. one a stop id the engine let through, leaves it in its error
+        state, which ``done`` reports)."""
+        for token in tokens:
+            if not self._matcher.consume_token(token):
+                return
+
+    @property
+    def done(self) -> bool:
+        """Whether the grammar takes no more tokens: the value is complete, or it failed."""
+        return bool(self._matcher.is_stopped() or self._matcher.is_error())
+
+    @property
+    def error(self) -> str | None:
+        return str(self._matcher.get_error()) if self._matcher.is_error() else None
