@@ -64,9 +64,7 @@ class StructuredOutputsParams:
         given = [k for k in _KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
             named = ", ".join(given) if given else "none"
-            raise ValueError(
-                f"structured outputs need exactly one of {', '.join(_KINDS)}; got {named}"
-            )
+            raise ValueError(f"structured outputs need exactly one of {', '.join(_KINDS)}; got {named}")
         self._check_types()
 
     def _check_types(self) -> None:

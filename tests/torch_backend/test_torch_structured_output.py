@@ -64,7 +64,7 @@ def generate(path: Path, prompts: list[str], params: list[ob.SamplingParams]) ->
     return [r.outputs[0] for r in torch_llm(path).generate(prompts, params)]
 
 
-def test_torch_runner_outputs_follow_the_grammar_with_device_sampling_on_and_off(tiny_model, rng, monkeypatch):
+def test_torch_outputs_follow_the_grammar_with_device_sampling_on_and_off(tiny_model, rng, monkeypatch):
     kinds = [str(k) for k in rng.choice(sorted(SPECS), 5)]
     prompts = random_text_prompts(rng, len(kinds))
     greedy = [ob.SamplingParams(max_tokens=24, temperature=0.0, structured_outputs=SPECS[k]) for k in kinds]
