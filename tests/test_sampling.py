@@ -309,6 +309,8 @@ INVALID: list[tuple[str, object, type[Exception], str]] = [
     ("logit_bias", {3: 100.5}, ValueError, r"logit_bias\[3\] must be in \[-100, 100\], got 100.5"),
     ("logit_bias", {3: math.nan}, ValueError, r"logit_bias\[3\] must be in \[-100, 100\], got nan"),
     ("logit_bias", {3: "up"}, TypeError, r"logit_bias\[3\] must be a number, got str"),
+    ("structured_outputs", "a+", TypeError, "structured_outputs must be a StructuredOutputsParams"),
+    ("structured_outputs", {"regex": "a", "json": {}}, ValueError, "exactly one of"),
 ]
 
 

@@ -22,6 +22,7 @@ from oxibonsai.async_llm import AsyncLLM, EngineDeadError, RequestStream
 from oxibonsai.llm import LLM
 from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from oxibonsai.sampling_params import SamplingParams
+from oxibonsai.structured_output import StructuredOutputsParams
 from oxibonsai.tokenizer import Tokenizer
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
+    "StructuredOutputsParams",
     "Tokenizer",
     "__version__",
     "get_num_threads",

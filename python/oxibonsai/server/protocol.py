@@ -3,7 +3,10 @@
 Validation happens here, at the edge: bodies are parsed as strict JSON (``model_validate_json``: invalid
 UTF-8, lone surrogates, ``"10"`` for an int and ``1.5`` for a count are all rejected), every range is a
 field constraint so a 400 names its field, and unknown fields are ignored as OpenAI's API does.
-Features the engine does not have (``response_format`` other than text, request chat templates,
+Structured output comes as OpenAI's ``response_format`` (``json_object``, or ``json_schema`` with its
+``schema``) or vLLM's ``structured_outputs`` extension (``json``, ``regex``, ``choice``, ``grammar``,
+``json_object``), on both endpoints; giving both is a 400, as is a specification that does not compile
+(raised when the request is submitted). Features the engine does not have (request chat templates,
 forced tool choice, ``suffix``) are refused with a 400 rather than silently ignored. ``logit_bias``
 keys are token ids as decimal strings (OpenAI's form), at most ``MAX_LOGIT_BIAS_ENTRIES`` of them.
 ``sampling_params`` turns a validated request into the engine's ``SamplingParams``."""
@@ -12,9 +15,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from oxibonsai.sampling_params import MAX_LOGPROBS, SamplingParams
+from oxibonsai.structured_output import StructuredOutputsParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -35,6 +39,56 @@ class _Strict(BaseModel):
 class StreamOptions(_Strict):
     include_usage: bool = True
     continuous_usage_stats: bool = False
+
+
+class JsonSchemaFormat(_Strict):
+    """``response_format.json_schema``: OpenAI's named schema (``strict`` is accepted: the output
+    always follows the schema)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _check_schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.json_schema is None):
+            raise ValueError("response_format json_schema needs json_schema.schema")
+        return self
+
+    def structured(self) -> StructuredOutputsParams | None:
+        if self.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if self.type == "json_schema":
+            assert self.json_schema is not None
+            return StructuredOutputsParams(json=self.json_schema.json_schema)
+        return None
+
+
+class StructuredOutputsField(_Strict):
+    """vLLM's ``structured_outputs`` request field: exactly one of its constraints."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+    json_schema: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+    def structured(self) -> StructuredOutputsParams:
+        fields = self.model_dump(exclude_none=True)
+        if "json_schema" in fields:
+            fields["json"] = fields.pop("json_schema")
+        return StructuredOutputsParams(**fields)
 
 
 class _SamplingFields(_Strict):
@@ -58,6 +112,9 @@ class _SamplingFields(_Strict):
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    _structured: StructuredOutputsParams | None = PrivateAttr(default=None)
     user: str | None = None
     priority: int = Field(default=0, ge=INT32_MIN, le=INT32_MAX)
     cache_salt: str | None = None
@@ -101,6 +158,16 @@ class _SamplingFields(_Strict):
             raise ValueError("Stream options can only be defined when `stream=True`.")
         return self
 
+    @model_validator(mode="after")
+    def _check_structured(self) -> _SamplingFields:
+        from_format = self.response_format.structured() if self.response_format is not None else None
+        if from_format is not None and self.structured_outputs is not None:
+            raise ValueError("give structured_outputs or a response_format other than text, not both")
+        self._structured = from_format
+        if self.structured_outputs is not None:
+            self._structured = self.structured_outputs.structured()
+        return self
+
     def include_usage(self, force: bool) -> bool:
         """Whether a stream ends with a usage chunk (asked for, or forced by the server)."""
         return force or (self.stream_options is not None and self.stream_options.include_usage)
@@ -130,6 +197,7 @@ class _SamplingFields(_Strict):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             logit_bias=None if self.logit_bias is None else {int(k): v for k, v in self.logit_bias.items()},
+            structured_outputs=self._structured,
             **given,
         )
 
@@ -248,10 +316,6 @@ class Tool(_Strict):
     function: FunctionDef
 
 
-class ResponseFormat(_Strict):
-    type: str
-
-
 class ChatCompletionRequest(_SamplingFields):
     """``POST /v1/chat/completions``."""
 
@@ -263,7 +327,6 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
@@ -278,8 +341,6 @@ class ChatCompletionRequest(_SamplingFields):
             raise ValueError("tool_choice needs tools")
         if self.tool_choice not in (None, "none", "auto"):
             raise ValueError("only tool_choice 'auto' and 'none' are supported")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise ValueError(f"response_format {self.response_format.type!r} is not supported")
         if self.chat_template is not None:
             raise ValueError("request chat templates are not accepted; the model's own template is used")
         return self

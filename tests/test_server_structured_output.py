@@ -1,0 +1,143 @@
+"""Structured output through the OpenAI-compatible routes (in process, the embedded default model):
+``response_format`` (``json_object``, ``json_schema``) and vLLM's ``structured_outputs`` on both
+endpoints give what the engine gives with the same ``StructuredOutputsParams``, streamed or not;
+conflicting, malformed and uncompilable specifications are 400s naming the problem."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import oxibonsai as ob
+from oxibonsai.structured_output import StructuredOutputsParams
+
+from server_support import app_for, asgi_client, run, sse_payloads
+
+pytest.importorskip("fastapi")
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "year": {"type": "integer"}},
+    "required": ["city", "year"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[ob.AsyncLLM]:
+    e = ob.AsyncLLM(None, seed=random.randrange(2**32))
+    yield e
+    e.shutdown()
+
+
+@pytest.fixture(scope="module")
+def app(engine: ob.AsyncLLM) -> Any:
+    return app_for(engine)
+
+
+@pytest.fixture(scope="module")
+def reference() -> ob.LLM:
+    return ob.LLM(None)
+
+
+def post(app: Any, path: str, body: dict[str, Any]) -> Any:
+    async def go() -> Any:
+        async with asgi_client(app) as c:
+            return await c.post(path, json=body)
+
+    return run(go())
+
+
+def streamed_text(app: Any, path: str, body: dict[str, Any], key: str) -> str:
+    async def go() -> list[Any]:
+        async with asgi_client(app) as c:
+            r = await c.post(path, json={**body, "stream": True})
+            return sse_payloads(r.text)
+
+    events = run(go())
+    assert events[-1] == "[DONE]"
+    parts = []
+    for chunk in events[:-1]:
+        for choice in chunk.get("choices", []):
+            piece = choice["delta"].get("content") if key == "delta" else choice.get("text")
+            parts.append(piece or "")
+    return "".join(parts)
+
+
+def prompt_words(rng: random.Random) -> str:
+    pool = ["the", "city", "was", "founded", "in", "year", "and", "its", "name", "is"]
+    return " ".join(rng.choice(pool) for _ in range(rng.randint(2, 8)))
+
+
+def test_chat_json_schema_is_the_engines_constrained_output(app, engine, reference):
+    messages = [{"role": "user", "content": prompt_words(random.Random())}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA, "strict": True}}
+    body = {"messages": messages, "max_tokens": 60, "temperature": 0, "response_format": fmt}
+    r = post(app, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    params = ob.SamplingParams(
+        max_tokens=60, temperature=0, structured_outputs=StructuredOutputsParams(json=SCHEMA)
+    )
+    want = reference.generate([engine.chat_prompt(messages)], params)[0].outputs[0]
+    assert choice["message"]["content"] == want.text
+    if choice["finish_reason"] == "stop":
+        value = json.loads(want.text)
+        assert set(value) == {"city", "year"} and type(value["year"]) is int
+    assert streamed_text(app, "/v1/chat/completions", body, "delta") == want.text
+
+
+def test_completions_json_object_and_the_structured_outputs_extension(app, reference):
+    rng = random.Random()
+    extension = [{"regex": "[0-9]{2}-[a-z]{3}"}, {"choice": ["north", "south"]}, {"json": SCHEMA}]
+    extension.append({"grammar": 'root ::= "v" [0-9]+'})
+    cases = [({"response_format": {"type": "json_object"}}, StructuredOutputsParams(json_object=True))]
+    cases += [({"structured_outputs": e}, StructuredOutputsParams(**e)) for e in extension]
+    for fields, spec in cases:
+        prompt = prompt_words(rng)
+        seed = rng.randrange(2**32)
+        body = {"prompt": prompt, "max_tokens": 40, "temperature": 0.8, "seed": seed, **fields}
+        r = post(app, "/v1/completions", body)
+        assert r.status_code == 200, r.text
+        params = ob.SamplingParams(max_tokens=40, temperature=0.8, seed=seed, structured_outputs=spec)
+        want = reference.generate([prompt], params)[0].outputs[0]
+        assert r.json()["choices"][0]["text"] == want.text, fields
+        assert streamed_text(app, "/v1/completions", body, "text") == want.text
+    choice = post(app, "/v1/completions", {"prompt": "x", "n": 3, **cases[2][0]}).json()["choices"]
+    assert all(c["text"] in ("north", "south") and c["finish_reason"] == "stop" for c in choice)
+    regex = post(app, "/v1/completions", {"prompt": "x", "max_tokens": 40, **cases[1][0]}).json()
+    if regex["choices"][0]["finish_reason"] == "stop":
+        assert re.fullmatch("[0-9]{2}-[a-z]{3}", regex["choices"][0]["text"])
+
+
+@pytest.mark.parametrize(
+    ("fields", "contains"),
+    [
+        (
+            {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
+            "not both",
+        ),
+        ({"response_format": {"type": "json_schema"}}, "json_schema.schema"),
+        ({"response_format": {"type": "structural_tag"}}, "response_format"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "exactly one of"),
+        ({"structured_outputs": {}}, "exactly one of"),
+        ({"structured_outputs": {"regexp": "a"}}, "regexp"),
+        ({"structured_outputs": {"choice": "a"}}, "choice"),
+        ({"structured_outputs": {"regex": "(a"}}, "invalid structured output"),
+        ({"structured_outputs": {"json": "{oops"}}, "not a valid JSON schema"),
+    ],
+)
+def test_bad_specifications_are_400(app, fields, contains):
+    for path, body in (
+        ("/v1/completions", {"prompt": "hi"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ):
+        r = post(app, path, {**body, **fields})
+        assert r.status_code == 400, (path, r.text)
+        error = r.json()["error"]
+        assert contains in error["message"] or contains == error.get("param"), error
