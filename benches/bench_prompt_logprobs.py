@@ -8,21 +8,17 @@ every position instead of the last, then scores each row in Rust.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 
 import oxibonsai as ob
 
+from bench_args import rounds_and_threads
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args()
-    if args.threads is not None:
-        ob.set_num_threads(args.threads)
+    rounds = rounds_and_threads()
     llm = ob.LLM(None, max_model_len=512, enable_prefix_caching=False)
     vocab = llm.config["vocab"]
     print(f"vocab {vocab}; kernels {ob.kernel_info()}")
@@ -33,7 +29,7 @@ def main() -> None:
         "prompt_logprobs=5": ob.SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=5),
     }
     times: dict[str, list[float]] = {name: [] for name in params}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for name, p in params.items():
             start = time.perf_counter()
             llm.generate([ids], p)

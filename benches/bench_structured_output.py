@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -24,6 +23,8 @@ import numpy as np
 import oxibonsai as ob
 from oxibonsai.structured_output import GrammarCompiler, StructuredOutputsParams
 from oxibonsai.tokenizer import Tokenizer
+
+from bench_args import rounds_and_threads
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from tiny_vocab import tokenizer_metadata
@@ -116,15 +117,10 @@ def bonsai_vocabulary(rounds: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args()
-    if args.threads is not None:
-        ob.set_num_threads(args.threads)
+    rounds = rounds_and_threads()
     print(f"kernels {ob.kernel_info()}")
-    end_to_end(args.rounds)
-    bonsai_vocabulary(args.rounds)
+    end_to_end(rounds)
+    bonsai_vocabulary(rounds)
 
 
 if __name__ == "__main__":

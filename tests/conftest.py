@@ -1,9 +1,12 @@
-"""Shared fixtures: a fresh random generator per test, its seed reported on failure."""
+"""Shared fixtures: a fresh random generator per test, its seed reported on failure; the session's random
+test models; an engine and server app on the embedded default model."""
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -39,3 +42,21 @@ def tiny_untied_model(tmp_path_factory: pytest.TempPathFactory, model_seed: int)
     from models import write_tiny
 
     return write_tiny(tmp_path_factory.mktemp("models") / "tiny-untied.gguf", model_seed + 1, tied=False)
+
+
+@pytest.fixture(scope="module")
+def default_engine() -> Iterator[Any]:
+    """An ``AsyncLLM`` on the embedded default model with a fresh seed, shut down after the module."""
+    import oxibonsai as ob
+
+    e = ob.AsyncLLM(None, seed=secrets.randbits(32))
+    yield e
+    e.shutdown()
+
+
+@pytest.fixture(scope="module")
+def default_app(default_engine: Any) -> Any:
+    """The OpenAI-compatible app over ``default_engine``."""
+    from server_support import app_for
+
+    return app_for(default_engine)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 import oxibonsai as ob
 from oxibonsai.structured_output import StructuredOutputsParams
 
-from server_support import app_for, asgi_client, run, sse_payloads
+from server_support import asgi_client, run, sse_payloads
 
 pytest.importorskip("fastapi")
 
@@ -26,18 +25,6 @@ SCHEMA = {
     "required": ["city", "year"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[ob.AsyncLLM]:
-    e = ob.AsyncLLM(None, seed=random.randrange(2**32))
-    yield e
-    e.shutdown()
-
-
-@pytest.fixture(scope="module")
-def app(engine: ob.AsyncLLM) -> Any:
-    return app_for(engine)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +61,8 @@ def prompt_words(rng: random.Random) -> str:
     return " ".join(rng.choice(pool) for _ in range(rng.randint(2, 8)))
 
 
-def test_chat_json_schema_is_the_engines_constrained_output(app, engine, reference):
+def test_chat_json_schema_is_the_engines_constrained_output(default_app, default_engine, reference):
+    app, engine = default_app, default_engine
     messages = [{"role": "user", "content": prompt_words(random.Random())}]
     fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA, "strict": True}}
     body = {"messages": messages, "max_tokens": 60, "temperature": 0, "response_format": fmt}
@@ -92,7 +80,8 @@ def test_chat_json_schema_is_the_engines_constrained_output(app, engine, referen
     assert streamed_text(app, "/v1/chat/completions", body, "delta") == want.text
 
 
-def test_completions_json_object_and_the_structured_outputs_extension(app, reference):
+def test_completions_json_object_and_the_structured_outputs_extension(default_app, reference):
+    app = default_app
     rng = random.Random()
     extension = [{"regex": "[0-9]{2}-[a-z]{3}"}, {"choice": ["north", "south"]}, {"json": SCHEMA}]
     extension.append({"grammar": 'root ::= "v" [0-9]+'})
@@ -132,7 +121,8 @@ def test_completions_json_object_and_the_structured_outputs_extension(app, refer
         ({"structured_outputs": {"json": "{oops"}}, "not a valid JSON schema"),
     ],
 )
-def test_bad_specifications_are_400(app, fields, contains):
+def test_bad_specifications_are_400(default_app, fields, contains):
+    app = default_app
     for path, body in (
         ("/v1/completions", {"prompt": "hi"}),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
