@@ -1,14 +1,14 @@
 """The cost of structured output, in two parts, alternated over ``--rounds`` rounds (medians printed).
 
-1. End to end on the embedded model (vocab 4,096): decode tokens/s of one request, plain greedy vs
-   constrained to a regex and to a JSON schema (every token pays the grammar's mask, the masked
-   sampler and the grammar's advance).
+1. End to end on the embedded model (vocab 4,096), or ``--model PATH``: decode tokens/s of one
+   request, plain greedy vs constrained to a regex and to a JSON schema (every token pays the
+   grammar's mask, the masked sampler and the grammar's advance).
 2. At Bonsai's vocabulary size (151,936 ids; the test vocabulary padded with ``[PADn]`` tokens, the
    only one of that size that can be built offline, so the mask's cost on Qwen3's real vocabulary may
    differ): the time of ``GrammarState.mask`` + ``accept`` per token while a JSON document is fed
    through a schema, and of one Rust ``Sampler.sample`` with and without the mask.
 
-    python benches/bench_structured_output.py [--rounds 5] [--threads N]
+    python benches/bench_structured_output.py [--rounds 5] [--threads N] [--model PATH]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import oxibonsai as ob
 from oxibonsai.structured_output import GrammarCompiler, StructuredOutputsParams
 from oxibonsai.tokenizer import Tokenizer
 
-from bench_args import rounds_and_threads
+from bench_args import parse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from tiny_vocab import tokenizer_metadata
@@ -49,8 +49,8 @@ LONG_TEXT = {
 }
 
 
-def end_to_end(rounds: int) -> None:
-    llm = ob.LLM(None, enable_prefix_caching=False)
+def end_to_end(model: str | None, rounds: int) -> None:
+    llm = ob.LLM(model, enable_prefix_caching=False, max_model_len=512)
     prompt = "The module returns a list of files in the path and"
     specs = {
         "plain": None,
@@ -68,7 +68,7 @@ def end_to_end(rounds: int) -> None:
             rates[name].append(out.metrics.decode_tokens_per_s)
             lengths[name] = len(out.outputs[0].token_ids)
     base = float(np.median(rates["plain"]))
-    print(f"end to end, embedded model (vocab {llm.config['vocab']}), one request, greedy:")
+    print(f"end to end, {model or 'embedded model'} (vocab {llm.config['vocab']}), one request, greedy:")
     for name, r in rates.items():
         med = float(np.median(r))
         print(f"  {name:14s} {med:7.1f} tokens/s ({lengths[name]} tokens)  {med / base:.2f}x plain")
@@ -104,22 +104,27 @@ def bonsai_vocabulary(rounds: int) -> None:
     rng = np.random.default_rng(0)
     logits = rng.standard_normal(BONSAI_VOCAB).astype(np.float32)
     mask = compiler.compile(spec).mask()
-    sampler = ob.SamplingParams(temperature=0.8, seed=1).sampler(0)
-    timings: dict[str, list[float]] = {"sample": [], "sample + mask": []}
+    samplers = {
+        "sample t=0.8": ob.SamplingParams(temperature=0.8, seed=1).sampler(0),
+        "greedy": ob.SamplingParams(temperature=0).sampler(0),
+    }
+    timings: dict[str, list[float]] = {}
     for _ in range(rounds):
-        for name, allowed in (("sample", None), ("sample + mask", mask)):
-            start = time.perf_counter()
-            for _ in range(50):
-                sampler.sample(logits, [], [], None, None, allowed)
-            timings[name].append((time.perf_counter() - start) / 50)
+        for kind, sampler in samplers.items():
+            for name, allowed in ((kind, None), (f"{kind} + mask", mask)):
+                start = time.perf_counter()
+                for _ in range(50):
+                    sampler.sample(logits, [], [], None, None, allowed)
+                timings.setdefault(name, []).append((time.perf_counter() - start) / 50)
     for name, t in timings.items():
-        print(f"  Rust {name:14s} {1e6 * float(np.median(t)):.0f} us per token")
+        print(f"  Rust {name:20s} {1e6 * float(np.median(t)):.0f} us per token")
 
 
 def main() -> None:
-    rounds = rounds_and_threads()
+    args = parse(model=True)
+    rounds = args.rounds
     print(f"kernels {ob.kernel_info()}")
-    end_to_end(rounds)
+    end_to_end(args.model, rounds)
     bonsai_vocabulary(rounds)
 
 

@@ -84,3 +84,45 @@ fn a_mask_allowing_nothing_or_of_the_wrong_length_is_an_error() {
     let got = sampler.sample_masked(&logits, &h, &[], Some(TokenMask::new(&only_39)), None).unwrap();
     assert_eq!(got.token, 39);
 }
+
+/// Greedy sampling under a mask with nothing else to apply reads the logits in place; it gives the
+/// tokens, logprobs and errors of the general path, which a penalty without effect (no history)
+/// forces. Random logits with exact ties and `-inf`, masks from empty to full.
+#[test]
+fn masked_greedy_in_place_equals_the_general_path() {
+    let mut rng = TestRng::fresh("masked greedy");
+    let general = SamplingConfig { repetition_penalty: 1.5, ..SamplingConfig::greedy() };
+    let (mut fast, mut full) = (Sampler::new(SamplingConfig::greedy(), 0).unwrap(), Sampler::new(general, 0).unwrap());
+    let h = History::default();
+    let mut errors = 0;
+    for _ in 0..400 {
+        let vocab = 1 + (rng.next_u64() % 200) as usize;
+        let logits: Vec<f32> = (0..vocab)
+            .map(|_| match rng.next_u64() % 6 {
+                0 => f32::NEG_INFINITY,
+                1 => 2.0, // ties
+                _ => rng.normal(),
+            })
+            .collect();
+        let words = random_mask(&mut rng, vocab);
+        for n in [None, Some(2)] {
+            let mask = Some(TokenMask::new(&words));
+            match (fast.sample_masked(&logits, &h, &[], mask, n), full.sample_masked(&logits, &h, &[], mask, n)) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{logits:?} {words:?}"),
+                (Err(a), Err(b)) => {
+                    assert_eq!(a.to_string(), b.to_string());
+                    errors += 1;
+                }
+                (a, b) => panic!("{a:?} vs {b:?} for {logits:?} {words:?}"),
+            }
+        }
+    }
+    assert!(errors > 0, "some masks allow only -inf logits");
+    let nan = [0.0, f32::NAN];
+    let all = [u32::MAX];
+    let (a, b) = (
+        fast.sample_masked(&nan, &h, &[], Some(TokenMask::new(&all)), None),
+        full.sample_masked(&nan, &h, &[], Some(TokenMask::new(&all)), None),
+    );
+    assert_eq!(a.unwrap_err().to_string(), b.unwrap_err().to_string());
+}

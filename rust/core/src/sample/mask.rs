@@ -49,6 +49,34 @@ impl<'a> TokenMask<'a> {
             }
         }
     }
+
+    /// The first allowed id holding the largest finite-or-`-inf` logit above `-inf` (ties to the
+    /// lowest id), or `None` when every allowed logit is `-inf`. `logits` must be the vocabulary
+    /// [`check`](Self::check) accepted. Whole allowed words take a vectorizable max first.
+    pub(crate) fn argmax(&self, logits: &[f32]) -> Option<u32> {
+        let mut best = (f32::NEG_INFINITY, None);
+        for (w, (chunk, &word)) in logits.chunks(32).zip(self.words).enumerate() {
+            if word == u32::MAX {
+                let max = chunk.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                if max > best.0 {
+                    let at = chunk.iter().position(|&v| v == max).expect("max is in the chunk");
+                    best = (max, Some(32 * w + at));
+                }
+                continue;
+            }
+            let mut bits = word;
+            while bits != 0 {
+                let bit = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if let Some(&v) = chunk.get(bit) {
+                    if v > best.0 {
+                        best = (v, Some(32 * w + bit));
+                    }
+                }
+            }
+        }
+        best.1.map(|id| id as u32)
+    }
 }
 
 #[cfg(test)]

@@ -75,9 +75,12 @@ impl Sampler {
         mask: Option<TokenMask<'_>>,
         n_logprobs: Option<usize>,
     ) -> Result<Sampled> {
-        let plain = banned.is_empty() && mask.is_none() && self.bias.is_empty();
+        let plain = banned.is_empty() && self.bias.is_empty();
         if plain && self.config.is_greedy() && !self.config.has_penalties() {
-            return plain_argmax(logits, history, n_logprobs);
+            return match mask {
+                None => plain_argmax(logits, history, n_logprobs),
+                Some(mask) => masked_argmax(logits, history, mask, n_logprobs),
+            };
         }
         check_logits(logits)?;
         with_scratch(|s| {
@@ -132,6 +135,22 @@ fn plain_argmax(logits: &[f32], history: &History<'_>, n_logprobs: Option<usize>
         return Err(no_token(logits.len()));
     }
     let token = argmax(logits, max);
+    Ok(with_scratch(|s| with_logprobs(logits, token, n_logprobs, &mut s.cand)))
+}
+
+/// Greedy sampling under a token mask with nothing else to change the logits: the first largest
+/// allowed logit, read in place (no copy, no pass over masked words). The same token and errors as
+/// the general path.
+fn masked_argmax(
+    logits: &[f32],
+    history: &History<'_>,
+    mask: TokenMask<'_>,
+    n_logprobs: Option<usize>,
+) -> Result<Sampled> {
+    mask.check(logits.len())?;
+    check_logits(logits)?;
+    penalties::check_history(history, logits.len())?;
+    let token = mask.argmax(logits).ok_or_else(|| no_token(logits.len()))?;
     Ok(with_scratch(|s| with_logprobs(logits, token, n_logprobs, &mut s.cand)))
 }
 
