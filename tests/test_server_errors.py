@@ -203,7 +203,8 @@ def test_model_names(app: Any) -> None:
         {"tools": []},
         {"tool_choice": "auto"},
         {"response_format": {"type": "json_schema", "json_schema": {}}},
-        {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+        {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "sometimes"},
+        {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"function": "f"}},
         {"chat_template": "{{ messages }}"},
     ],
 )

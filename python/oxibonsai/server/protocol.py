@@ -6,8 +6,9 @@ field constraint so a 400 names its field, and unknown fields are ignored as Ope
 Structured output comes as OpenAI's ``response_format`` (``json_object``, or ``json_schema`` with its
 ``schema``) or vLLM's ``structured_outputs`` extension (``json``, ``regex``, ``choice``, ``grammar``,
 ``json_object``), on both endpoints; giving both is a 400, as is a specification that does not compile
-(raised when the request is submitted). Features the engine does not have (request chat templates,
-forced tool choice, ``suffix``) are refused with a 400 rather than silently ignored. ``logit_bias``
+(raised when the request is submitted). ``tool_choice`` ``"required"`` or a named function is forced
+the same way (``forced_tools``). Features the engine does not have (request chat templates,
+``suffix``) are refused with a 400 rather than silently ignored. ``logit_bias``
 keys are token ids as decimal strings (OpenAI's form), at most ``MAX_LOGIT_BIAS_ENTRIES`` of them.
 ``sampling_params`` turns a validated request into the engine's ``SamplingParams``."""
 
@@ -18,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from oxibonsai.sampling_params import MAX_LOGPROBS, SamplingParams
+from oxibonsai.server.forced_tools import forced_calls_grammar
 from oxibonsai.structured_output import StructuredOutputsParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -339,11 +341,34 @@ class ChatCompletionRequest(_SamplingFields):
             raise ValueError("tools must not be an empty list")
         if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
             raise ValueError("tool_choice needs tools")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise ValueError("only tool_choice 'auto' and 'none' are supported")
+        forced = self._forced_tool_grammar()
+        if forced is not None:
+            if self._structured is not None:
+                raise ValueError("a forced tool_choice cannot be combined with structured output")
+            self._structured = StructuredOutputsParams(grammar=forced)
         if self.chat_template is not None:
             raise ValueError("request chat templates are not accepted; the model's own template is used")
         return self
+
+    def _forced_tool_grammar(self) -> str | None:
+        """The grammar that forces ``tool_choice`` ``"required"`` or a named function; None when the
+        choice is left to the model."""
+        choice = self.tool_choice
+        if choice in (None, "none", "auto"):
+            return None
+        if choice == "required":
+            name = None
+        elif isinstance(choice, dict) and choice.get("type") == "function":
+            function = choice.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            if not isinstance(name, str):
+                raise ValueError('a named tool_choice is {"type": "function", "function": {"name": ...}}')
+        else:
+            raise ValueError(
+                f"tool_choice must be 'none', 'auto', 'required' or a named function, got {choice!r}"
+            )
+        functions = [t.function.model_dump() for t in self.tools or []]
+        return forced_calls_grammar(functions, name, self.parallel_tool_calls is not False)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
