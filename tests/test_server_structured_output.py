@@ -131,3 +131,16 @@ def test_bad_specifications_are_400(default_app, fields, contains):
         assert r.status_code == 400, (path, r.text)
         error = r.json()["error"]
         assert contains in error["message"] or contains == error.get("param"), error
+
+
+def test_grammars_compile_off_the_event_loop_before_submission(default_engine):
+    """``Samples.start`` compiles each grammar in a worker thread first (``prepare_structured_output``);
+    ``generate`` then finds it in the cache, and a bad one fails there, before anything is queued."""
+    spec = StructuredOutputsParams(regex=f"[a-z]{{3}}-[0-9]{{{random.randrange(1, 1000)}}}")
+    compiler = default_engine._engine._grammars
+    assert spec.key() not in compiler._compiled
+    default_engine.prepare_structured_output(ob.SamplingParams(structured_outputs=spec))
+    assert spec.key() in compiler._compiled
+    default_engine.prepare_structured_output(ob.SamplingParams())  # nothing to compile
+    with pytest.raises(ValueError, match="invalid structured output"):
+        default_engine.prepare_structured_output(ob.SamplingParams(structured_outputs={"regex": "(a"}))

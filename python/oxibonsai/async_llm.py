@@ -190,6 +190,13 @@ class AsyncLLM:
             self._work.notify()
         return RequestStream(self, rid, mailbox, _empty_output(rid, text, ids))
 
+    def prepare_structured_output(self, params: SamplingParams) -> None:
+        """Compiles the grammar of ``params.structured_outputs`` into the engine's cache, so that
+        ``generate`` (which compiles it on the caller's thread, an event loop's) finds it compiled; a
+        server calls it in a worker thread first. ValueError for one that does not compile."""
+        if params.structured_outputs is not None:
+            self._engine.compile_grammar(params.structured_outputs)
+
     def abort(self, request_id: str) -> bool:
         """Aborts a waiting or running request (its stream ends with a ``"abort"`` output) and frees
         its KV blocks; False if no such request is in the engine."""

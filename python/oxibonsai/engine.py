@@ -32,7 +32,7 @@ from oxibonsai.metrics import EngineMetrics
 from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from oxibonsai.runner import Draw, Feed, Runner, SampleRow, StepDraws
 from oxibonsai.sampling_params import SamplingParams
-from oxibonsai.structured_output import GrammarCompiler, GrammarState
+from oxibonsai.structured_output import GrammarCompiler, GrammarState, StructuredOutputsParams
 from oxibonsai.tokenizer import Tokenizer
 
 _MASK64 = (1 << 64) - 1
@@ -252,7 +252,7 @@ class Engine:
         if bad is not None:
             raise ValueError(f"logit_bias token id {bad} is out of range for a vocabulary of {vocab}")
         if params.structured_outputs is not None:
-            self._grammars.compile(params.structured_outputs)  # kept compiled for add_request
+            self.compile_grammar(params.structured_outputs)  # kept compiled for add_request
         room = limit - len(prompt_ids)
         max_new = room if params.max_tokens is None else min(params.max_tokens, room)
         if self._blocks_for(len(prompt_ids) + max_new) > self.num_blocks:
@@ -261,6 +261,10 @@ class Engine:
                 f"has {self.num_blocks}; raise kv_cache_blocks or lower max_tokens"
             )
         return max_new
+
+    def compile_grammar(self, spec: StructuredOutputsParams) -> None:
+        """Compiles ``spec`` into the grammar cache (thread-safe); ValueError if it does not compile."""
+        self._grammars.compile(spec)
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)

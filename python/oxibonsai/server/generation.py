@@ -76,6 +76,10 @@ class Samples:
     ) -> Samples:
         """Submits ``n`` samples of every ``(prompt, params)``."""
         samples = cls(engine)
+        prepare = getattr(engine, "prepare_structured_output", None)  # a remote engine compiles there
+        if prepare is not None:
+            for _, params in jobs:  # a grammar compiles off the event loop
+                await asyncio.to_thread(prepare, params)
         try:
             for k, (prompt, params) in enumerate(jobs):
                 await samples._start_prompt(prompt, params, n, k * n, priority)
