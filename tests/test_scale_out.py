@@ -85,7 +85,12 @@ def test_routes_give_the_single_servers_tokens(cluster, tiny_model, rng):
     deploy(tiny_model, "prefix", "same-tokens")
     single = ob.AsyncLLM(tiny_model, **ENGINE)
     prompts = ["the model", "a b c d e f"]
-    fields = [{"temperature": 0.0}, {"temperature": 0.9, "seed": int(rng.integers(1 << 30))}]
+    seed = int(rng.integers(1 << 30))
+    fields = [
+        {"temperature": 0.0},
+        {"temperature": 0.9, "seed": seed},
+        {"temperature": 0.9, "seed": seed, "structured_outputs": {"regex": "[a-e]{2,9}"}},
+    ]
 
     async def locally() -> list[Any]:
         async with asgi_client(build_app(single, ServerConfig(served_model_name=NAME))) as client:
@@ -113,6 +118,8 @@ def test_routes_give_the_single_servers_tokens(cluster, tiny_model, rng):
         events = sse_payloads(s.read().decode())
     assert events[-1] == "[DONE]" and len(events) >= 3
     assert complete(cluster, "x", max_tokens=10_000).status_code == 400, "the context check is the server's"
+    bad_grammar = complete(cluster, "x", structured_outputs={"regex": "(a"})
+    assert bad_grammar.status_code == 400 and "invalid structured output" in bad_grammar.text
     # The ingress reads the replicas' posts once a second: wait until both show.
     assert wait_until(lambda: len(replica_labels(httpx.get(f"{cluster}/metrics", timeout=30).text)) == 2)
     metrics = httpx.get(f"{cluster}/metrics", timeout=30).text
