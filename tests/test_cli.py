@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -81,3 +82,26 @@ def test_the_torch_runner_and_bad_devices_from_the_command_line(tiny_model):
     assert "3 generated" in torch_run.stderr
     bad = run("generate", "hi", "--model", str(tiny_model), "--device", "tpu")
     assert bad.returncode == 1 and "device must be" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_generate_constrains_output_with_llama_cpp_style_flags(tiny_model, tmp_path):
+    grammar = tmp_path / "digits.gbnf"
+    grammar.write_text('root ::= "n" [0-9] [0-9]? "!"\n', encoding="utf-8")
+    schema = '{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}'
+    flags = {
+        "--grammar-file": (str(grammar), r"n[0-9][0-9]?!"),
+        "--regex": ("[a-c]{4}", r"[a-c]{4}"),
+        "--json-schema": (schema, r'\{ *"ok" *: *(true|false) *\}'),
+    }
+    for flag, (value, pattern) in flags.items():
+        done = run("generate", "the model", "--model", str(tiny_model), flag, value, "--max-tokens", "40")
+        assert done.returncode == 0, done.stderr
+        text = done.stdout.rstrip("\n")
+        if flag == "--json-schema" and "finish: length" in done.stderr:
+            assert text.startswith("{"), text  # a random model may loop on whitespace inside the JSON
+        else:
+            assert "finish: stop" in done.stderr and re.fullmatch(pattern, text), (flag, text)
+    bad_specs = (("--regex", "(a", "invalid structured output"), ("-j", "{x", "not valid JSON"))
+    for flag, value, message in bad_specs:
+        bad = run("generate", "x", "--model", str(tiny_model), flag, value)
+        assert bad.returncode == 1 and message in bad.stderr

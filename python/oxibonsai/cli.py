@@ -1,11 +1,14 @@
 """The ``oxibonsai`` command: ``generate`` (stream a completion), ``chat`` (interactive, keeps the
 history), ``info`` (what a GGUF file holds), ``demo`` (time the Q1_0 kernels) and ``serve`` (the
 OpenAI-compatible HTTP server, ``oxibonsai.server``). Text goes to stdout;
-progress and timing lines go to stderr. Without ``--model`` the embedded default model is used."""
+progress and timing lines go to stderr. Without ``--model`` the embedded default model is used.
+``generate`` and ``chat`` constrain their output with llama.cpp's flags (``--json-schema``,
+``--grammar``, their ``-file`` forms) plus ``--regex`` and ``--json``, as structured output."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Iterator
@@ -18,6 +21,7 @@ from oxibonsai.llm import LLM, default_model_path
 from oxibonsai.outputs import RequestOutput
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.server.cli_args import add_device_flags, add_serve_flags, device_args
+from oxibonsai.structured_output import StructuredOutputsParams
 
 _SAMPLING_FIELDS = (
     "max_tokens",
@@ -49,6 +53,13 @@ def _sampling_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")
+    c = g.add_mutually_exclusive_group()
+    c.add_argument("--json-schema", "-j", default=None, help="constrain the output to this JSON schema")
+    c.add_argument("--json-schema-file", "-jf", default=None, help="... to the JSON schema in this file")
+    c.add_argument("--grammar", default=None, help="... to this grammar (GBNF, as llama.cpp's, or Lark)")
+    c.add_argument("--grammar-file", default=None, help="... to the grammar in this file")
+    c.add_argument("--regex", default=None, help="... to this regular expression")
+    c.add_argument("--json", action="store_true", help="... to any JSON object")
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
@@ -59,8 +70,30 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:
-    """Every sampling flag is named after its ``SamplingParams`` field."""
-    return SamplingParams(**{name: getattr(args, name) for name in _SAMPLING_FIELDS})
+    """Every sampling flag is named after its ``SamplingParams`` field; the constraint flags make its
+    ``structured_outputs``."""
+    fields = {name: getattr(args, name) for name in _SAMPLING_FIELDS}
+    return SamplingParams(**fields, structured_outputs=_structured(args))
+
+
+def _structured(args: argparse.Namespace) -> StructuredOutputsParams | None:
+    schema = _read(args.json_schema_file) if args.json_schema_file else args.json_schema
+    grammar = _read(args.grammar_file) if args.grammar_file else args.grammar
+    if schema is not None:
+        try:
+            return StructuredOutputsParams(json=json.loads(schema))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"the JSON schema is not valid JSON: {e}") from None
+    if grammar is not None:
+        return StructuredOutputsParams(grammar=grammar)
+    if args.regex is not None:
+        return StructuredOutputsParams(regex=args.regex)
+    return StructuredOutputsParams(json_object=True) if args.json else None
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def _load(args: argparse.Namespace) -> LLM:
