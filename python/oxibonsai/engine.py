@@ -17,7 +17,8 @@ once the prompt is computed (a prefill preempted and recomputed is not scored tw
 A request with ``structured_outputs`` compiles its grammar when it is added (an invalid one is a
 ``ValueError`` then); each of its sampling rows carries the grammar's mask of allowed ids, each token
 taken advances the grammar, and the request ends (``"stop"``) once the grammar is complete. Its steps
-are never planned ahead of the tokens they follow (the mask needs them)."""
+are never planned ahead of the tokens they follow (the mask needs them). With a ``reasoning_parser``
+the grammar waits while the model reasons (``structured_output``)."""
 
 from __future__ import annotations
 
@@ -135,7 +136,13 @@ class Engine:
     """Runs requests to completion over one runner; not thread-safe (``AsyncLLM`` wraps it)."""
 
     def __init__(
-        self, runner: Runner, tokenizer: Tokenizer, *, seed: int, config: SchedulerConfig | None = None
+        self,
+        runner: Runner,
+        tokenizer: Tokenizer,
+        *,
+        seed: int,
+        config: SchedulerConfig | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
         config = config or SchedulerConfig()
         budget = config.batched_tokens(runner.max_model_len)
@@ -168,7 +175,7 @@ class Engine:
         self._arrivals = 0
         self._launched: _Launched | None = None  # a step the runner runs whose tokens are not taken yet
         self._launch_error: Exception | None = None
-        self._grammars = GrammarCompiler(tokenizer, runner.vocab_size)
+        self._grammars = GrammarCompiler(tokenizer, runner.vocab_size, reasoning_parser)
         self.metrics = EngineMetrics()
 
     def add_request(

@@ -93,6 +93,8 @@ class LLM:
     demoted to instead of dropped (0 turns it off; by default as large as the device pool on CUDA, off
     elsewhere). On CUDA, decode steps run as CUDA graphs captured per batch-size bucket;
     ``enforce_eager=True`` runs every step eagerly. ``kernel`` applies to the native runner only.
+    ``reasoning_parser``: ``"qwen3"`` lets a request with structured output think first (its grammar
+    starts after ``</think>``); None (default) constrains from the first token.
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class LLM:
         host_kv_cache_bytes: int | None = None,
         gpu_memory_utilization: float = 0.9,
         enforce_eager: bool = False,
+        reasoning_parser: str | None = None,
     ) -> None:
         path = Path(model) if model is not None else default_model_path()
         if not path.exists():
@@ -166,7 +169,9 @@ class LLM:
             priority_aging_steps=priority_aging_steps,
             scheduling_policy=scheduling_policy,
         )
-        self._engine = Engine(self._runner, self.tokenizer, seed=seed, config=config)
+        self._engine = Engine(
+            self._runner, self.tokenizer, seed=seed, config=config, reasoning_parser=reasoning_parser
+        )
         self._ids = itertools.count()
 
     @property

@@ -9,6 +9,12 @@ by each token taken. ``done`` is true once the grammar can take no more tokens, 
 ends the request (finish reason ``"stop"``). A stop token the grammar allows (at the end of a
 complete value) ends the request as usual.
 
+With a reasoning parser (``LLM(reasoning_parser="qwen3")``), a model may think first: the first token
+may also be the reasoning start token (``<think>``), and if it is, the output is unconstrained until
+the reasoning end token (``</think>``), after which the grammar begins (whitespace-only tokens right
+after it, Qwen3's ``"\n\n"``, are let through first). Without one, the grammar
+constrains the output from its first token, so the model cannot think.
+
 A compiled grammar is kept per distinct specification (``GrammarCompiler``, a small LRU behind a
 lock: requests are checked on the caller's thread and added on the engine's), and each request gets
 a copy of its matcher: repeated schemas, the common case on a server, compile once.
@@ -31,6 +37,8 @@ if TYPE_CHECKING:
     from oxibonsai.tokenizer import Tokenizer
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
+#: The reasoning parsers and the texts of the tokens around their reasoning (vLLM's parser names).
+REASONING_TOKENS = {"qwen3": ("<think>", "</think>")}
 #: Compiled grammars kept per engine (each is a matcher at its start, copied per request).
 GRAMMAR_CACHE_SIZE = 64
 
@@ -127,9 +135,11 @@ class GrammarCompiler:
     """Compiles ``StructuredOutputsParams`` into per-request ``GrammarState``s for one tokenizer and
     vocabulary (the model's, which may be larger than the tokenizer's); one per engine."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, reasoning_parser: str | None = None) -> None:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self.reasoning = reasoning_token_ids(tokenizer, reasoning_parser)
+        self._separators = _whitespace_mask(tokenizer, vocab_size) if self.reasoning is not None else None
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
@@ -147,7 +157,10 @@ class GrammarCompiler:
         """A fresh matcher for ``spec``; ValueError naming the problem for an invalid schema, regex
         or grammar."""
         with self._lock:
-            return GrammarState(self._template(spec).deep_copy(), self.vocab_size)
+            matcher = self._template(spec).deep_copy()
+        if self.reasoning is None or self._separators is None:
+            return GrammarState(matcher, self.vocab_size)
+        return GrammarState(matcher, self.vocab_size, Reasoning(*self.reasoning, self._separators))
 
     def _template(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
         key = spec.key()
@@ -165,31 +178,104 @@ class GrammarCompiler:
         return matcher
 
 
-class GrammarState:
-    """One request's position in its grammar: the mask of its next token, and each token taken."""
+def _whitespace_mask(tokenizer: Tokenizer, vocab_size: int) -> np.ndarray:
+    """The allow-bitmask of the ordinary tokens that are only whitespace (spaces, tabs, newlines)."""
+    pieces = tokenizer.token_pieces
+    special = tokenizer.special_token_ids
+    allowed = np.zeros((vocab_size + 31) // 32 * 32, dtype=bool)
+    for i in range(tokenizer.vocab_size):
+        piece = pieces.token_bytes(i)
+        allowed[i] = bool(piece) and i not in special and not piece.strip(b" \t\r\n")
+    return np.packbits(allowed, bitorder="little").view(np.int32)
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+
+@dataclass(frozen=True)
+class Reasoning:
+    """A reasoning parser's start and end token ids, and the whitespace tokens allowed after the end."""
+
+    start: int
+    end: int
+    separators: np.ndarray
+
+
+def reasoning_token_ids(tokenizer: Tokenizer, parser: str | None) -> tuple[int, int] | None:
+    """The ids of ``parser``'s reasoning start and end tokens (None without a parser); ValueError for
+    an unknown parser or a vocabulary without them as single tokens."""
+    if parser is None:
+        return None
+    if parser not in REASONING_TOKENS:
+        raise ValueError(
+            f"reasoning_parser must be one of {sorted(REASONING_TOKENS)} or None, got {parser!r}"
+        )
+    ids = [tokenizer.token_to_id(text) for text in REASONING_TOKENS[parser]]
+    if ids[0] is None or ids[1] is None:
+        raise ValueError(
+            f"reasoning_parser {parser!r}: the vocabulary has no {' / '.join(REASONING_TOKENS[parser])} token"
+        )
+    return ids[0], ids[1]
+
+
+class GrammarState:
+    """One request's position in its grammar: the mask of its next token, and each token taken. With
+    ``reasoning`` (start and end token ids), it first lets the model open a reasoning block, then
+    constrains nothing until the block closes (the module doc)."""
+
+    def __init__(
+        self, matcher: llguidance.LLMatcher, vocab_size: int, reasoning: Reasoning | None = None
+    ) -> None:
         self._matcher = matcher
         self._words = (vocab_size + 31) // 32
+        self._reasoning = reasoning
+        # "start" (may open a reasoning block) -> "reasoning" -> "separator" (after its end) -> "grammar"
+        self._phase = "start" if reasoning is not None else "grammar"
 
-    def mask(self) -> np.ndarray:
-        """The int32 allow-bitmask of the next token (bit ``i % 32`` of word ``i // 32`` per id)."""
+    def mask(self) -> np.ndarray | None:
+        """The int32 allow-bitmask of the next token (bit ``i % 32`` of word ``i // 32`` per id); None
+        while the model reasons (nothing is constrained)."""
+        if self._phase == "reasoning":
+            return None
         mask = np.empty(self._words, dtype=np.int32)
         self._matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+        if self._reasoning is not None and self._phase == "start":
+            opener = self._reasoning.start
+            mask.view(np.uint32)[opener // 32] |= np.uint32(1 << (opener % 32))
+        elif self._reasoning is not None and self._phase == "separator":
+            mask |= self._reasoning.separators
         return mask
 
     def accept(self, tokens: Iterable[int]) -> None:
-        """Advances the grammar by ``tokens`` (sampled under its masks, so it accepts them; the rare
-        token the grammar refuses, e.g. one a stop id the engine let through, leaves it in its error
-        state, which ``done`` reports)."""
+        """Advances by ``tokens``: into, through and out of a reasoning block, else the grammar (sampled
+        under its masks, so it accepts them; the rare token it refuses, e.g. a stop id the engine let
+        through, leaves it in its error state, which ``done`` reports)."""
         for token in tokens:
-            if not self._matcher.consume_token(token):
+            if not self._passes_outside_grammar(token) and not self._matcher.consume_token(token):
                 return
+
+    def _passes_outside_grammar(self, token: int) -> bool:
+        """Moves through the reasoning phases; whether ``token`` is not the grammar's to consume."""
+        r = self._reasoning
+        if r is None or self._phase == "grammar":
+            return False
+        if self._phase == "start":
+            self._phase = "reasoning" if token == r.start else "grammar"
+            return token == r.start
+        if self._phase == "reasoning":
+            self._phase = "separator" if token == r.end else "reasoning"
+            return True
+        if int(r.separators[token // 32]) >> (token % 32) & 1:
+            return True
+        self._phase = "grammar"
+        return False
+
+    @property
+    def reasoning(self) -> bool:
+        """Whether the model is inside its reasoning block (the grammar waits)."""
+        return self._phase == "reasoning"
 
     @property
     def done(self) -> bool:
         """Whether the grammar takes no more tokens: the value is complete, or it failed."""
-        return bool(self._matcher.is_stopped() or self._matcher.is_error())
+        return self._phase == "grammar" and bool(self._matcher.is_stopped() or self._matcher.is_error())
 
     @property
     def error(self) -> str | None:
