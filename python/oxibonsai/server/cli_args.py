@@ -8,6 +8,7 @@ import argparse
 from typing import Any
 
 from oxibonsai.server.config import DEFAULT_MAX_BODY_BYTES
+from oxibonsai.structured_output import REASONING_TOKENS
 
 
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
@@ -32,6 +33,12 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     engine.add_argument("--scheduling-policy", default="priority", choices=["priority", "longest_prefix"])
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    engine.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=sorted(REASONING_TOKENS),
+        help="split <think> blocks into reasoning_content; structured output starts after them",
+    )
     scale = p.add_argument_group("scale-out (Ray Serve; pip install 'oxibonsai[ray]')")
     scale.add_argument("--replicas", type=int, default=1, help="engine replicas behind one endpoint")
     scale.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start one)")
@@ -84,4 +91,5 @@ def engine_args(args: argparse.Namespace) -> dict[str, Any]:
         "scheduling_policy": args.scheduling_policy,
         "enable_prefix_caching": args.enable_prefix_caching,
         "enable_chunked_prefill": args.enable_chunked_prefill,
+        "reasoning_parser": args.reasoning_parser,
     }

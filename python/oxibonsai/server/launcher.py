@@ -101,6 +101,7 @@ def server_config(args: argparse.Namespace, model_path: str, name: str) -> Serve
         overload_status=args.overload_status,
         shutdown_timeout=args.shutdown_timeout,
         sse_keepalive_s=args.sse_keepalive_interval,
+        reasoning_parser=args.reasoning_parser,
     )
 
 

@@ -1,7 +1,9 @@
 """``/v1/chat/completions``: messages through the model's chat template (tools included) to an engine
 request, and engine outputs to a ``chat.completion`` response or its SSE chunks. With ``tools``, the
 Qwen3/Hermes ``<tool_call>`` blocks in the output become ``tool_calls`` (``finish_reason:
-"tool_calls"``), in streams too; the text around them stays ``content``."""
+"tool_calls"``), in streams too; the text around them stays ``content``. With a reasoning parser,
+the output's ``<think>`` block becomes ``reasoning_content`` first (``reasoning``) and tool calls
+are looked for in the rest."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from oxibonsai.server.openai_format import (
     sse,
 )
 from oxibonsai.server.protocol import ChatCompletionRequest
+from oxibonsai.server.reasoning import StreamingReasoningParser, split_reasoning
 from oxibonsai.server.streaming import ChoiceCursor, error_event
 from oxibonsai.server.tool_parser import StreamingToolParser, ToolCall, parse_tool_calls
 
@@ -77,11 +80,16 @@ class ChatServing:
 
     def _choice(self, req: ChatCompletionRequest, index: int, out: RequestOutput) -> dict[str, Any]:
         completion = out.outputs[0]
-        content: str | None = completion.text
+        reasoning, content = None, completion.text
+        if self._config.reasoning_parser is not None:
+            reasoning, content = split_reasoning(content, self._config.reasoning_parser)
         calls: list[ToolCall] = []
+        text: str | None = None if reasoning is not None and not content else content
         if req.parses_tools():
-            content, calls = parse_tool_calls(completion.text)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
+            text, calls = parse_tool_calls(content)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         if calls:
             message["tool_calls"] = [_tool_call_json(c) for c in calls]
         return {
@@ -133,6 +141,7 @@ class _ChatStream:
         }
         self._cursors: dict[int, ChoiceCursor] = {}
         self._parsers: dict[int, StreamingToolParser] = {}
+        self._reasoners: dict[int, StreamingReasoningParser] = {}
         self._calls: dict[int, int] = {}  # tool calls sent per choice
         self._usage = UsageCounter(req.n)
         opts = req.stream_options
@@ -151,9 +160,13 @@ class _ChatStream:
         cursor = self._cursors.setdefault(index, ChoiceCursor())
         text = cursor.new_text(completion.text)
         tokens, entries = cursor.new_tokens(completion.token_ids, completion.logprobs)
-        content, calls = self._parse(index, text, completion.finish_reason is not None)
+        finished = completion.finish_reason is not None
+        reasoning, text = self._reason(index, text, finished)
+        content, calls = self._parse(index, text, finished)
         logprobs = self._serving._logprobs(self._req, tokens, entries)
         delta: dict[str, Any] = {}
+        if reasoning:
+            delta["reasoning_content"] = reasoning
         if content:
             delta["content"] = content
         if calls:
@@ -164,6 +177,17 @@ class _ChatStream:
             return []
         reason = _finish(completion.finish_reason, self._calls.get(index, 0) > 0)
         return [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]
+
+    def _reason(self, index: int, text: str, finished: bool) -> tuple[str, str]:
+        parser_name = self._serving._config.reasoning_parser
+        if parser_name is None:
+            return "", text
+        parser = self._reasoners.setdefault(index, StreamingReasoningParser(parser_name))
+        reasoning, content = parser.feed(text)
+        if finished:
+            more_reasoning, more_content = parser.finish()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        return reasoning, content
 
     def _parse(self, index: int, text: str, finished: bool) -> tuple[str, list[ToolCall]]:
         if not self._req.parses_tools():
