@@ -221,3 +221,17 @@ def test_sampling_params_take_a_dict_and_refuse_unknown_fields():
         ob.SamplingParams(structured_outputs={"regexp": "a"})
     with pytest.raises(TypeError, match="structured_outputs must be"):
         ob.SamplingParams(structured_outputs="a+")
+
+
+def test_a_grammar_that_allows_only_stop_ids_overrides_min_tokens(llm):
+    """Before ``min_tokens`` the stop ids are banned; when the grammar allows nothing else, the ban
+    yields (a step that could sample nothing would fail every request in it)."""
+    stop = llm.tokenizer.encode("x")
+    assert len(stop) == 1
+    params = ob.SamplingParams(
+        min_tokens=5, max_tokens=8, stop_token_ids=stop, structured_outputs={"regex": "x"}
+    )
+    other = ob.SamplingParams(max_tokens=8, temperature=0)
+    outs = llm.generate(["Hello", "world"], [params, other])
+    assert outs[0].outputs[0].token_ids == stop and outs[0].outputs[0].finish_reason == "stop"
+    assert len(outs[1].outputs[0].token_ids) > 0

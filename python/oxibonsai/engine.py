@@ -464,7 +464,10 @@ class Engine:
         histories are the request's own lists, which grow in place)."""
         banned = self._banned(r, pending)
         if r.grammar is not None:
-            return _new_row(r, banned, r.grammar.mask())
+            mask = r.grammar.mask()
+            if mask is not None and banned and not _leaves_a_token(mask, banned):
+                banned = []  # the grammar allows only stop ids: min_tokens yields to it
+            return _new_row(r, banned, mask)
         if banned:
             return _new_row(r, banned)
         if r.row is None:
@@ -565,6 +568,14 @@ class Engine:
             self._sched.finish(r.handle)
         del self._requests[r.handle]
         del self._handles[r.request_id]
+
+
+def _leaves_a_token(mask: np.ndarray, banned: list[int]) -> bool:
+    """Whether the allow-bitmask ``mask`` allows some id outside ``banned``."""
+    words = mask.view(np.uint32).copy()
+    for t in banned:
+        words[t // 32] &= ~np.uint32(1 << (t % 32))
+    return bool(words.any())
 
 
 def _new_row(r: _Request, banned: list[int], allowed: np.ndarray | None = None) -> SampleRow:
