@@ -5,7 +5,7 @@
 #
 # Writes .device/ (git-ignored, well under the 64 MiB a run may carry):
 #   _core.cpython-312-x86_64-linux-gnu.so   the extension, built for CPython 3.12 without an interpreter
-#   site/                                   unzipped cp312/abi3 wheels: tokenizers, jinja2, gguf, pytest, ...
+#   site/                                   unzipped cp312/abi3 wheels: tokenizers, jinja2, llguidance, gguf, pytest, ...
 #   tests/<name>                            the Rust core's test binaries (release)
 #   examples/<name>                         gemm_speed and gemv_speed
 #   triton-cache.tar.gz                     the run's Triton kernels, compiled for the device's Triton
@@ -38,7 +38,8 @@ cp "$target/device-cp312/release/lib_core.so" "$out/_core.cpython-312-x86_64-lin
 # Pure-Python and abi3 dependencies, no more (numpy is already there; --no-deps keeps tokenizers'
 # Hub client and its friends out of the 64 MiB).
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
-    -d "$out/wheels" tokenizers jinja2 markupsafe gguf pyyaml tqdm \
+    --platform manylinux_2_31_x86_64 \
+    -d "$out/wheels" tokenizers jinja2 markupsafe gguf pyyaml tqdm llguidance \
     pytest pluggy iniconfig packaging pygments hypothesis sortedcontainers pytest-benchmark py-cpuinfo \
     pytest-xdist execnet
 for wheel in "$out"/wheels/*.whl; do
