@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Any
 
 from oxibonsai._core import OxiBonsaiError, QueueFull
+from oxibonsai.async_samples import SampleGroupStream
 from oxibonsai.llm import LLM, Message, PromptType, _cache_salt
 from oxibonsai.metrics import EngineMetrics
 from oxibonsai.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -163,14 +164,18 @@ class AsyncLLM:
         *,
         request_id: str | None = None,
         priority: int = 0,
-    ) -> RequestStream:
+    ) -> RequestStream | SampleGroupStream:
         """Submits one prompt (a string, token ids, or a prompt dict as in ``LLM.generate``) and returns
         its stream: ``async for out in engine.generate(...)``. Raises at once, with nothing queued, on
         invalid arguments (``TypeError``, ``ValueError``), a full queue (``QueueFull``), a duplicate
-        ``request_id``, or an engine that is shut down or failed (``EngineDeadError``)."""
+        ``request_id``, or an engine that is shut down or failed (``EngineDeadError``). With
+        ``n > 1`` the stream is a ``SampleGroupStream``: each output holds all ``n`` completions so far
+        (the later samples start from the first one's cached prompt, ``oxibonsai.async_samples``)."""
         params = SamplingParams() if sampling_params is None else sampling_params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if params.n > 1:
+            return self._generate_samples(prompt, params, request_id, priority)
         loop = asyncio.get_running_loop()
         arrival = time.perf_counter()
         text, ids = self._llm._tokenize(prompt)
@@ -189,6 +194,16 @@ class AsyncLLM:
             self._mailboxes[rid] = mailbox
             self._work.notify()
         return RequestStream(self, rid, mailbox, _empty_output(rid, text, ids))
+
+    def _generate_samples(
+        self, prompt: PromptType, params: SamplingParams, request_id: str | None, priority: int
+    ) -> SampleGroupStream:
+        rid = uuid.uuid4().hex if request_id is None else str(request_id)
+
+        def submit(i: int) -> RequestStream:
+            return self.generate(prompt, params.for_sample(i), request_id=f"{rid}-{i}", priority=priority)
+
+        return SampleGroupStream(submit, params, submit(0), rid)
 
     def prepare_structured_output(self, params: SamplingParams) -> None:
         """Compiles the grammar of ``params.structured_outputs`` into the engine's cache, so that
