@@ -1,7 +1,8 @@
 """``AsyncLLM.generate`` with ``n > 1`` (``SampleGroupStream``) on the embedded default model: every
 streamed output holds ``n`` indexed completions, the last one all finished and equal to
 ``LLM.generate``'s ``n`` samples; the later samples start from the first one's cached prompt; leaving
-early or a failed later submission aborts everything and frees every KV block."""
+early or a failed later submission aborts everything and frees every KV block. Also
+``get_tokenizer``, vLLM's accessor, on ``AsyncLLM`` and ``LLM``."""
 
 from __future__ import annotations
 
@@ -80,3 +81,10 @@ def test_a_later_sample_that_cannot_be_submitted_ends_the_group(default_engine):
 
     asyncio.run(run_group())
     assert wait_until(lambda: engine_idle(default_engine)), "sample 0 was aborted"
+
+
+def test_get_tokenizer_by_vllms_name(default_engine):
+    tokenizer = asyncio.run(default_engine.get_tokenizer())
+    assert tokenizer is default_engine.tokenizer
+    llm = ob.LLM(None)
+    assert llm.get_tokenizer() is llm.tokenizer

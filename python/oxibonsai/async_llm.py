@@ -394,6 +394,10 @@ class AsyncLLM:
         self.metrics()  # refreshes the queue gauges
         return self._metrics.to_prometheus(prefix)
 
+    async def get_tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (``self.tokenizer``), awaited as vLLM's ``AsyncLLM.get_tokenizer``."""
+        return self._llm.tokenizer
+
     @property
     def tokenizer(self) -> Tokenizer:
         return self._llm.tokenizer

@@ -326,6 +326,10 @@ class LLM:
         finally:
             self._engine.abort(request_id)
 
+    def get_tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (``self.tokenizer``), by vLLM's name for it."""
+        return self.tokenizer
+
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 ``(len(token_ids), vocab)``: the logits after every position (one prefill pass)."""
         ids = [int(t) for t in token_ids]
