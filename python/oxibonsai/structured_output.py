@@ -169,7 +169,9 @@ class GrammarCompiler:
             self._compiled.move_to_end(key)
             return template
         llg = _llguidance()
-        matcher = llg.LLMatcher(self._tokenizer_for_grammars(), _grammar_text(llg, spec), log_level=0)
+        matcher: llguidance.LLMatcher = llg.LLMatcher(
+            self._tokenizer_for_grammars(), _grammar_text(llg, spec), log_level=0
+        )
         if matcher.is_error():
             raise ValueError(f"invalid structured output specification: {matcher.get_error()}")
         self._compiled[key] = matcher
