@@ -1,11 +1,13 @@
 """``EngineReplica``: one ``AsyncLLM`` as a Ray Serve deployment replica. ``generate`` is an async
-generator: ``ACCEPTED`` as soon as the engine has queued the request (its refusals raise before that),
-then every ``RequestOutput``; when the caller goes away Serve cancels the generator and the request is
-aborted, freeing its KV blocks. ``check_health`` fails once the engine has died, so Serve replaces the
-replica. A background thread posts the replica's metrics to the ``MetricsBoard`` once a second."""
+generator: ``ACCEPTED`` as soon as the engine has queued the request (its refusals raise before that;
+a request's grammar compiles in a worker thread first), then every ``RequestOutput``; when the caller
+goes away Serve cancels the generator and the request is aborted, freeing its KV blocks.
+``check_health`` fails once the engine has died, so Serve replaces the replica. A background thread
+posts the replica's metrics to the ``MetricsBoard`` once a second."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -38,6 +40,8 @@ class EngineReplica:
         threading.Thread(target=self._post_forever, name="oxibonsai-metrics", daemon=True).start()
 
     async def generate(self, request: ReplicaRequest) -> AsyncIterator[RequestOutput | str]:
+        # A grammar compiles off the replica's event loop (a refusal raises before ACCEPTED).
+        await asyncio.to_thread(self.engine.prepare_structured_output, request.params)
         stream = self.engine.generate(
             request.prompt, request.params, request_id=request.request_id, priority=request.priority
         )
