@@ -89,13 +89,14 @@ class SampleGroupStream:
             self._start_reading(i)
 
     def _merged(self) -> RequestOutput:
-        base = next(o for o in self._latest if o is not None)
+        """Every sample's latest completion, on sample 0's output (it is always the first to arrive)."""
+        first = self._latest[0]
+        assert first is not None, "sample 0 arrives first: the others start after it"
         completions = [
             dataclasses.replace(o.outputs[0], index=i) if o is not None else _empty_completion(i)
             for i, o in enumerate(self._latest)
         ]
         finished = all(o is not None and o.finished for o in self._latest)
-        first = self._latest[0] or base
         return dataclasses.replace(first, outputs=completions, finished=finished, request_id=self.request_id)
 
     async def aclose(self) -> None:

@@ -271,7 +271,7 @@ class Engine:
 
     def compile_grammar(self, spec: StructuredOutputsParams) -> None:
         """Compiles ``spec`` into the grammar cache (thread-safe); ValueError if it does not compile."""
-        self._grammars.compile(spec)
+        self._grammars.prepare(spec)
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)

@@ -153,6 +153,12 @@ class GrammarCompiler:
             )
         return self._ll_tokenizer
 
+    def prepare(self, spec: StructuredOutputsParams) -> None:
+        """Compiles ``spec`` into the cache without making a matcher for a request; ValueError as
+        ``compile``."""
+        with self._lock:
+            self._template(spec)
+
     def compile(self, spec: StructuredOutputsParams) -> GrammarState:
         """A fresh matcher for ``spec``; ValueError naming the problem for an invalid schema, regex
         or grammar."""
