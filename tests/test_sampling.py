@@ -309,6 +309,18 @@ INVALID: list[tuple[str, object, type[Exception], str]] = [
     ("logit_bias", {3: 100.5}, ValueError, r"logit_bias\[3\] must be in \[-100, 100\], got 100.5"),
     ("logit_bias", {3: math.nan}, ValueError, r"logit_bias\[3\] must be in \[-100, 100\], got nan"),
     ("logit_bias", {3: "up"}, TypeError, r"logit_bias\[3\] must be a number, got str"),
+    ("allowed_token_ids", [], ValueError, r"allowed_token_ids must name at least one token id"),
+    (
+        "allowed_token_ids",
+        [3, -1],
+        ValueError,
+        r"allowed_token_ids\[1\] must be a token id in \[0, 4294967296\)",
+    ),
+    ("allowed_token_ids", 3, TypeError, "allowed_token_ids must be a list of int or None, got int"),
+    ("allowed_token_ids", [1.0], TypeError, r"allowed_token_ids\[0\] must be an int, got float"),
+    ("bad_words", "bad", TypeError, "bad_words must be a list of str or None, got str"),
+    ("bad_words", ["ok", 3], TypeError, r"bad_words\[1\] must be a str, got int"),
+    ("bad_words", [" \n"], ValueError, r"bad_words\[0\] must have a character other than whitespace"),
     ("structured_outputs", "a+", TypeError, "structured_outputs must be a StructuredOutputsParams"),
     ("structured_outputs", {"regex": "a", "json": {}}, ValueError, "exactly one of"),
 ]
@@ -336,6 +348,9 @@ def test_sampling_params_defaults_and_normalization() -> None:
     assert p.stop == ["###"] and p.stop_token_ids == [7, 8] and type(p.stop_token_ids[1]) is int
     assert p.max_tokens is None and p.min_tokens == 50
     assert SamplingParams(stop=("a", "b")).stop == ["a", "b"]
+    assert SamplingParams(allowed_token_ids=(9, 2, np.int32(9))).allowed_token_ids == [2, 9]
+    assert SamplingParams(bad_words=("a", " b")).bad_words == ["a", " b"]
+    assert SamplingParams(bad_words=[]).bad_words is None
     assert SamplingParams(temperature=1, seed=np.uint64(5)).temperature == 1.0
     with pytest.raises(TypeError):
         SamplingParams(0.5)  # keyword-only: a positional value is a mistake
@@ -380,6 +395,8 @@ def test_plain_greedy_is_greedy_without_penalties_or_logprobs() -> None:
         SamplingParams(temperature=0.0, frequency_penalty=0.5),
         SamplingParams(temperature=0.0, presence_penalty=-0.5),
         SamplingParams(temperature=0.0, logprobs=0),
+        SamplingParams(temperature=0.0, allowed_token_ids=[1, 2]),
+        SamplingParams(temperature=0.0, bad_words=["x"]),
     ]
     assert [p.is_plain_greedy for p in plain] == [True] * len(plain)
     assert [p.is_plain_greedy for p in other] == [False] * len(other)

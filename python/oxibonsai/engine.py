@@ -34,6 +34,7 @@ from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, Request
 from oxibonsai.runner import Draw, Feed, Runner, SampleRow, StepDraws
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.structured_output import GrammarCompiler, GrammarState, StructuredOutputsParams
+from oxibonsai.token_constraints import BadWords, allowed_mask, both, leaves_a_token
 from oxibonsai.tokenizer import Tokenizer
 
 _MASK64 = (1 << 64) - 1
@@ -77,6 +78,8 @@ class _Request:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # set once every position is
     grammar: GrammarState | None = None  # structured output: the grammar's state after output_ids
     ended_on_stop_token: bool = False  # its last token is a stop id (whose text is not output)
+    allowed: np.ndarray | None = None  # allowed_token_ids as an allow-bitmask
+    bad_words: BadWords | None = None
 
     def prompt_logprobs_done(self) -> list[dict[int, Logprob] | None] | None:
         """The prompt's logprobs once every position after the first is scored, else None."""
@@ -201,6 +204,7 @@ class Engine:
         max_new = self.check_prompt(prompt_ids, params)
         spec = params.structured_outputs
         grammar = self._grammars.compile(spec) if spec is not None else None
+        allowed, bad_words = self._token_constraints(params)
         handle = self._arrivals
         default_seed = request_seed(self._seed, handle + 1)
         request = _Request(
@@ -223,6 +227,8 @@ class Engine:
             streamed=stream,
             prompt_scored={} if params.prompt_logprobs is not None else None,
             grammar=grammar,
+            allowed=allowed,
+            bad_words=bad_words,
         )
         self._sched.add(
             handle,
@@ -258,6 +264,7 @@ class Engine:
         bad = next((t for t in params.logit_bias or () if t >= vocab), None)
         if bad is not None:
             raise ValueError(f"logit_bias token id {bad} is out of range for a vocabulary of {vocab}")
+        self._token_constraints(params)
         if params.structured_outputs is not None:
             self.compile_grammar(params.structured_outputs)  # kept compiled for add_request
         room = limit - len(prompt_ids)
@@ -268,6 +275,24 @@ class Engine:
                 f"has {self.num_blocks}; raise kv_cache_blocks or lower max_tokens"
             )
         return max_new
+
+    def _token_constraints(self, params: SamplingParams) -> tuple[np.ndarray | None, BadWords | None]:
+        """The request's ``allowed_token_ids`` mask and ``bad_words`` bans; ValueError if an id is out
+        of the vocabulary or the bad words ban every allowed id."""
+        vocab = self.vocab_size
+        allowed = params.allowed_token_ids
+        if allowed is not None and allowed[-1] >= vocab:
+            raise ValueError(
+                f"allowed_token_ids id {allowed[-1]} is out of range for a vocabulary of {vocab}"
+            )
+        bad_words = BadWords.of(params.bad_words, self._tokenizer) if params.bad_words else None
+        if bad_words is not None:
+            bad = next((t for t in bad_words.token_ids() if t >= vocab), None)
+            if bad is not None:
+                raise ValueError(f"bad_words token id {bad} is out of range for a vocabulary of {vocab}")
+            if allowed is not None and set(allowed) <= set(bad_words.always):
+                raise ValueError("bad_words ban every id of allowed_token_ids: no token could be sampled")
+        return (None if allowed is None else allowed_mask(allowed, vocab)), bad_words
 
     def compile_grammar(self, spec: StructuredOutputsParams) -> None:
         """Compiles ``spec`` into the grammar cache (thread-safe); ValueError if it does not compile."""
@@ -413,8 +438,8 @@ class Engine:
         otherwise. The runner feeds each row its request's token from ``launched``'s draws on its
         device (and the penalties count it there)."""
         plan, sampling, pending = launched
-        if any(r.grammar is not None for r in sampling):
-            return None  # a grammar's mask needs the token in flight
+        if any(r.grammar is not None or _bans_follow_output(r) for r in sampling):
+            return None  # a grammar's mask, or a bad word's ban, needs the token in flight
         ending = [
             r.handle for r in sampling if r.finish_reason is None and len(r.output_ids) + 1 >= r.max_new
         ]
@@ -460,19 +485,23 @@ class Engine:
 
     def _sample_row(self, r: _Request, pending: int = 0) -> SampleRow:
         """The request's sampling row, for its token after ``pending`` ones it has sampled but not
-        taken yet (1 in a step launched ahead); one kept for every step once nothing is banned (its
-        histories are the request's own lists, which grow in place)."""
+        taken yet (1 in a step launched ahead); one kept for every step while its bans and mask stay
+        the same (its histories are the request's own lists, which grow in place). Bans yield where
+        they would leave its mask no id: to a grammar that allows only stop ids before ``min_tokens``,
+        or ``allowed_token_ids`` that a bad word's ban would empty."""
         banned = self._banned(r, pending)
-        if r.grammar is not None:
-            mask = r.grammar.mask()
-            if mask is not None and banned and not _leaves_a_token(mask, banned):
-                banned = []  # the grammar allows only stop ids: min_tokens yields to it
-            return _new_row(r, banned, mask)
-        if banned:
-            return _new_row(r, banned)
-        if r.row is None:
-            r.row = _new_row(r, [])
-        return r.row
+        follows_output = r.grammar is not None or _bans_follow_output(r)
+        static = r.bad_words.always if r.bad_words is not None else []
+        if not follows_output and not banned:
+            if r.row is None:
+                r.row = _new_row(r, static, r.allowed)
+            return r.row
+        if r.bad_words is not None:
+            banned = sorted(set(banned).union(r.bad_words.banned_after(r.output_ids)))
+        mask = both(r.allowed, r.grammar.mask()) if r.grammar is not None else r.allowed
+        if mask is not None and banned and not leaves_a_token(mask, banned):
+            banned = []
+        return _new_row(r, banned, mask)
 
     def _take(self, r: _Request, draw: Draw) -> bool:
         """Appends a sampled token and decides whether its request ends: on a stop token or at its
@@ -570,12 +599,9 @@ class Engine:
         del self._handles[r.request_id]
 
 
-def _leaves_a_token(mask: np.ndarray, banned: list[int]) -> bool:
-    """Whether the allow-bitmask ``mask`` allows some id outside ``banned``."""
-    words = mask.view(np.uint32).copy()
-    for t in banned:
-        words[t // 32] &= ~np.uint32(1 << (t % 32))
-    return bool(words.any())
+def _bans_follow_output(r: _Request) -> bool:
+    """Whether the request's bans depend on its last tokens (a bad word of two or more tokens)."""
+    return r.bad_words is not None and r.bad_words.depends_on_output
 
 
 def _new_row(r: _Request, banned: list[int], allowed: np.ndarray | None = None) -> SampleRow:

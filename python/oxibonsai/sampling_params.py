@@ -78,16 +78,18 @@ def _stop_strings(value: object) -> list[str]:
     return list(items)
 
 
-def _stop_token_ids(value: object) -> list[int]:
-    if value is None:
-        return []
+def _token_id_list(name: str, value: object) -> list[int]:
     if not isinstance(value, (list, tuple)):
-        raise TypeError(f"stop_token_ids must be a list of int or None, got {_type_name(value)} {value!r}")
-    ids = [_as_int(f"stop_token_ids[{i}]", v) for i, v in enumerate(value)]
+        raise TypeError(f"{name} must be a list of int or None, got {_type_name(value)} {value!r}")
+    ids = [_as_int(f"{name}[{i}]", v) for i, v in enumerate(value)]
     for i, v in enumerate(ids):
         if not 0 <= v < _TOKEN_ID_LIMIT:
-            raise _out_of_range(f"stop_token_ids[{i}]", f"a token id in [0, {_TOKEN_ID_LIMIT})", v)
+            raise _out_of_range(f"{name}[{i}]", f"a token id in [0, {_TOKEN_ID_LIMIT})", v)
     return ids
+
+
+def _stop_token_ids(value: object) -> list[int]:
+    return [] if value is None else _token_id_list("stop_token_ids", value)
 
 
 def _logit_bias(value: object) -> dict[int, float] | None:
@@ -104,6 +106,28 @@ def _logit_bias(value: object) -> dict[int, float] | None:
             f"logit_bias[{token}]", amount, "in [-100, 100]", lambda x: abs(x) <= MAX_LOGIT_BIAS
         )
     return bias or None
+
+
+def _allowed_token_ids(value: object) -> list[int] | None:
+    if value is None:
+        return None
+    ids = _token_id_list("allowed_token_ids", value)
+    if not ids:
+        raise ValueError("allowed_token_ids must name at least one token id (None: every id), got []")
+    return sorted(set(ids))
+
+
+def _bad_words(value: object) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"bad_words must be a list of str or None, got {_type_name(value)} {value!r}")
+    for i, word in enumerate(value):
+        if not isinstance(word, str):
+            raise TypeError(f"bad_words[{i}] must be a str, got {_type_name(word)} {word!r}")
+        if not word.strip():
+            raise ValueError(f"bad_words[{i}] must have a character other than whitespace, got {word!r}")
+    return list(value) or None
 
 
 def _structured_outputs(value: object) -> StructuredOutputsParams | None:
@@ -133,7 +157,11 @@ class SamplingParams:
     computes its whole prompt, the prefix cache cannot give it the logits). ``stop`` becomes a list
     of strings and ``stop_token_ids`` a list of ints. ``logit_bias`` maps token ids to amounts in
     [-100, 100] added to their logits before the penalties (-100 all but bans a token, +100 all but
-    forces it; logprobs stay the raw ones); an empty dict becomes None. ``structured_outputs``
+    forces it; logprobs stay the raw ones); an empty dict becomes None. ``allowed_token_ids`` are the
+    only ids that may be sampled (stop ids included: without them the request runs to its length);
+    it becomes a sorted list without repeats. ``bad_words`` are never generated: a one-token word is
+    banned at every step, a longer one's last token whenever the output ends with the rest of it,
+    each as spelled at the start of a text and after a space (vLLM's rule). ``structured_outputs``
     constrains the output to a JSON schema, any JSON object, a regex, a choice or a grammar
     (``StructuredOutputsParams``; a dict of its fields is converted); the request ends, with finish
     reason ``"stop"``, once the value is complete.
@@ -158,6 +186,8 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
@@ -204,6 +234,8 @@ class SamplingParams:
                 if not 0 <= getattr(self, name) <= MAX_LOGPROBS:
                     raise _out_of_range(name, f"in [0, {MAX_LOGPROBS}] or None", value)
         self.logit_bias = _logit_bias(self.logit_bias)
+        self.allowed_token_ids = _allowed_token_ids(self.allowed_token_ids)
+        self.bad_words = _bad_words(self.bad_words)
         self.structured_outputs = _structured_outputs(self.structured_outputs)
 
     def _check_stopping(self) -> None:
@@ -218,12 +250,13 @@ class SamplingParams:
     @property
     def is_plain_greedy(self) -> bool:
         """Greedy (temperature 0 or top-k 1, as the float32 samplers see them) with no repetition,
-        frequency or presence penalty, no logit bias, no logprobs and no structured output: a draw is
-        the first largest logit. (Ids banned before ``min_tokens`` are the engine's to check at each
-        step.)"""
+        frequency or presence penalty, no logit bias, no logprobs, no allowed or bad token lists and
+        no structured output: a draw is the first largest logit. (Ids banned before ``min_tokens``
+        are the engine's to check at each step.)"""
         greedy = np.float32(self.temperature) == 0 or self.top_k == 1
         plain = not self.has_penalties and self.logit_bias is None and self.logprobs is None
         plain = plain and self.structured_outputs is None
+        plain = plain and self.allowed_token_ids is None and self.bad_words is None
         return bool(greedy and plain)
 
     @property

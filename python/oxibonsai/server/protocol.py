@@ -10,6 +10,7 @@ Structured output comes as OpenAI's ``response_format`` (``json_object``, or ``j
 the same way (``forced_tools``). Features the engine does not have (request chat templates,
 ``suffix``) are refused with a 400 rather than silently ignored. ``logit_bias``
 keys are token ids as decimal strings (OpenAI's form), at most ``MAX_LOGIT_BIAS_ENTRIES`` of them.
+vLLM's ``allowed_token_ids`` and ``bad_words`` (at most ``MAX_BAD_WORDS``) are taken on both endpoints.
 ``sampling_params`` turns a validated request into the engine's ``SamplingParams``."""
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 1024
 COMPLETION_MAX_LOGPROBS = 5  # OpenAI's limit for the legacy completions API
 
+MAX_BAD_WORDS = 128
+
 Count = Annotated[int, Field(ge=0)]
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+BadWord = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 
 
 class _Strict(BaseModel):
@@ -121,6 +125,8 @@ class _SamplingFields(_Strict):
     priority: int = Field(default=0, ge=INT32_MIN, le=INT32_MAX)
     cache_salt: str | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
+    bad_words: list[BadWord] | None = Field(default=None, max_length=MAX_BAD_WORDS)
 
     @field_validator("stop")
     @classmethod
@@ -199,6 +205,8 @@ class _SamplingFields(_Strict):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             logit_bias=None if self.logit_bias is None else {int(k): v for k, v in self.logit_bias.items()},
+            allowed_token_ids=self.allowed_token_ids,
+            bad_words=self.bad_words,
             structured_outputs=self._structured,
             **given,
         )
