@@ -1,7 +1,10 @@
 """The qwen3 reasoning parser: ``<think>`` blocks split from the answer (whole and streamed, on random
-splits of random texts), and through the server on a scripted model that thinks before it answers:
-``reasoning_content`` and ``content`` in full and streamed responses, and structured output that
-starts after the reasoning (without the parser the grammar leaves the model no way to think)."""
+splits of random texts, with the block opened by the output or by the prompt), and through the server
+on scripted models that think before they answer: ``reasoning`` (and ``reasoning_content``) and
+``content`` in full and streamed responses, and structured output that starts after the reasoning
+(without the parser the grammar leaves the model no way to think), also where the chat template opens
+the block in the prompt (Qwen3-2507's thinking models); an assistant message's earlier reasoning
+reaches the template."""
 
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ from typing import Any
 import pytest
 
 import oxibonsai as ob
-from oxibonsai.server.reasoning import StreamingReasoningParser, split_reasoning
+from oxibonsai.server.protocol import ChatMessage
+from oxibonsai.server.reasoning import StreamingReasoningParser, prompt_opens_reasoning, split_reasoning
 from oxibonsai.structured_output import GrammarCompiler, StructuredOutputsParams
 
 from scripted_model import write_scripted_model
@@ -23,9 +27,20 @@ PIECES = ["<think>", "</think>", "<th", "ink>", "</th", "\n\n", " ", "abc", "x<"
 SCRIPT = ["<think>", "\nweighing options\n", "</think>", "\n\n", '{"ok": true}', "<|im_end|>"]
 
 
-def streamed(text: str, rng: random.Random) -> tuple[str, str]:
+# A template that opens the reasoning block for the model, as Qwen3-2507's thinking models' does, and
+# renders an assistant message's earlier reasoning as Qwen3's does.
+OPENING_TEMPLATE = (
+    "{%- for message in messages %}{{ '<|im_start|>' + message.role + '\\n' }}"
+    "{%- if message.reasoning_content %}{{ '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}"
+    "{%- endif %}{{ message.content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+)
+OPENED_SCRIPT = ["pondering", "</think>", "\n\n", '{"ok": true}', "<|im_end|>"]
+
+
+def streamed(text: str, rng: random.Random, opened: bool = False) -> tuple[str, str]:
     """The joined reasoning and content deltas of ``text`` fed in random pieces."""
-    parser = StreamingReasoningParser("qwen3")
+    parser = StreamingReasoningParser("qwen3", opened)
     cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(0, 6))))
     reasoning, content = [], []
     for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True):
@@ -42,8 +57,9 @@ def test_streamed_splits_equal_the_whole_split_on_random_texts():
         text = "".join(rng.choice(PIECES) for _ in range(rng.randint(0, 8)))
         if rng.random() < 0.5:
             text = "<think>" + text
-        reasoning, content = split_reasoning(text, "qwen3")
-        got_reasoning, got_content = streamed(text, rng)
+        opened = rng.random() < 0.3
+        reasoning, content = split_reasoning(text, "qwen3", opened)
+        got_reasoning, got_content = streamed(text, rng, opened)
         assert got_content == content, text
         assert (got_reasoning.strip() if reasoning is not None else got_reasoning) == (reasoning or ""), text
 
@@ -53,6 +69,11 @@ def test_split_rules():
     assert split_reasoning("Hi <think>x</think>", "qwen3") == (None, "Hi <think>x</think>")
     assert split_reasoning("<think>cut off", "qwen3") == ("cut off", "")
     assert split_reasoning("<think></think>", "qwen3") == ("", "")
+    assert split_reasoning("hm\n</think>\n\nHi", "qwen3", opened=True) == ("hm", "Hi")
+    assert split_reasoning("still thinking", "qwen3", opened=True) == ("still thinking", "")
+    assert prompt_opens_reasoning("<|im_start|>assistant\n<think>\n", "qwen3")
+    assert not prompt_opens_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n", "qwen3")
+    assert not prompt_opens_reasoning(None, "qwen3")
 
 
 def test_the_grammar_waits_for_the_reasoning_and_the_whitespace_after_it():
@@ -99,7 +120,7 @@ def chat(app: Any, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
             return full.json(), sse_payloads(stream.text)
 
     full, events = run(go())
-    joined: dict[str, Any] = {"reasoning_content": "", "content": ""}
+    joined: dict[str, Any] = {"reasoning": "", "reasoning_content": "", "content": ""}
     for chunk in events[:-1]:
         for choice in chunk["choices"]:
             for key in joined:
@@ -118,11 +139,10 @@ def test_the_server_splits_reasoning_and_constrains_the_answer_after_it(thinking
             assert "reasoning_content" not in message
             assert message["content"] == "<think>\nweighing options\n</think>\n\n" + '{"ok": true}'
         else:
-            assert (message["reasoning_content"], message["content"]) == ("weighing options", '{"ok": true}')
-            assert (joined["reasoning_content"].strip(), joined["content"]) == (
-                "weighing options",
-                '{"ok": true}',
-            )
+            assert (message["reasoning"], message["content"]) == ("weighing options", '{"ok": true}')
+            assert (joined["reasoning"].strip(), joined["content"]) == ("weighing options", '{"ok": true}')
+            assert message["reasoning_content"] == message["reasoning"]
+            assert joined["reasoning_content"] == joined["reasoning"]
         constrained, joined = chat(app, {**body, "response_format": {"type": "json_object"}})
         if parser is None:  # the grammar rules out <think>: the model answers JSON at once
             assert constrained["content"].startswith("{")
@@ -131,3 +151,34 @@ def test_the_server_splits_reasoning_and_constrains_the_answer_after_it(thinking
             assert json.loads(constrained["content"]) == {"ok": True}
     finally:
         engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def opened_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_scripted_model(
+        tmp_path_factory.mktemp("opened") / "m.gguf",
+        OPENED_SCRIPT,
+        extra_tokens=["<think>"],
+        chat_template=OPENING_TEMPLATE,
+    )
+
+
+def test_a_block_the_prompt_opens_is_reasoning_and_the_grammar_waits_for_its_end(opened_model):
+    engine = ob.AsyncLLM(opened_model, kv_cache_blocks=64, reasoning_parser="qwen3")
+    try:
+        app = app_for(engine, reasoning_parser="qwen3")
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "temperature": 0}
+        message, joined = chat(app, body)
+        assert (message["reasoning"], message["content"]) == ("pondering", '{"ok": true}')
+        assert (joined["reasoning"].strip(), joined["content"]) == ("pondering", '{"ok": true}')
+        constrained, _ = chat(app, {**body, "response_format": {"type": "json_object"}})
+        assert constrained == message
+    finally:
+        engine.shutdown()
+
+
+def test_an_assistant_messages_reasoning_reaches_the_template():
+    for field in ("reasoning", "reasoning_content"):
+        msg = ChatMessage.model_validate({"role": "assistant", "content": "A", field: "because"})
+        assert msg.for_template()["reasoning_content"] == "because"
+    assert "reasoning_content" not in ChatMessage(role="assistant", content="A").for_template()

@@ -203,7 +203,7 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         max_new = self.check_prompt(prompt_ids, params)
         spec = params.structured_outputs
-        grammar = self._grammars.compile(spec) if spec is not None else None
+        grammar = self._grammars.compile(spec, prompt_ids) if spec is not None else None
         allowed, bad_words = self._token_constraints(params)
         handle = self._arrivals
         default_seed = request_seed(self._seed, handle + 1)

@@ -12,7 +12,8 @@ complete value) ends the request as usual.
 With a reasoning parser (``LLM(reasoning_parser="qwen3")``), a model may think first: the first token
 may also be the reasoning start token (``<think>``), and if it is, the output is unconstrained until
 the reasoning end token (``</think>``), after which the grammar begins (whitespace-only tokens right
-after it, Qwen3's ``"\n\n"``, are let through first). Without one, the grammar
+after it, Qwen3's ``"\n\n"``, are let through first). A prompt that already opened the block (its
+last token other than whitespace is ``<think>``) starts the output inside it. Without one, the grammar
 constrains the output from its first token, so the model cannot think.
 
 A compiled grammar is kept per distinct specification (``GrammarCompiler``, a small LRU behind a
@@ -25,7 +26,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -159,14 +160,15 @@ class GrammarCompiler:
         with self._lock:
             self._template(spec)
 
-    def compile(self, spec: StructuredOutputsParams) -> GrammarState:
-        """A fresh matcher for ``spec``; ValueError naming the problem for an invalid schema, regex
-        or grammar."""
+    def compile(self, spec: StructuredOutputsParams, prompt_ids: Sequence[int] = ()) -> GrammarState:
+        """A fresh matcher for ``spec`` after ``prompt_ids`` (a prompt that opens a reasoning block
+        starts it inside); ValueError naming the problem for an invalid schema, regex or grammar."""
         with self._lock:
             matcher = self._template(spec).deep_copy()
         if self.reasoning is None or self._separators is None:
             return GrammarState(matcher, self.vocab_size)
-        return GrammarState(matcher, self.vocab_size, Reasoning(*self.reasoning, self._separators))
+        reasoning = Reasoning(*self.reasoning, self._separators)
+        return GrammarState(matcher, self.vocab_size, reasoning, opened=reasoning.opened_by(prompt_ids))
 
     def _template(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
         key = spec.key()
@@ -205,6 +207,18 @@ class Reasoning:
     end: int
     separators: np.ndarray
 
+    def is_separator(self, token: int) -> bool:
+        return bool(int(self.separators[token // 32]) >> (token % 32) & 1)
+
+    def opened_by(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether the prompt ends inside a reasoning block: its last token other than whitespace is
+        the start token (a template that opens the block for the model, as Qwen3-2507's thinking
+        models' does)."""
+        for token in reversed(prompt_ids):
+            if not self.is_separator(token):
+                return token == self.start
+        return False
+
 
 def reasoning_token_ids(tokenizer: Tokenizer, parser: str | None) -> tuple[int, int] | None:
     """The ids of ``parser``'s reasoning start and end tokens (None without a parser); ValueError for
@@ -229,13 +243,18 @@ class GrammarState:
     constrains nothing until the block closes (the module doc)."""
 
     def __init__(
-        self, matcher: llguidance.LLMatcher, vocab_size: int, reasoning: Reasoning | None = None
+        self,
+        matcher: llguidance.LLMatcher,
+        vocab_size: int,
+        reasoning: Reasoning | None = None,
+        *,
+        opened: bool = False,
     ) -> None:
         self._matcher = matcher
         self._words = (vocab_size + 31) // 32
         self._reasoning = reasoning
         # "start" (may open a reasoning block) -> "reasoning" -> "separator" (after its end) -> "grammar"
-        self._phase = "start" if reasoning is not None else "grammar"
+        self._phase = "grammar" if reasoning is None else "reasoning" if opened else "start"
 
     def mask(self) -> np.ndarray | None:
         """The int32 allow-bitmask of the next token (bit ``i % 32`` of word ``i // 32`` per id); None
@@ -270,7 +289,7 @@ class GrammarState:
         if self._phase == "reasoning":
             self._phase = "separator" if token == r.end else "reasoning"
             return True
-        if int(r.separators[token // 32]) >> (token % 32) & 1:
+        if r.is_separator(token):
             return True
         self._phase = "grammar"
         return False

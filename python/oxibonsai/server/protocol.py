@@ -280,7 +280,9 @@ class ToolCallItem(_Strict):
 
 
 class ChatMessage(BaseModel):
-    """One message. Content is a string or a list of text parts (joined with newlines)."""
+    """One message. Content is a string or a list of text parts (joined with newlines); an assistant's
+    earlier reasoning (``reasoning`` or ``reasoning_content``) reaches the template as
+    ``reasoning_content``."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
@@ -289,6 +291,8 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[ToolCallItem] | None = None
     tool_call_id: str | None = None
+    reasoning: str | None = None  # an assistant's earlier reasoning (vLLM's name)
+    reasoning_content: str | None = None  # the same, by its older name
 
     @model_validator(mode="before")
     @classmethod
@@ -312,6 +316,9 @@ class ChatMessage(BaseModel):
             out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
+        reasoning = self.reasoning_content if self.reasoning_content is not None else self.reasoning
+        if reasoning is not None:
+            out["reasoning_content"] = reasoning  # the name Qwen3's template reads
         return out
 
 

@@ -2,8 +2,8 @@
 request, and engine outputs to a ``chat.completion`` response or its SSE chunks. With ``tools``, the
 Qwen3/Hermes ``<tool_call>`` blocks in the output become ``tool_calls`` (``finish_reason:
 "tool_calls"``), in streams too; the text around them stays ``content``. With a reasoning parser,
-the output's ``<think>`` block becomes ``reasoning_content`` first (``reasoning``) and tool calls
-are looked for in the rest."""
+the output's ``<think>`` block (or the block the prompt opened) becomes ``reasoning`` and
+``reasoning_content`` first (``reasoning``) and tool calls are looked for in the rest."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from oxibonsai.server.openai_format import (
     sse,
 )
 from oxibonsai.server.protocol import ChatCompletionRequest
-from oxibonsai.server.reasoning import StreamingReasoningParser, split_reasoning
+from oxibonsai.server.reasoning import StreamingReasoningParser, prompt_opens_reasoning, split_reasoning
 from oxibonsai.server.streaming import ChoiceCursor, error_event
 from oxibonsai.server.tool_parser import StreamingToolParser, ToolCall, parse_tool_calls
 
@@ -81,15 +81,16 @@ class ChatServing:
     def _choice(self, req: ChatCompletionRequest, index: int, out: RequestOutput) -> dict[str, Any]:
         completion = out.outputs[0]
         reasoning, content = None, completion.text
-        if self._config.reasoning_parser is not None:
-            reasoning, content = split_reasoning(content, self._config.reasoning_parser)
+        parser = self._config.reasoning_parser
+        if parser is not None:
+            reasoning, content = split_reasoning(content, parser, prompt_opens_reasoning(out.prompt, parser))
         calls: list[ToolCall] = []
         text: str | None = None if reasoning is not None and not content else content
         if req.parses_tools():
             text, calls = parse_tool_calls(content)
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if reasoning is not None:
-            message["reasoning_content"] = reasoning
+            message["reasoning"] = message["reasoning_content"] = reasoning
         if calls:
             message["tool_calls"] = [_tool_call_json(c) for c in calls]
         return {
@@ -161,12 +162,12 @@ class _ChatStream:
         text = cursor.new_text(completion.text)
         tokens, entries = cursor.new_tokens(completion.token_ids, completion.logprobs)
         finished = completion.finish_reason is not None
-        reasoning, text = self._reason(index, text, finished)
+        reasoning, text = self._reason(index, out.prompt, text, finished)
         content, calls = self._parse(index, text, finished)
         logprobs = self._serving._logprobs(self._req, tokens, entries)
         delta: dict[str, Any] = {}
         if reasoning:
-            delta["reasoning_content"] = reasoning
+            delta["reasoning"] = delta["reasoning_content"] = reasoning
         if content:
             delta["content"] = content
         if calls:
@@ -178,11 +179,15 @@ class _ChatStream:
         reason = _finish(completion.finish_reason, self._calls.get(index, 0) > 0)
         return [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]
 
-    def _reason(self, index: int, text: str, finished: bool) -> tuple[str, str]:
-        parser_name = self._serving._config.reasoning_parser
-        if parser_name is None:
+    def _reason(self, index: int, prompt: str | None, text: str, finished: bool) -> tuple[str, str]:
+        name = self._serving._config.reasoning_parser
+        if name is None:
             return "", text
-        parser = self._reasoners.setdefault(index, StreamingReasoningParser(parser_name))
+        parser = self._reasoners.get(index)
+        if parser is None:
+            parser = self._reasoners[index] = StreamingReasoningParser(
+                name, prompt_opens_reasoning(prompt, name)
+            )
         reasoning, content = parser.feed(text)
         if finished:
             more_reasoning, more_content = parser.finish()
