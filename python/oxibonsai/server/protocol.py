@@ -391,6 +391,10 @@ class ChatCompletionRequest(_SamplingFields):
     def parses_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
+    def names_a_function(self) -> bool:
+        """Whether ``tool_choice`` forces one named function (its call then ends with ``"stop"``)."""
+        return isinstance(self.tool_choice, dict)
+
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.for_template() for m in self.messages]
 

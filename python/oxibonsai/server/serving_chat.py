@@ -1,7 +1,7 @@
 """``/v1/chat/completions``: messages through the model's chat template (tools included) to an engine
 request, and engine outputs to a ``chat.completion`` response or its SSE chunks. With ``tools``, the
 Qwen3/Hermes ``<tool_call>`` blocks in the output become ``tool_calls`` (``finish_reason:
-"tool_calls"``), in streams too; the text around them stays ``content``. With a reasoning parser,
+"tool_calls"``, or ``"stop"`` where ``tool_choice`` named the function), in streams too; the text around them stays ``content``. With a reasoning parser,
 the output's ``<think>`` block (or the block the prompt opened) becomes ``reasoning`` and
 ``reasoning_content`` first (``reasoning``) and tool calls are looked for in the rest."""
 
@@ -58,8 +58,10 @@ def _tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     return out
 
 
-def _finish(reason: str | None, made_tool_calls: bool) -> str | None:
-    return "tool_calls" if made_tool_calls and reason == "stop" else reason
+def _finish(req: ChatCompletionRequest, reason: str | None, made_tool_calls: bool) -> str | None:
+    """``"tool_calls"`` for an output that stopped after making calls, unless the request named the
+    function to call (OpenAI's and vLLM's ``"stop"`` then)."""
+    return "tool_calls" if made_tool_calls and reason == "stop" and not req.names_a_function() else reason
 
 
 class ChatServing:
@@ -97,7 +99,7 @@ class ChatServing:
             "index": index,
             "message": message,
             "logprobs": self._logprobs(req, completion.token_ids, completion.logprobs),
-            "finish_reason": _finish(completion.finish_reason, bool(calls)),
+            "finish_reason": _finish(req, completion.finish_reason, bool(calls)),
             "stop_reason": completion.stop_reason,
         }
 
@@ -176,7 +178,7 @@ class _ChatStream:
             self._calls[index] = first + len(calls)
         if not delta and completion.finish_reason is None and logprobs is None:
             return []
-        reason = _finish(completion.finish_reason, self._calls.get(index, 0) > 0)
+        reason = _finish(self._req, completion.finish_reason, self._calls.get(index, 0) > 0)
         return [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]
 
     def _reason(self, index: int, prompt: str | None, text: str, finished: bool) -> tuple[str, str]:
