@@ -150,6 +150,29 @@ def completion_logprobs(
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
+def prompt_logprobs_json(
+    prompt_ids: Sequence[int], entries: Sequence[dict[int, Logprob] | None] | None, top: int
+) -> list[dict[str, dict[str, Any]] | None] | None:
+    """vLLM's ``prompt_logprobs``: per prompt token null (the first) or ``{token id: {logprob, rank,
+    decoded_token}}`` with the ``top`` best ids and the prompt's own token (entries scored with more
+    top ids, for ``echo``, are cut to ``top``)."""
+    if entries is None:
+        return None
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for token, entry in zip(prompt_ids, entries, strict=True):
+        if entry is None:
+            out.append(None)
+            continue
+        out.append(
+            {
+                str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+                for t, lp in entry.items()
+                if t == token or (lp.rank is not None and lp.rank <= top)
+            }
+        )
+    return out
+
+
 def joined_logprobs(*parts: dict[str, Any]) -> dict[str, Any]:
     """Legacy logprobs of consecutive spans (an echoed prompt's, then the completion's) as one."""
     return {key: [x for part in parts for x in part[key]] for key in parts[0]}

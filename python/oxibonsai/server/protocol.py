@@ -125,6 +125,7 @@ class _SamplingFields(_Strict):
     priority: int = Field(default=0, ge=INT32_MIN, le=INT32_MAX)
     cache_salt: str | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
     bad_words: list[BadWord] | None = Field(default=None, max_length=MAX_BAD_WORDS)
 
@@ -164,6 +165,8 @@ class _SamplingFields(_Strict):
     def _check_stream_options(self) -> _SamplingFields:
         if self.stream_options is not None and not self.stream:
             raise ValueError("Stream options can only be defined when `stream=True`.")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
         return self
 
     @model_validator(mode="after")
@@ -249,9 +252,11 @@ class CompletionRequest(_SamplingFields):
         return self.echo and self.max_tokens == 0
 
     @property
-    def prompt_logprobs(self) -> int | None:
-        """How many top logprobs each prompt token needs: ``logprobs`` with ``echo``."""
-        return self.logprobs if self.echo else None
+    def scored_prompt_logprobs(self) -> int | None:
+        """How many top logprobs each prompt token needs: ``prompt_logprobs``, or ``logprobs`` with
+        ``echo``, whichever is more."""
+        wanted = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        return max(wanted) if wanted else None
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: a string or a token-id list."""

@@ -1,9 +1,10 @@
 """``/v1/chat/completions``: messages through the model's chat template (tools included) to an engine
 request, and engine outputs to a ``chat.completion`` response or its SSE chunks. With ``tools``, the
 Qwen3/Hermes ``<tool_call>`` blocks in the output become ``tool_calls`` (``finish_reason:
-"tool_calls"``, or ``"stop"`` where ``tool_choice`` named the function), in streams too; the text around them stays ``content``. With a reasoning parser,
-the output's ``<think>`` block (or the block the prompt opened) becomes ``reasoning`` and
-``reasoning_content`` first (``reasoning``) and tool calls are looked for in the rest."""
+"tool_calls"``, or ``"stop"`` where ``tool_choice`` named the function), in streams too; the text
+around them stays ``content``. With a reasoning parser, the output's ``<think>`` block (or the block
+the prompt opened) becomes ``reasoning`` and ``reasoning_content`` first, and tool calls are looked
+for in the rest. vLLM's ``prompt_logprobs`` (not streamed) come at the response's top level."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from oxibonsai.server.openai_format import (
     chat_logprobs,
     created,
     full_response,
+    prompt_logprobs_json,
     response_id,
     sse,
 )
@@ -72,7 +74,8 @@ class ChatServing:
     async def start(self, req: ChatCompletionRequest) -> Samples:
         prompt = await asyncio.to_thread(render_chat, self._engine, req)
         budget = output_budget(self._engine.max_model_len, len(prompt.token_ids), req.requested_max_tokens())
-        params = req.sampling_params(budget, (req.top_logprobs or 0) if req.logprobs else None)
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        params = req.sampling_params(budget, logprobs, req.prompt_logprobs)
         return await Samples.start(self._engine, [(prompt, params)], req.n, priority=req.priority)
 
     def _logprobs(self, req: ChatCompletionRequest, tokens: list[int], entries: Any) -> dict[str, Any] | None:
@@ -106,9 +109,14 @@ class ChatServing:
     async def full_response(self, req: ChatCompletionRequest, samples: Samples) -> dict[str, Any]:
         finals = await samples.final_outputs()
         model = self._config.served_model_name
-        return full_response(
+        response = full_response(
             "chatcmpl", "chat.completion", model, req.n, finals, lambda i, out: self._choice(req, i, out)
         )
+        if req.prompt_logprobs is not None:  # one prompt for every choice: vLLM's top-level field
+            response["prompt_logprobs"] = prompt_logprobs_json(
+                finals[0].prompt_token_ids, finals[0].prompt_logprobs, req.prompt_logprobs
+            )
+        return response
 
     async def stream(self, req: ChatCompletionRequest, samples: Samples) -> AsyncIterator[bytes]:
         """SSE chunks: each choice's first chunk carries the role, then content and tool-call deltas,

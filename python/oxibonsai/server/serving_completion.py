@@ -23,6 +23,7 @@ from oxibonsai.server.openai_format import (
     created,
     full_response,
     joined_logprobs,
+    prompt_logprobs_json,
     response_id,
     sse,
 )
@@ -46,7 +47,7 @@ class CompletionServing:
         for prompt in prompts:
             requested = 1 if req.echo_only else req.max_tokens
             budget = output_budget(self._engine.max_model_len, len(prompt.token_ids), requested)
-            jobs.append((prompt, req.sampling_params(budget, req.logprobs, req.prompt_logprobs)))
+            jobs.append((prompt, req.sampling_params(budget, req.logprobs, req.scored_prompt_logprobs)))
         return await Samples.start(self._engine, jobs, req.n, priority=req.priority)
 
     def _prompts(self, req: CompletionRequest) -> list[Prompt]:
@@ -87,13 +88,18 @@ class CompletionServing:
         completion = out.outputs[0]
         prefix = self._prompt_text(out) if req.echo else ""
         text, token_ids, entries = _generated(req, out)
-        return {
+        choice = {
             "index": index,
             "text": prefix + text,
             "logprobs": self._logprobs(req, out if req.echo else None, token_ids, entries, len(prefix)),
             "finish_reason": completion.finish_reason,
             "stop_reason": completion.stop_reason,
         }
+        if req.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs_json(
+                out.prompt_token_ids, out.prompt_logprobs, req.prompt_logprobs
+            )
+        return choice
 
     async def full_response(self, req: CompletionRequest, samples: Samples) -> dict[str, Any]:
         finals = await samples.final_outputs()
