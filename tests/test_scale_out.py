@@ -113,6 +113,18 @@ def test_routes_give_the_single_servers_tokens(cluster, tiny_model, rng):
     chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0}
     response = httpx.post(f"{cluster}/v1/chat/completions", json=chat, timeout=60)
     assert response.status_code == 200 and response.json()["choices"][0]["message"]["role"] == "assistant"
+    # The Responses API runs on the ingress over the same replicas, and continues a stored response.
+    first = httpx.post(
+        f"{cluster}/v1/responses", json={"model": NAME, "input": "hi", "max_output_tokens": 6}, timeout=60
+    )
+    assert first.status_code == 200 and first.json()["output"][0]["type"] == "message", first.text
+    then = {
+        "model": NAME,
+        "input": "more",
+        "max_output_tokens": 4,
+        "previous_response_id": first.json()["id"],
+    }
+    assert httpx.post(f"{cluster}/v1/responses", json=then, timeout=60).status_code == 200
     body = {"model": NAME, "prompt": "the", "max_tokens": 4, "stream": True}
     with httpx.stream("POST", f"{cluster}/v1/completions", json=body, timeout=60) as s:
         events = sse_payloads(s.read().decode())

@@ -9,10 +9,9 @@ import random
 from typing import Any
 
 import pytest
+from test_server_structured_output import post, prompt_words
 
 import oxibonsai as ob
-
-from test_server_structured_output import post, prompt_words
 
 pytest.importorskip("fastapi")
 

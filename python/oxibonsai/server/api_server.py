@@ -37,6 +37,7 @@ from oxibonsai.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from oxibonsai.server.responses_protocol import ResponsesRequest
 from oxibonsai.server.serving_chat import render_chat
 from oxibonsai.server.state import ServerState
 
@@ -186,6 +187,25 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await generation(request, ChatCompletionRequest, lambda: state.chat)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await generation(request, ResponsesRequest, lambda: state.responses)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> Response:
+        return await _answer(lambda: _stored_response(state, response_id, delete=False), state)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> Response:
+        return await _answer(lambda: _stored_response(state, response_id, delete=True), state)
+
+
+async def _stored_response(state: ServerState, response_id: str, *, delete: bool) -> Response:
+    state.live_engine()
+    serving = state.responses
+    assert serving is not None, "a live engine has its servings"
+    return JSONResponse(serving.delete(response_id) if delete else serving.get(response_id))
 
 
 async def _generate(request: Request, state: ServerState, serving: Any, req: Any) -> Response:

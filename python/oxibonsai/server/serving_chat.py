@@ -83,7 +83,7 @@ class ChatServing:
             return None
         return chat_logprobs(self._engine.tokenizer, tokens, entries, req.top_logprobs or 0)
 
-    def _choice(self, req: ChatCompletionRequest, index: int, out: RequestOutput) -> dict[str, Any]:
+    def choice(self, req: ChatCompletionRequest, index: int, out: RequestOutput) -> dict[str, Any]:
         completion = out.outputs[0]
         reasoning, content = None, completion.text
         parser = self._config.reasoning_parser
@@ -110,7 +110,7 @@ class ChatServing:
         finals = await samples.final_outputs()
         model = self._config.served_model_name
         response = full_response(
-            "chatcmpl", "chat.completion", model, req.n, finals, lambda i, out: self._choice(req, i, out)
+            "chatcmpl", "chat.completion", model, req.n, finals, lambda i, out: self.choice(req, i, out)
         )
         if req.prompt_logprobs is not None:  # one prompt for every choice: vLLM's top-level field
             response["prompt_logprobs"] = prompt_logprobs_json(
@@ -121,7 +121,7 @@ class ChatServing:
     async def stream(self, req: ChatCompletionRequest, samples: Samples) -> AsyncIterator[bytes]:
         """SSE chunks: each choice's first chunk carries the role, then content and tool-call deltas,
         ``finish_reason`` on its last; a usage chunk when asked; ``[DONE]``."""
-        stream = _ChatStream(self, req)
+        stream = ChatStream(self, req)
         try:
             for i in range(req.n):
                 yield sse(stream.chunk({"index": i, "delta": {"role": "assistant", "content": ""}}))
@@ -138,7 +138,7 @@ class ChatServing:
         yield DONE_EVENT
 
 
-class _ChatStream:
+class ChatStream:
     """One chat stream's state: the chunk envelope, each choice's cursor and tool parser, the usage."""
 
     def __init__(self, serving: ChatServing, req: ChatCompletionRequest) -> None:
