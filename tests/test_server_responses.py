@@ -270,6 +270,9 @@ def test_the_openai_client_parses_responses_and_their_stream(default_app):
         ({"input": "x", "text": {"format": {"type": "yaml"}}}, 400, "text.format"),
         ({"input": "x", "max_output_tokens": 0}, 400, "max_output_tokens"),
         ({"instructions": "x"}, 400, "input"),
+        ({"input": []}, 400, "non-empty list"),
+        ({"input": [{"content": "x"}]}, 400, "input[0].role"),
+        ({"input": "x", "tool_choice": "required"}, 400, "tool_choice needs tools"),
         ({"input": "x", "previous_response_id": "resp_nope"}, 404, "resp_nope"),
     ],
 )

@@ -23,6 +23,7 @@ from oxibonsai.server.protocol import ChatCompletionRequest, _SamplingFields
 _PASSED_THROUGH = (frozenset(_SamplingFields.model_fields) | {"chat_template_kwargs"}) - {
     "model", "n", "stream", "stream_options", "response_format", "logprobs",
 }  # fmt: skip
+_ROLES = frozenset({"user", "system", "developer", "assistant"})
 
 
 class ResponsesRequest(BaseModel):
@@ -94,6 +95,8 @@ class ResponsesRequest(BaseModel):
             out.append({"role": "system", "content": self.instructions})
         out.extend(history)
         items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+        if not items:
+            raise APIError(400, "input must be a string or a non-empty list of items", param="input")
         return out + input_messages(items)
 
 
@@ -110,7 +113,9 @@ def input_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             reasoning = "".join(part.get("text", "") for part in item.get("content") or [])
             continue
         if kind == "message":
-            message = {"role": item.get("role"), "content": _text_of(item.get("content"), i)}
+            if item.get("role") not in _ROLES:
+                raise APIError(400, f"input[{i}].role must be one of {sorted(_ROLES)}", param="input")
+            message = {"role": item["role"], "content": _text_of(item.get("content"), i)}
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function"}
             call["function"] = {"name": item.get("name"), "arguments": item.get("arguments", "")}
