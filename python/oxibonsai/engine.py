@@ -18,12 +18,15 @@ A request with ``structured_outputs`` compiles its grammar when it is added (an 
 ``ValueError`` then); each of its sampling rows carries the grammar's mask of allowed ids, each token
 taken advances the grammar, and the request ends (``"stop"``) once the grammar is complete. Its steps
 are never planned ahead of the tokens they follow (the mask needs them). With a ``reasoning_parser``
-the grammar waits while the model reasons (``structured_output``)."""
+the grammar waits while the model reasons (``structured_output``). ``allowed_token_ids`` and
+``bad_words`` (``token_constraints``) narrow each row's mask and bans; a step is not planned ahead of
+a token that a bad word's ban depends on."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -171,7 +174,7 @@ class Engine:
             max_waiting=config.max_waiting,
             priority_aging_steps=config.priority_aging_steps,
             enable_chunked_prefill=config.enable_chunked_prefill,
-            policy=config.scheduling_policy,  # type: ignore[arg-type]
+            policy=config.scheduling_policy,
         )
         self._requests: dict[int, _Request] = {}
         self._handles: dict[str, int] = {}
@@ -321,7 +324,7 @@ class Engine:
 
     def scheduler_stats(self) -> dict[str, int]:
         """The scheduler's counters: steps, admitted, preemptions, finished, aborted, tokens."""
-        return dict(self._sched.stats())
+        return cast(dict[str, int], dict(self._sched.stats()))
 
     def has_started(self, request_id: str) -> bool:
         """Whether the request has sampled a token (its prompt is computed, and its full blocks are in

@@ -268,7 +268,7 @@ class ResponseEvents:
         assert self._open is not None
         self._text.append(text)
         name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-        extra = {} if kind == "reasoning" else {"logprobs": []}
+        extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
         out.append(self.emit(name, **self._where(), content_index=0, delta=text, **extra))
         return out
 
