@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
+
 from oxibonsai.async_llm import AsyncLLM
 from oxibonsai.outputs import RequestOutput
 from oxibonsai.server.config import ServerConfig
@@ -138,13 +140,13 @@ class ResponsesServing:
             "output": output,
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "previous_response_id": req.previous_response_id,
-            "reasoning": req.reasoning,
+            "reasoning": _dumped(req.reasoning),
             "store": req.store,
             "temperature": job.chat.temperature,
             "top_p": job.chat.top_p,
-            "text": req.text or {"format": {"type": "text"}},
-            "tool_choice": req.tool_choice or "auto",
-            "tools": req.tools or [],
+            "text": _dumped(req.text) or {"format": {"type": "text"}},
+            "tool_choice": _dumped(req.tool_choice) or "auto",
+            "tools": [_dumped(t) for t in req.tools or []],
             "metadata": req.metadata or {},
             "usage": None if out is None else self._usage(out, output),
         }
@@ -167,11 +169,15 @@ class ResponsesServing:
     def _keep(self, req: ResponsesRequest, job: _Job, body: dict[str, Any], message: dict[str, Any]) -> None:
         if not req.store:
             return
-        items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
-        conversation = [*job.history, *input_messages(items), _assistant_message(message)]
+        conversation = [*job.history, *input_messages(req.items()), _assistant_message(message)]
         self._stored[job.id] = _Stored(body, conversation)
         while len(self._stored) > STORED_RESPONSES:
             self._stored.popitem(last=False)
+
+
+def _dumped(value: Any) -> Any:
+    """A request field as the response echoes it (models as their JSON objects)."""
+    return value.model_dump(by_alias=True, exclude_none=True) if isinstance(value, BaseModel) else value
 
 
 def _not_found(response_id: str, param: str | None = None) -> APIError:
