@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from oxibonsai.async_llm import AsyncLLM
+from oxibonsai.server.anthropic_protocol import MessagesRequest
 from oxibonsai.server.config import ServerConfig
 from oxibonsai.server.errors import APIError, error_from_exception, not_found_model
 from oxibonsai.server.generation import Samples
@@ -39,6 +40,7 @@ from oxibonsai.server.protocol import (
 )
 from oxibonsai.server.responses_protocol import ResponsesRequest
 from oxibonsai.server.serving_chat import render_chat
+from oxibonsai.server.serving_messages import anthropic_error
 from oxibonsai.server.state import ServerState
 
 log = logging.getLogger("oxibonsai.server")
@@ -53,14 +55,19 @@ def package_version() -> str:
         return "unknown"
 
 
-async def _answer(call: Callable[[], Awaitable[Response]], state: ServerState) -> Response:
-    """Runs a route; any exception becomes an OpenAI error answer (500s are logged, not exposed)."""
+async def _answer(
+    call: Callable[[], Awaitable[Response]], state: ServerState, *, anthropic: bool = False
+) -> Response:
+    """Runs a route; any exception becomes an error answer, in OpenAI's envelope or, for Anthropic's
+    routes, in Anthropic's (500s are logged, not exposed)."""
     try:
         return await call()
     except Exception as exc:
         error = error_from_exception(exc, overload_status=state.config.overload_status)
         if error.status >= 500 and not isinstance(exc, APIError):
             log.exception("request failed")
+        if anthropic:
+            return JSONResponse(anthropic_error(error), status_code=error.status, headers=error.headers)
         return error_response(error)
 
 
@@ -171,14 +178,16 @@ async def _metrics(state: ServerState) -> Response:
 
 
 def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
-    async def generation(request: Request, model: type[Any], serving: Callable[[], Any]) -> Response:
+    async def generation(
+        request: Request, model: type[Any], serving: Callable[[], Any], anthropic: bool = False
+    ) -> Response:
         async def run() -> Response:
             req = await parse(request, model, state.config.max_body_bytes)
             check_model(state, req.model)
             state.live_engine()
             return await _generate(request, state, serving(), req)
 
-        return await _answer(run, state)
+        return await _answer(run, state, anthropic=anthropic)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -191,6 +200,21 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:
         return await generation(request, ResponsesRequest, lambda: state.responses)
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await generation(request, MessagesRequest, lambda: state.messages, anthropic=True)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        async def run() -> Response:
+            req = await parse(request, MessagesRequest, state.config.max_body_bytes)
+            check_model(state, req.model)
+            state.live_engine()
+            assert state.messages is not None, "a live engine has its servings"
+            return JSONResponse(await state.messages.count_tokens(req))
+
+        return await _answer(run, state, anthropic=True)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str) -> Response:

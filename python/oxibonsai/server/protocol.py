@@ -42,6 +42,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
+class JobHolder(BaseModel):
+    """A request of an API translated to a chat request: ``job`` is what its serving keeps of it
+    once admitted."""
+
+    _job: Any = PrivateAttr(default=None)
+
+    @property
+    def job(self) -> Any:
+        return self._job
+
+    @job.setter
+    def job(self, value: Any) -> None:
+        self._job = value
+
+
 class StreamOptions(_Strict):
     include_usage: bool = True
     continuous_usage_stats: bool = False

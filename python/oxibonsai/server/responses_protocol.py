@@ -22,13 +22,12 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
-    PrivateAttr,
     Tag,
     field_validator,
 )
 
 from oxibonsai.server.errors import APIError
-from oxibonsai.server.protocol import ChatCompletionRequest, _SamplingFields
+from oxibonsai.server.protocol import ChatCompletionRequest, JobHolder, _SamplingFields
 
 # The chat request's fields a Responses request may carry as they are (vLLM's extensions).
 _PASSED_THROUGH = (frozenset(_SamplingFields.model_fields) | {"chat_template_kwargs"}) - {
@@ -154,7 +153,7 @@ def _one_message_if_text(value: Any) -> Any:
     return [{"role": "user", "content": value}] if isinstance(value, str) else value
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(JobHolder):
     """``POST /v1/responses``. Fields of the chat request's sampling set are kept in ``model_extra``
     and passed on; fields this server ignores (``include``, ``user``, ``truncation``,
     ``service_tier``) are accepted."""
@@ -176,15 +175,6 @@ class ResponsesRequest(BaseModel):
     background: bool = False
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None
-    _job: Any = PrivateAttr(default=None)  # what the serving keeps of an admitted request
-
-    @property
-    def job(self) -> Any:
-        return self._job
-
-    @job.setter
-    def job(self, value: Any) -> None:
-        self._job = value
 
     def items(self) -> list[InputItem]:
         """``input``'s items (a string is one user message)."""
