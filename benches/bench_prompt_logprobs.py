@@ -1,9 +1,9 @@
-"""The cost of prompt logprobs: one 500-token prompt on the embedded model (context 512, vocab 4,096),
-prefilled with one generated token, plain and with ``prompt_logprobs`` 0 and 5, alternated over
-``--rounds`` rounds; prints the median and best wall time of each. A scored prompt runs the LM head on
-every position instead of the last, then scores each row in Rust.
+"""The cost of prompt logprobs: one 500-token prompt on the embedded model (context 512, vocab 4,096)
+or ``--model PATH``, prefilled with one generated token, plain and with ``prompt_logprobs`` 0 and 5,
+alternated over ``--rounds`` rounds; prints the median and best wall time of each. A scored prompt
+runs the LM head on every position instead of the last, then scores each row in Rust.
 
-    python benches/bench_prompt_logprobs.py [--rounds 5] [--threads N]
+    python benches/bench_prompt_logprobs.py [--rounds 5] [--threads N] [--model PATH]
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import numpy as np
 
 import oxibonsai as ob
 
-from bench_args import rounds_and_threads
+from bench_args import parse
 
 
 def main() -> None:
-    rounds = rounds_and_threads()
-    llm = ob.LLM(None, max_model_len=512, enable_prefix_caching=False)
+    args = parse(model=True)
+    rounds = args.rounds
+    llm = ob.LLM(args.model, max_model_len=512, enable_prefix_caching=False)
     vocab = llm.config["vocab"]
     print(f"vocab {vocab}; kernels {ob.kernel_info()}")
     ids = [int(t) for t in np.random.default_rng().integers(0, vocab, 500)]

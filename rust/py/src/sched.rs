@@ -270,7 +270,7 @@ impl Scheduler {
             runner.step_into(&items, &pool::global(), &mut logits)?;
             drop(runner);
             if let Some(rows) = rows.filter(|rows| !rows.prompt.is_empty()) {
-                state.prompt_scores.extend(prompt_scores::score(&rows, &logits, vocab));
+                state.prompt_scores.extend(prompt_scores::score(&rows, &logits, vocab, &pool::global()));
                 prompt_scores::keep_sample_rows(&rows, &mut logits, vocab);
             }
             state.executed = Some(out.inner.step);
