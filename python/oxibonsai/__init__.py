@@ -20,7 +20,14 @@ from oxibonsai._core import (
 )
 from oxibonsai.async_llm import AsyncLLM, EngineDeadError, RequestStream
 from oxibonsai.llm import LLM
-from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from oxibonsai.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    RequestMetrics,
+    RequestOutput,
+)
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.structured_output import StructuredOutputsParams
 from oxibonsai.tokenizer import Tokenizer
@@ -29,6 +36,8 @@ __all__ = [
     "LLM",
     "AsyncLLM",
     "CompletionOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
     "EngineDeadError",
     "GGUFError",
     "GGUFFile",

@@ -120,6 +120,11 @@ class Model:
     def step(
         self, items: list[tuple[int, list[int], Literal["none", "last", "all"]]]
     ) -> npt.NDArray[np.float32]: ...
+    def hidden_states(
+        self, items: list[tuple[int, list[int], Literal["none", "last", "all"]]]
+    ) -> npt.NDArray[np.float32]:
+        """``step``, returning the final RMS-normed hidden states of the wanted rows (``rows x
+        hidden``) instead of their logits."""
 
 class _CacheStats(TypedDict, total=False):
     queries: int

@@ -32,7 +32,7 @@ from oxibonsai._core import OxiBonsaiError, QueueFull
 from oxibonsai.async_samples import SampleGroupStream
 from oxibonsai.llm import LLM, Message, PromptType, _cache_salt
 from oxibonsai.metrics import EngineMetrics
-from oxibonsai.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from oxibonsai.outputs import CompletionOutput, EmbeddingRequestOutput, RequestMetrics, RequestOutput
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.tokenizer import Tokenizer
 
@@ -421,6 +421,22 @@ class AsyncLLM:
     ) -> dict[str, Any]:
         """A conversation as a prompt dict for ``generate`` (see ``LLM.chat_prompt``)."""
         return self._llm.chat_prompt(messages, add_generation_prompt=add_generation_prompt, **template_kwargs)
+
+    async def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        *,
+        pooling: str | None = None,
+        normalize: bool = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """``LLM.embed`` in a worker thread, under the engine's lock: the step loop waits while the
+        prompts run (each is one prefill, outside the scheduler)."""
+
+        def embed_locked() -> list[EmbeddingRequestOutput]:
+            with self._control():
+                return self._llm.embed(prompts, pooling=pooling, normalize=normalize)
+
+        return await asyncio.to_thread(embed_locked)
 
     def cache_stats(self) -> dict[str, Any]:
         with self._control():

@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from oxibonsai import _core
+from oxibonsai.embedding import check_pooling, model_pooling, pooled
 from oxibonsai.engine import Engine, SchedulerConfig
-from oxibonsai.outputs import RequestOutput
+from oxibonsai.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from oxibonsai.progress import PROGRESS_MIN_PROMPTS, Progress
 from oxibonsai.runner import NativeRunner, Runner, choose
 from oxibonsai.sampling_params import SamplingParams
@@ -333,6 +334,11 @@ class LLM:
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 ``(len(token_ids), vocab)``: the logits after every position (one prefill pass)."""
         ids = [int(t) for t in token_ids]
+        self._check_ids(ids)
+        return self._runner.logits(ids)
+
+    def _check_ids(self, ids: list[int]) -> None:
+        """A one-off forward pass's tokens: some, within the context and the vocabulary."""
         if not ids:
             raise ValueError("token_ids is empty")
         if len(ids) > self.max_model_len:
@@ -341,7 +347,30 @@ class LLM:
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:  # checked here for every runner: a GPU kernel would read past the table
             raise ValueError(f"token id {bad} is out of range for a vocabulary of {vocab}")
-        return self._runner.logits(ids)
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        *,
+        pooling: str | None = None,
+        normalize: bool = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (vLLM's ``LLM.embed``): its final hidden states pooled (``"last"``,
+        ``"mean"`` or ``"cls"``; None: the model's, see ``embedding``), L2-normalized unless
+        ``normalize=False``. Each prompt runs alone, outside the scheduler, on a sequence of its own
+        (its KV blocks are freed at once); a prompt longer than the context is a ``ValueError``."""
+        pooling = check_pooling(pooling if pooling is not None else model_pooling(self.metadata))
+        rows = "last" if pooling == "last" else "all"
+        outputs = []
+        for prompt in self._prompt_list(prompts):
+            _, ids = self._tokenize(prompt)
+            self._check_ids(ids)
+            hidden = self._runner.hidden_states(ids, rows)
+            vector = pooled(hidden, pooling, normalize)
+            outputs.append(
+                EmbeddingRequestOutput(str(next(self._ids)), ids, EmbeddingOutput(vector.tolist()))
+            )
+        return outputs
 
     def chat_prompt(
         self, messages: Sequence[Message], *, add_generation_prompt: bool = True, **template_kwargs: Any

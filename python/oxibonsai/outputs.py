@@ -103,3 +103,20 @@ class RequestOutput:
     set once the prompt is computed."""
     num_cached_tokens: int = 0
     """Prompt tokens whose KV came from the prefix cache (not computed for this request)."""
+
+
+@dataclass
+class EmbeddingOutput:
+    """One prompt's embedding (vLLM's name): its pooled, by default L2-normalized, final hidden state."""
+
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """The output of ``LLM.embed`` for one prompt (vLLM's shape)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True

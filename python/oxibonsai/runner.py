@@ -132,6 +132,7 @@ class Runner(Protocol):
     def cache_stats(self) -> dict[str, Any]: ...
     def reset_prefix_cache(self) -> int: ...
     def logits(self, token_ids: list[int]) -> np.ndarray: ...
+    def hidden_states(self, token_ids: list[int], rows: str = "all") -> np.ndarray: ...
     def forget(self, key: int) -> None: ...
     def take_prompt_logprobs(self) -> PromptScores: ...
 
@@ -196,6 +197,14 @@ class NativeRunner:
         seq = self._model.add_sequence()
         try:
             return self._model.step([(seq, token_ids, "all")])
+        finally:
+            self._model.free_sequence(seq)
+
+    def hidden_states(self, token_ids: list[int], rows: str = "all") -> np.ndarray:
+        """The final-normed hidden states after every position (``rows="all"``) or the last."""
+        seq = self._model.add_sequence()
+        try:
+            return self._model.hidden_states([(seq, token_ids, "last" if rows == "last" else "all")])
         finally:
             self._model.free_sequence(seq)
 

@@ -36,6 +36,7 @@ from oxibonsai.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     TokenizeRequest,
 )
 from oxibonsai.server.responses_protocol import ResponsesRequest
@@ -200,6 +201,17 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:
         return await generation(request, ResponsesRequest, lambda: state.responses)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        async def run() -> Response:
+            req = await parse(request, EmbeddingRequest, state.config.max_body_bytes)
+            check_model(state, req.model)
+            state.live_engine()
+            assert state.embeddings is not None, "a live engine has its servings"
+            return JSONResponse(await state.embeddings.respond(req))
+
+        return await _answer(run, state)
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:

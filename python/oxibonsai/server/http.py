@@ -24,7 +24,7 @@ PUBLIC_PATHS = frozenset({"/health", "/ready"})
 #: Handler labels of the HTTP metrics; anything else is counted as "other".
 ROUTES = (
     "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
-    "/v1/models", "/tokenize", "/detokenize", "/health", "/ready", "/metrics", "/version",
+    "/v1/embeddings", "/v1/models", "/tokenize", "/detokenize", "/health", "/ready", "/metrics", "/version",
 )  # fmt: skip
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)

@@ -447,3 +447,37 @@ class DetokenizeRequest(_Strict):
 
     model: str | None = None
     tokens: list[TokenId]
+
+
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit
+
+
+class EmbeddingRequest(_Strict):
+    """``POST /v1/embeddings``: OpenAI's fields, with vLLM's ``add_special_tokens``; ``dimensions``
+    other than the model's is a 400 (its embeddings cannot be shortened)."""
+
+    model: str | None = None
+    input: str | list[str] | list[TokenId] | list[list[TokenId]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+    add_special_tokens: bool = True
+
+    @field_validator("input")
+    @classmethod
+    def _check_input(cls, value: Any) -> Any:
+        items = [value] if isinstance(value, str) else value
+        if not items:
+            raise ValueError("input must not be empty")
+        if len(items) > MAX_EMBEDDING_INPUTS and not isinstance(items[0], int):
+            raise ValueError(f"input may hold at most {MAX_EMBEDDING_INPUTS} entries, got {len(items)}")
+        return value
+
+    def inputs(self) -> list[str | list[int]]:
+        """One entry per embedding: a string or a token-id list."""
+        value = self.input
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value[0], int):
+            return [list(value)]  # type: ignore[arg-type]
+        return list(value)  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ from oxibonsai.server.errors import APIError
 from oxibonsai.server.metrics import HttpMetrics
 from oxibonsai.server.serving_chat import ChatServing
 from oxibonsai.server.serving_completion import CompletionServing
+from oxibonsai.server.serving_embeddings import EmbeddingServing
 from oxibonsai.server.serving_messages import MessagesServing
 from oxibonsai.server.serving_responses import ResponsesServing
 
@@ -37,6 +38,7 @@ class ServerState:
         self.chat: ChatServing | None = None
         self.responses: ResponsesServing | None = None
         self.messages: MessagesServing | None = None
+        self.embeddings: EmbeddingServing | None = None
         self._key_digests = [hashlib.sha256(k.encode()).digest() for k in config.api_keys]
 
     async def load(self, factory: Callable[[], AsyncLLM]) -> None:
@@ -54,6 +56,7 @@ class ServerState:
         self.chat = ChatServing(engine, self.config)
         self.responses = ResponsesServing(engine, self.config, self.chat)
         self.messages = MessagesServing(engine, self.config, self.chat)
+        self.embeddings = EmbeddingServing(engine, self.config)
 
     def live_engine(self) -> AsyncLLM:
         """The engine, or 503 while loading, after a failure or while draining."""

@@ -94,6 +94,18 @@ class TorchQwen3:
             rows = x if batch.logits_all_rows else x.index_select(0, batch.logits_indices)
             return self._linear(rows, self.weights.lm_head, norm=self.weights.output_norm)
 
+    def hidden(self, batch: DeviceBatch, kv: KvPool) -> torch.Tensor:
+        """Runs the batch's tokens like ``forward``; the final RMS-normed hidden states ``[R, hidden]``
+        of the ``batch.logits_indices`` rows (what the LM head reads) instead of their logits."""
+        self._check_pool(kv)
+        with pdl_rows.step_rows(int(batch.input_ids.shape[0])):
+            x = self._embed(batch.input_ids)
+            for index, layer in enumerate(self.weights.layers):
+                x = self._attention(index, layer, x, batch, kv)
+                x = self._mlp(layer, x)
+            rows = x if batch.logits_all_rows else x.index_select(0, batch.logits_indices)
+            return self._norm(rows, self.weights.output_norm)
+
     @functools.cached_property
     def quantizes_ahead(self) -> bool:
         """Whether ``forward`` runs ``_forward_ahead``: the op set quantizes ahead (``ops.ahead``) and

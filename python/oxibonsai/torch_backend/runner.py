@@ -243,6 +243,15 @@ class TorchRunner:
         batch = StepBatch.for_sequences([(list(range(blocks)), 0, token_ids, True)])
         return self.model.forward(batch.to_device(self._device), pool).to("cpu", torch.float32).numpy()
 
+    def hidden_states(self, token_ids: list[int], rows: str = "all") -> np.ndarray:
+        """The final-normed hidden states after every position (``rows="all"``) or the last, computed
+        in a private pool like ``logits``."""
+        blocks = blocks_for(len(token_ids))
+        pool = self.model.new_kv_pool(blocks, self.kv.dtype)
+        want: bool | str = True if rows == "all" else "last"
+        batch = StepBatch.for_sequences([(list(range(blocks)), 0, token_ids, want)])
+        return self.model.hidden(batch.to_device(self._device), pool).to("cpu", torch.float32).numpy()
+
     def _scheduler(self) -> _core.Scheduler:
         if self._sched is None:
             raise RuntimeError("the runner has no scheduler yet")

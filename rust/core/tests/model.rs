@@ -182,3 +182,27 @@ fn a_tiny_pool_evicts_instead_of_running_out() {
     assert_eq!(cached_run(&mut runner, &prompt, None, &pool).1, 0);
     assert_eq!(runner.table().cache_stats().cached_blocks, 0);
 }
+
+#[test]
+fn hidden_states_are_what_the_lm_head_reads() {
+    let mut rng = Rng::fresh("model_hidden");
+    let mut runner = ModelRunner::new(tiny_model(&mut rng), 64, 256, KvDtype::F16).unwrap();
+    let pool = Pool::new(2);
+    let n = 1 + (rng.next_u64() % 40) as usize;
+    let toks = tokens(&mut rng, n);
+    let seq = runner.table_mut().add_sequence();
+    let logits = step(&mut runner, seq, &toks, Logits::All, &pool);
+    let seq = runner.table_mut().add_sequence();
+    let mut hidden = Vec::new();
+    runner.hidden_into(&[StepItem { seq, tokens: &toks, logits: Logits::All }], &pool, &mut hidden).unwrap();
+    let width = runner.model().config.hidden;
+    assert_eq!(hidden.len(), toks.len() * width);
+    let mut again = vec![0.0; logits.len()];
+    let model = runner.model();
+    model.weights.lm_head().forward(&hidden, toks.len(), &mut again, model.plan, &pool).unwrap();
+    assert!(again.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()));
+    let seq = runner.table_mut().add_sequence();
+    let mut last = Vec::new();
+    runner.hidden_into(&[StepItem { seq, tokens: &toks, logits: Logits::Last }], &pool, &mut last).unwrap();
+    assert_eq!(last, hidden[hidden.len() - width..]);
+}

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use numpy::PyArray2;
 use oxibonsai_core::gguf::GgufFile;
 use oxibonsai_core::model::{
-    KvDtype, MatmulPlan, ModelRunner, Qwen3Model, DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN,
+    Head, KvDtype, MatmulPlan, ModelRunner, Qwen3Model, DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN,
 };
 use oxibonsai_core::pool;
 use oxibonsai_core::q1::{Isa, Kernel};
@@ -40,6 +40,33 @@ fn logits_mode(name: &str) -> PyResult<Logits> {
 impl Model {
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, ModelRunner> {
         self.runner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        items: Vec<(u64, Vec<u32>, String)>,
+        head: Head,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let modes = items.iter().map(|(_, _, m)| logits_mode(m)).collect::<PyResult<Vec<_>>>()?;
+        let (rows, width) = without_gil(py, || {
+            let step: Vec<StepItem> = items
+                .iter()
+                .zip(&modes)
+                .map(|((seq, tokens, _), &logits)| StepItem { seq: *seq, tokens, logits })
+                .collect();
+            let mut runner = self.lock();
+            let config = &runner.model().config;
+            let width = if head == Head::Hidden { config.hidden } else { config.vocab };
+            let mut rows = logits::buffer();
+            let done = match head {
+                Head::Logits => runner.step_into(&step, &pool::global(), &mut rows),
+                Head::Hidden => runner.hidden_into(&step, &pool::global(), &mut rows),
+            };
+            done.map(|()| (rows, width))
+        })
+        .map_err(to_py)?;
+        logits::into_array(py, rows, width)
     }
 }
 
@@ -202,19 +229,16 @@ impl Model {
     /// Runs one batched forward pass. Each item is `(sequence id, token ids, logits)` with logits
     /// `'none'`, `'last'` or `'all'`; returns float32 `(rows, vocab)` for the requested rows in order.
     fn step<'py>(&self, py: Python<'py>, items: Vec<(u64, Vec<u32>, String)>) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let modes = items.iter().map(|(_, _, m)| logits_mode(m)).collect::<PyResult<Vec<_>>>()?;
-        let (logits, vocab) = without_gil(py, || {
-            let step: Vec<StepItem> = items
-                .iter()
-                .zip(&modes)
-                .map(|((seq, tokens, _), &logits)| StepItem { seq: *seq, tokens, logits })
-                .collect();
-            let mut runner = self.lock();
-            let vocab = runner.model().config.vocab;
-            let mut logits = logits::buffer();
-            runner.step_into(&step, &pool::global(), &mut logits).map(|()| (logits, vocab))
-        })
-        .map_err(to_py)?;
-        logits::into_array(py, logits, vocab)
+        self.run(py, items, Head::Logits)
+    }
+
+    /// ``step``, returning for the rows each item wants the final RMS-normed hidden states
+    /// (``rows x hidden``: what the LM head reads, and what an embedding is pooled from).
+    fn hidden_states<'py>(
+        &self,
+        py: Python<'py>,
+        items: Vec<(u64, Vec<u32>, String)>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        self.run(py, items, Head::Hidden)
     }
 }

@@ -22,6 +22,14 @@ pub struct SeqChunk<'a> {
     pub logits: Logits,
 }
 
+/// What a forward pass returns for its wanted rows: the logits (the LM head), or the final
+/// RMS-normed hidden states (what the LM head reads; an embedding model's output).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Head {
+    Logits,
+    Hidden,
+}
+
 /// A loaded Qwen3 model and how its matmuls run.
 pub struct Qwen3Model {
     pub config: Qwen3Config,
@@ -41,14 +49,16 @@ impl Qwen3Model {
         KvLayout { n_layers: self.config.n_layers, n_kv_heads: self.config.n_kv_heads, head_dim: self.config.head_dim }
     }
 
-    /// Runs the chunks, writing their keys and values into `cache`; appends the requested logits rows
-    /// (`rows x vocab`, in chunk order) to `logits`.
+    /// Runs the chunks, writing their keys and values into `cache`; appends the requested rows (in
+    /// chunk order) to `out`: logits (`rows x vocab`) or, with [`Head::Hidden`], the final-normed
+    /// hidden states (`rows x hidden`).
     pub fn forward<E: AttendElem>(
         &self,
         chunks: &[SeqChunk],
         cache: &mut KvCache<E>,
         pool: &Pool,
-        logits: &mut Vec<f32>,
+        head: Head,
+        out: &mut Vec<f32>,
     ) -> Result<()> {
         let c = &self.config;
         let slots: Vec<TokenSlot> = chunks
@@ -65,7 +75,7 @@ impl Qwen3Model {
         for (i, layer) in self.weights.layers.iter().enumerate() {
             self.layer(i, layer, &batch, &mut s, cache, pool)?;
         }
-        self.logits(chunks, &s.x, pool, logits)
+        self.head(chunks, &s.x, pool, head, out)
     }
 
     fn layer<E: AttendElem>(
@@ -118,7 +128,7 @@ impl Qwen3Model {
         });
     }
 
-    fn logits(&self, chunks: &[SeqChunk], x: &[f32], pool: &Pool, logits: &mut Vec<f32>) -> Result<()> {
+    fn head(&self, chunks: &[SeqChunk], x: &[f32], pool: &Pool, head: Head, out: &mut Vec<f32>) -> Result<()> {
         let hidden = self.config.hidden;
         let mut wanted = Vec::new();
         let mut first = 0;
@@ -135,10 +145,14 @@ impl Qwen3Model {
         pool.for_each_row_mut(&mut h, hidden, 16, |_, row| {
             rms_norm_in_place(row, &self.weights.output_norm, self.config.rms_eps)
         });
-        let head = self.weights.lm_head();
-        let start = logits.len();
-        logits.resize(start + wanted.len() * head.rows(), 0.0);
-        head.forward(&h, wanted.len(), &mut logits[start..], self.plan, pool)
+        if head == Head::Hidden {
+            out.extend_from_slice(&h);
+            return Ok(());
+        }
+        let lm_head = self.weights.lm_head();
+        let start = out.len();
+        out.resize(start + wanted.len() * lm_head.rows(), 0.0);
+        lm_head.forward(&h, wanted.len(), &mut out[start..], self.plan, pool)
     }
 }
 

@@ -12,7 +12,7 @@ pub mod runner;
 pub mod weights;
 
 pub use config::Qwen3Config;
-pub use forward::{Qwen3Model, SeqChunk};
+pub use forward::{Head, Qwen3Model, SeqChunk};
 pub use linear::{Linear, MatmulPlan};
 pub use runner::{KvDtype, ModelRunner, DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN};
 pub use weights::Qwen3Weights;

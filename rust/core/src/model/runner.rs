@@ -9,7 +9,7 @@ use crate::kv::{KvCache, KvElem, F16};
 use crate::pool::Pool;
 use crate::step::{Logits, StepItem};
 
-use super::forward::{Qwen3Model, SeqChunk};
+use super::forward::{Head, Qwen3Model, SeqChunk};
 
 /// Most tokens in one forward pass; longer prompts run in several (chunked prefill).
 pub const MAX_BATCH_TOKENS: usize = 256;
@@ -52,10 +52,17 @@ enum KvStore {
 }
 
 impl KvStore {
-    fn forward(&mut self, model: &Qwen3Model, batch: &[SeqChunk], pool: &Pool, logits: &mut Vec<f32>) -> Result<()> {
+    fn forward(
+        &mut self,
+        model: &Qwen3Model,
+        batch: &[SeqChunk],
+        pool: &Pool,
+        head: Head,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         match self {
-            KvStore::F32(cache) => model.forward(batch, cache, pool, logits),
-            KvStore::F16(cache) => model.forward(batch, cache, pool, logits),
+            KvStore::F32(cache) => model.forward(batch, cache, pool, head, out),
+            KvStore::F16(cache) => model.forward(batch, cache, pool, head, out),
         }
     }
 }
@@ -144,7 +151,17 @@ impl ModelRunner {
     /// [`step`](Self::step) writing the logits into `logits` (cleared first; its memory is reused, so
     /// a caller stepping again and again need not fault in fresh pages for every step's logits).
     pub fn step_into(&mut self, items: &[StepItem], pool: &Pool, logits: &mut Vec<f32>) -> Result<()> {
-        logits.clear();
+        self.run_into(items, pool, Head::Logits, logits)
+    }
+
+    /// [`step_into`](Self::step_into) returning, for the rows each item wants, the final-normed hidden
+    /// states (`rows x hidden`) instead of logits: what an embedding is pooled from.
+    pub fn hidden_into(&mut self, items: &[StepItem], pool: &Pool, hidden: &mut Vec<f32>) -> Result<()> {
+        self.run_into(items, pool, Head::Hidden, hidden)
+    }
+
+    fn run_into(&mut self, items: &[StepItem], pool: &Pool, head: Head, out: &mut Vec<f32>) -> Result<()> {
+        out.clear();
         self.check(items)?;
         let growth: Vec<(u64, usize)> = items.iter().map(|it| (it.seq, it.tokens.len())).collect();
         self.table.reserve(&growth)?;
@@ -156,7 +173,7 @@ impl ModelRunner {
             let mut start = seq.len;
             for (i, piece) in pieces.iter().enumerate() {
                 if batch_tokens + piece.len() > MAX_BATCH_TOKENS && !batch.is_empty() {
-                    self.kv.forward(&self.model, &batch, pool, logits)?;
+                    self.kv.forward(&self.model, &batch, pool, head, out)?;
                     batch.clear();
                     batch_tokens = 0;
                 }
@@ -170,7 +187,7 @@ impl ModelRunner {
             }
         }
         if !batch.is_empty() {
-            self.kv.forward(&self.model, &batch, pool, logits)?;
+            self.kv.forward(&self.model, &batch, pool, head, out)?;
         }
         for item in items {
             self.table.append(item.seq, item.tokens)?;
