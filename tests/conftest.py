@@ -60,3 +60,23 @@ def default_app(default_engine: Any) -> Any:
     from server_support import app_for
 
     return app_for(default_engine)
+
+
+@pytest.fixture(scope="module")
+def thinking_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The OpenAI/Anthropic app over a scripted model that thinks (``test_reasoning.SCRIPT``) before it
+    answers, with the qwen3 reasoning parser; shut down after the module."""
+    from test_reasoning import SCRIPT
+
+    import oxibonsai as ob
+
+    from scripted_model import write_scripted_model
+    from server_support import app_for
+
+    engine = ob.AsyncLLM(
+        write_scripted_model(tmp_path_factory.mktemp("thinking") / "m.gguf", SCRIPT),
+        kv_cache_blocks=64,
+        reasoning_parser="qwen3",
+    )
+    yield app_for(engine, reasoning_parser="qwen3")
+    engine.shutdown()

@@ -16,14 +16,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_reasoning import SCRIPT
 from test_server_structured_output import prompt_words
 from test_server_tool_choice import TOOLS, WEATHER, check_call
 
-import oxibonsai as ob
-
-from scripted_model import write_scripted_model
-from server_support import app_for, asgi_client, blocks_held, engine_idle, run, wait_until
+from server_support import asgi_client, blocks_held, engine_idle, run, wait_until
 
 pytest.importorskip("fastapi")
 
@@ -245,14 +241,6 @@ def test_count_tokens_counts_the_rendered_prompt(default_app, default_engine):
     assert r.status_code == 200, r.text
     prompt = default_engine.chat_prompt([{"role": "system", "content": "Be brief."}, *messages])
     assert r.json() == {"input_tokens": len(prompt["prompt_token_ids"])}
-
-
-@pytest.fixture(scope="module")
-def thinking_app(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    model = write_scripted_model(tmp_path_factory.mktemp("thinking") / "m.gguf", SCRIPT)
-    engine = ob.AsyncLLM(model, kv_cache_blocks=64, reasoning_parser="qwen3")
-    yield app_for(engine, reasoning_parser="qwen3")
-    engine.shutdown()
 
 
 def test_thinking_is_a_thinking_block(thinking_app):

@@ -14,14 +14,10 @@ import random
 from typing import Any
 
 import pytest
-from test_reasoning import SCRIPT
 from test_server_structured_output import prompt_words
 from test_server_tool_choice import TOOLS, check_call
 
-import oxibonsai as ob
-
-from scripted_model import write_scripted_model
-from server_support import app_for, asgi_client, run
+from server_support import asgi_client, run
 
 pytest.importorskip("fastapi")
 
@@ -204,14 +200,6 @@ def test_text_format_json_schema_constrains_the_output(default_app):
     if response["status"] == "completed":
         assert set(json.loads(text_of(response))) == {"n"}
     assert response["text"] == {"format": fmt}
-
-
-@pytest.fixture(scope="module")
-def thinking_app(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    model = write_scripted_model(tmp_path_factory.mktemp("thinking") / "m.gguf", SCRIPT)
-    engine = ob.AsyncLLM(model, kv_cache_blocks=64, reasoning_parser="qwen3")
-    yield app_for(engine, reasoning_parser="qwen3")
-    engine.shutdown()
 
 
 def test_reasoning_is_a_reasoning_item_and_counts_its_tokens(thinking_app):

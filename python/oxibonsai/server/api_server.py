@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -204,14 +204,9 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:
-        async def run() -> Response:
-            req = await parse(request, EmbeddingRequest, state.config.max_body_bytes)
-            check_model(state, req.model)
-            state.live_engine()
-            assert state.embeddings is not None, "a live engine has its servings"
-            return JSONResponse(await state.embeddings.respond(req))
-
-        return await _answer(run, state)
+        return await _json_route(
+            request, state, EmbeddingRequest, lambda req: _live(state.embeddings).respond(req)
+        )
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:
@@ -219,14 +214,10 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:
-        async def run() -> Response:
-            req = await parse(request, MessagesRequest, state.config.max_body_bytes)
-            check_model(state, req.model)
-            state.live_engine()
-            assert state.messages is not None, "a live engine has its servings"
-            return JSONResponse(await state.messages.count_tokens(req))
+        async def count(req: MessagesRequest) -> dict[str, Any]:
+            return await _live(state.messages).count_tokens(req)
 
-        return await _answer(run, state, anthropic=True)
+        return await _json_route(request, state, MessagesRequest, count, anthropic=True)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str) -> Response:
@@ -239,9 +230,37 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
 
 async def _stored_response(state: ServerState, response_id: str, *, delete: bool) -> Response:
     state.live_engine()
-    serving = state.responses
-    assert serving is not None, "a live engine has its servings"
+    serving = _live(state.responses)
     return JSONResponse(serving.delete(response_id) if delete else serving.get(response_id))
+
+
+ServingT = TypeVar("ServingT")
+
+
+def _live(serving: ServingT | None) -> ServingT:
+    """A serving of the attached engine (routes check the engine is live first)."""
+    assert serving is not None, "a live engine has its servings"
+    return serving
+
+
+async def _json_route(
+    request: Request,
+    state: ServerState,
+    model: type[Any],
+    respond: Callable[[Any], Awaitable[dict[str, Any]]],
+    *,
+    anthropic: bool = False,
+) -> Response:
+    """A route answering one JSON object: the body parsed as ``model``, the model name and the engine
+    checked, then ``respond(request)``."""
+
+    async def run() -> Response:
+        req = await parse(request, model, state.config.max_body_bytes)
+        check_model(state, req.model)
+        state.live_engine()
+        return JSONResponse(await respond(req))
+
+    return await _answer(run, state, anthropic=anthropic)
 
 
 async def _generate(request: Request, state: ServerState, serving: Any, req: Any) -> Response:
