@@ -160,3 +160,17 @@ def server_process(
         proc.wait(timeout=30)
         if proc.stdout:
             proc.stdout.close()
+
+
+def typed_events(text: str) -> list[Any]:
+    """The JSON objects of an SSE body whose events are named (``event: X`` then ``data:``, as the
+    Responses and Messages APIs stream), after checking each name is its payload's ``type``."""
+    events: list[Any] = []
+    for block in text.split("\n\n"):
+        if not block.strip() or block.startswith(":"):
+            continue
+        name, data = block.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: "), block
+        events.append(json.loads(data[len("data: ") :]))
+        assert events[-1]["type"] == name[len("event: ") :]
+    return events

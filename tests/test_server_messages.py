@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from test_server_structured_output import prompt_words
 from test_server_tool_choice import TOOLS, WEATHER, check_call
 
-from server_support import asgi_client, blocks_held, engine_idle, run, wait_until
+from server_support import asgi_client, blocks_held, engine_idle, run, typed_events, wait_until
 
 pytest.importorskip("fastapi")
 
@@ -62,13 +62,7 @@ def streamed(app: Any, body: dict[str, Any]) -> dict[str, Any]:
     """The message the stream's events build, after checking their order and names."""
     r = call(app, "/v1/messages", {**body, "stream": True})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-    events = []
-    for block in r.text.split("\n\n"):
-        if not block.strip() or block.startswith(":"):
-            continue
-        name, data = block.split("\n")
-        events.append(json.loads(data[len("data: ") :]))
-        assert name == f"event: {events[-1]['type']}"
+    events = typed_events(r.text)
     assert [e["type"] for e in events[:2]] == ["message_start", "ping"]
     assert [e["type"] for e in events[-2:]] == ["message_delta", "message_stop"]
     msg = events[0]["message"]

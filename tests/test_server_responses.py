@@ -17,7 +17,7 @@ import pytest
 from test_server_structured_output import prompt_words
 from test_server_tool_choice import TOOLS, check_call
 
-from server_support import asgi_client, run
+from server_support import asgi_client, run, typed_events
 
 pytest.importorskip("fastapi")
 
@@ -54,15 +54,7 @@ def streamed(app: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
     """The stream's events, after checking each ``event:`` line names its payload's type."""
     r = call(app, "POST", "/v1/responses", {**body, "stream": True})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-    events = []
-    for block in r.text.split("\n\n"):
-        if not block.strip() or block.startswith(":"):
-            continue
-        name, data = block.split("\n")
-        assert name.startswith("event: ") and data.startswith("data: "), block
-        events.append(json.loads(data[len("data: ") :]))
-        assert events[-1]["type"] == name[len("event: ") :]
-    return events
+    return typed_events(r.text)
 
 
 def check_events(events: list[dict[str, Any]]) -> dict[str, Any]:
