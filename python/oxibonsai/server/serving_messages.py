@@ -69,13 +69,13 @@ class MessagesServing:
         message = self._chat.choice(req.job, 0, out)["message"]
         blocks = content_blocks(message)
         return {
-            **self._envelope(out),
+            **self._envelope(),
             "content": blocks,
             **stop_fields(req.job, out, blocks),
             "usage": {**_input_usage(out), "output_tokens": len(out.outputs[0].token_ids)},
         }
 
-    def _envelope(self, out: RequestOutput) -> dict[str, Any]:
+    def _envelope(self) -> dict[str, Any]:
         return {
             "id": f"msg_{uuid.uuid4().hex}",
             "type": "message",
@@ -94,7 +94,7 @@ class MessagesServing:
                     continue
                 if last is None:  # the prompt is known with the first output
                     start = {
-                        **self._envelope(event[1]),
+                        **self._envelope(),
                         "content": [],
                         "stop_reason": None,
                         "stop_sequence": None,
