@@ -11,6 +11,7 @@ Per layer, with x the residual stream (rows are positions 0..n-1):
     h = rmsnorm(x) * attn_norm;  q, k, v = h @ Wq.T, h @ Wk.T, h @ Wv.T, split into heads
     q, k = rmsnorm_per_head(q) * q_norm, rmsnorm_per_head(k) * k_norm     (before RoPE)
     q, k = rope_neox(q), rope_neox(k)       x*cos + rotate_half(x)*sin, inv_freq = base^(-2i/head_dim)
+                                            (YaRN / linear rope scaling: `rope_inv_freq`)
     query head j reads KV head j // (heads / kv_heads); causal softmax(q k^T / sqrt(head_dim)) v
     x += concat(heads) @ Wo.T;  h = rmsnorm(x) * ffn_norm;  x += (silu(h Wg.T) * (h Wu.T)) @ Wd.T
 then logits = (rmsnorm(x) * output_norm) @ (output or token_embd).T.
@@ -41,6 +42,7 @@ class Qwen3Hparams:
     ffn_size: int
     rope_base: float
     rms_eps: float
+    rope_scaling: dict[str, Any] | None = None  # Hugging Face's rope_scaling dict, from rope.scaling.*
 
 
 def read_hparams(reader: gguf.GGUFReader) -> Qwen3Hparams:
@@ -64,7 +66,30 @@ def read_hparams(reader: gguf.GGUFReader) -> Qwen3Hparams:
         ffn_size=int(get(f"{ARCH}.feed_forward_length")),
         rope_base=float(get(f"{ARCH}.rope.freq_base")),
         rms_eps=float(get(f"{ARCH}.attention.layer_norm_rms_epsilon")),
+        rope_scaling=read_rope_scaling(reader),
     )
+
+
+def read_rope_scaling(reader: gguf.GGUFReader) -> dict[str, Any] | None:
+    """llama.cpp's `{arch}.rope.scaling.*` keys as Hugging Face's `rope_scaling` dict."""
+
+    def get(name: str, default: Any = None) -> Any:
+        field = reader.get_field(f"{ARCH}.rope.scaling.{name}")
+        return default if field is None else field.contents()
+
+    kind = get("type", "none")
+    if kind == "none":
+        return None
+    scaling = {"rope_type": kind, "factor": float(get("factor"))}
+    if kind == "yarn":
+        context = reader.get_field(f"{ARCH}.context_length").contents()
+        scaling["original_max_position_embeddings"] = int(get("original_context_length", context))
+        scaling["beta_fast"] = float(get("yarn_beta_fast", 32.0))
+        scaling["beta_slow"] = float(get("yarn_beta_slow", 1.0))
+        scaling["attention_factor"] = float(get("yarn_attn_factor", 1.0)) * (
+            0.1 * np.log(scaling["factor"]) + 1
+        )
+    return scaling
 
 
 def read_weights(reader: gguf.GGUFReader) -> dict[str, np.ndarray]:
@@ -88,12 +113,45 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def rope_tables(positions: np.ndarray, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin of shape (n, head_dim): angle pos * base^(-2i/head_dim), repeated for both halves."""
-    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+def rope_tables(
+    positions: np.ndarray, head_dim: int, base: float, scaling: dict[str, Any] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin of shape (n, head_dim): angle pos * inv_freq (`rope_inv_freq`), repeated for both
+    halves, times the scaling's attention factor."""
+    inv_freq, attention = rope_inv_freq(head_dim, base, scaling)
     angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]
     angles = np.concatenate([angles, angles], axis=-1)
-    return np.cos(angles), np.sin(angles)
+    return np.cos(angles) * attention, np.sin(angles) * attention
+
+
+def rope_inv_freq(
+    head_dim: int, base: float, scaling: dict[str, Any] | None = None
+) -> tuple[np.ndarray, float]:
+    """base^(-2i/head_dim), stretched as HF transformers' `_compute_{linear,yarn}_parameters` do, and the
+    attention factor. YaRN: pair i's wavelength turns `rotations(i)` times over the original context;
+    the pairs from floor(dim where beta_fast turns) to ceil(dim where beta_slow turns) blend linearly
+    from the original frequency to frequency / factor."""
+    inv_freq = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if scaling is None or scaling["rope_type"] == "default":
+        return inv_freq, 1.0
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor, 1.0
+    assert scaling["rope_type"] == "yarn"
+    original = scaling["original_max_position_embeddings"]
+
+    def dim_turning(
+        turns: float,
+    ) -> float:  # the (fractional) pair index whose wavelength turns `turns` times
+        return head_dim * np.log(original / (turns * 2 * np.pi)) / (2 * np.log(base))
+
+    low = max(np.floor(dim_turning(scaling.get("beta_fast", 32.0))), 0)
+    high = min(np.ceil(dim_turning(scaling.get("beta_slow", 1.0))), head_dim - 1)
+    span = high - low if high != low else 1e-3  # HF: `if min == max: max += 0.001`
+    ramp = np.clip((np.arange(head_dim // 2) - low) / span, 0, 1)  # 0: keep, 1: interpolate
+    blended = inv_freq * (1 - ramp) + (inv_freq / factor) * ramp
+    attention = scaling.get("attention_factor") or (0.1 * np.log(factor) + 1 if factor > 1 else 1.0)
+    return blended, float(attention)
 
 
 def rope_neox(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -163,7 +221,7 @@ class ReferenceQwen3:
         ids = np.asarray(token_ids, dtype=np.int64)
         if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= self.hp.vocab_size:
             raise ValueError("token_ids must be a non-empty 1-D sequence of ids below the vocabulary size")
-        cos, sin = rope_tables(np.arange(ids.size), self.hp.head_dim, self.hp.rope_base)
+        cos, sin = rope_tables(np.arange(ids.size), self.hp.head_dim, self.hp.rope_base, self.hp.rope_scaling)
         x = self.w["token_embd.weight"][ids]
         for i in range(self.hp.num_layers):
             x = x + self.attention(x, i, cos, sin)

@@ -47,11 +47,11 @@ def cluster() -> Iterator[str]:
         ray.shutdown()
 
 
-def deploy(model: Path, routing: str, app: str, **engine: Any) -> None:
+def deploy(model: Path, routing: str, app: str, cache_file: str | None = None, **engine: Any) -> None:
     """Replaces whatever runs at "/" with a two-replica app and waits until it answers."""
     for name in serve.status().applications:
         serve.delete(name)
-    config = ServerConfig(served_model_name=NAME, model_path=str(model))
+    config = ServerConfig(served_model_name=NAME, model_path=str(model), prefix_cache_file=cache_file)
     args = {**ENGINE, **engine}
     serve.run(
         build_ray_app(
@@ -147,6 +147,17 @@ def prefix_workload(rng: np.random.Generator, vocab: int, groups: int, rounds: i
     """``groups`` 64-token prefixes, each sent ``rounds`` times with its own 8-token tail, interleaved."""
     prefixes = [[int(t) for t in rng.integers(0, vocab, 64)] for _ in range(groups)]
     return [p + [int(t) for t in rng.integers(0, vocab, 8)] for _ in range(rounds) for p in prefixes]
+
+
+def test_every_replica_starts_from_the_prefix_cache_file(cluster, tiny_model, rng, tmp_path):
+    prompt = [int(t) for t in rng.integers(0, 300, int(rng.integers(40, 120)))]
+    writer = ob.LLM(tiny_model, **ENGINE)
+    writer.generate([prompt], ob.SamplingParams(max_tokens=1))
+    writer.save_prefix_cache(tmp_path / "cache.bin")
+    deploy(tiny_model, "pow2", "cache-file", cache_file=str(tmp_path / "cache.bin"))
+    for _ in range(4):  # pow2 spreads them over both replicas
+        usage = complete(cluster, prompt, max_tokens=2).json()["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 16 * ((len(prompt) - 1) // 16)
 
 
 def test_prefix_routing_keeps_a_single_replicas_hit_rate_and_beats_pow2(cluster, tiny_model, rng):

@@ -28,6 +28,7 @@ from oxibonsai.outputs import (
     RequestMetrics,
     RequestOutput,
 )
+from oxibonsai.rope_scaling import RopeScaling
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.structured_output import StructuredOutputsParams
 from oxibonsai.tokenizer import Tokenizer
@@ -49,6 +50,7 @@ __all__ = [
     "RequestMetrics",
     "RequestOutput",
     "RequestStream",
+    "RopeScaling",
     "SamplingParams",
     "StructuredOutputsParams",
     "Tokenizer",

@@ -7,6 +7,8 @@ from typing import Any, Literal, TypedDict, final
 import numpy as np
 import numpy.typing as npt
 
+from oxibonsai.rope_scaling import RopeScaling
+
 __version__: str
 
 __all__ = [
@@ -24,8 +26,10 @@ __all__ = [
     "__version__",
     "block_hashes",
     "get_num_threads",
+    "gguf_rope_scaling",
     "kernel_info",
     "quantize_activations",
+    "rope_frequencies",
     "set_num_threads",
 ]
 
@@ -87,6 +91,8 @@ class Model:
         kernel: str = "auto",
         kv_cache_dtype: str = "auto",
         enable_prefix_caching: bool = True,
+        rope_scaling: RopeScaling | None = None,
+        rope_theta: float | None = None,
     ) -> Model: ...
     @property
     def config(self) -> dict[str, Any]: ...
@@ -113,6 +119,10 @@ class Model:
         """``(cached tokens, idle blocks)`` ``add_sequence_cached`` would start this prompt on."""
     def add_sequence_cached(self, prompt: _Tokens, salt: str | None = None) -> tuple[int, int]:
         """Starts a sequence on the prompt's cached prefix: ``(sequence id, cached tokens)``."""
+    def save_prefix_cache(self, path: str | os.PathLike[str]) -> int:
+        """Writes every cached block to ``path`` (atomically); how many."""
+    def load_prefix_cache(self, path: str | os.PathLike[str]) -> int:
+        """Caches the blocks of a file ``save_prefix_cache`` wrote for this model; how many."""
     def cache_stats(self) -> _CacheStats: ...
     def reset_prefix_cache(self) -> int: ...
     def free_sequence(self, seq: int) -> None: ...
@@ -368,6 +378,14 @@ def quantize_activations(
     x: npt.NDArray[np.float32], isa: _Isa | None = None
 ) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.float32]]: ...
 def block_hashes(tokens: _Tokens, *, salt: str | None = None, seed: int = 0) -> list[int]: ...
+def rope_frequencies(
+    head_dim: int, base: float, scaling: RopeScaling | None = None, context_length: int = 0
+) -> tuple[npt.NDArray[np.float64], float]:
+    """``head_dim / 2`` float64 inverse wavelengths and the cos/sin multiplier."""
+
+def gguf_rope_scaling(file: GGUFFile) -> dict[str, Any] | None:
+    """The file's ``qwen3.rope.scaling.*`` keys as Hugging Face's ``rope_scaling`` dict."""
+
 def set_num_threads(n: int) -> None: ...
 def get_num_threads() -> int: ...
 def kernel_info() -> dict[str, Any]: ...

@@ -446,6 +446,16 @@ class AsyncLLM:
         with self._control():
             return self._llm.reset_prefix_cache()
 
+    def save_prefix_cache(self, path: str | os.PathLike[str]) -> int:
+        """``LLM.save_prefix_cache`` between two steps (blocks being filled are not cached yet)."""
+        with self._control():
+            return self._llm.save_prefix_cache(path)
+
+    def load_prefix_cache(self, path: str | os.PathLike[str]) -> int:
+        """``LLM.load_prefix_cache`` between two steps."""
+        with self._control():
+            return self._llm.load_prefix_cache(path)
+
 
 def _empty_output(request_id: str, prompt: str | None, ids: list[int]) -> RequestOutput:
     """What a request looks like before its first token (the base of an early "abort" output)."""

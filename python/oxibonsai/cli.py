@@ -20,7 +20,13 @@ from oxibonsai import _core
 from oxibonsai.llm import LLM, default_model_path
 from oxibonsai.outputs import RequestOutput
 from oxibonsai.sampling_params import SamplingParams
-from oxibonsai.server.cli_args import add_device_flags, add_serve_flags, device_args
+from oxibonsai.server.cli_args import (
+    add_device_flags,
+    add_rope_flags,
+    add_serve_flags,
+    device_args,
+    rope_args,
+)
 from oxibonsai.structured_output import StructuredOutputsParams
 
 _SAMPLING_FIELDS = (
@@ -67,6 +73,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", "-t", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
     add_device_flags(p)
+    add_rope_flags(p)
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:
@@ -98,7 +105,13 @@ def _read(path: str) -> str:
 
 def _load(args: argparse.Namespace) -> LLM:
     start = time.perf_counter()
-    llm = LLM(args.model, num_threads=args.threads, max_model_len=args.max_model_len, **device_args(args))
+    llm = LLM(
+        args.model,
+        num_threads=args.threads,
+        max_model_len=args.max_model_len,
+        **device_args(args),
+        **rope_args(args),
+    )
     print(f"[loaded {llm.model_path.name} in {time.perf_counter() - start:.2f}s]", file=sys.stderr)
     return llm
 

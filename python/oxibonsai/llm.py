@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from oxibonsai.embedding import check_pooling, model_pooling, pooled
 from oxibonsai.engine import Engine, SchedulerConfig
 from oxibonsai.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from oxibonsai.progress import PROGRESS_MIN_PROMPTS, Progress
+from oxibonsai.rope_scaling import RopeScaling
 from oxibonsai.runner import NativeRunner, Runner, choose
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.tokenizer import Tokenizer
@@ -96,6 +98,9 @@ class LLM:
     ``enforce_eager=True`` runs every step eagerly. ``kernel`` applies to the native runner only.
     ``reasoning_parser``: ``"qwen3"`` lets a request with structured output think first (its grammar
     starts after ``</think>``); None (default) constrains from the first token.
+    ``rope_scaling`` (a ``RopeScaling`` or its Hugging Face dict, e.g. ``{"rope_type": "yarn",
+    "factor": 4.0, "original_max_position_embeddings": 32768}``) and ``rope_theta`` replace the
+    file's; a scaling lets ``max_model_len`` reach ``factor`` x the original context.
     """
 
     def __init__(
@@ -123,6 +128,8 @@ class LLM:
         gpu_memory_utilization: float = 0.9,
         enforce_eager: bool = False,
         reasoning_parser: str | None = None,
+        rope_scaling: RopeScaling | Mapping[str, Any] | str | None = None,
+        rope_theta: float | None = None,
     ) -> None:
         path = Path(model) if model is not None else default_model_path()
         if not path.exists():
@@ -142,6 +149,8 @@ class LLM:
             "max_num_seqs": max_num_seqs,
             "kv_cache_dtype": kv_cache_dtype,
             "enable_prefix_caching": enable_prefix_caching,
+            "rope_scaling": RopeScaling.parse(rope_scaling),
+            "rope_theta": _rope_theta(rope_theta),
         }
         if placement.runner == "native":
             self._runner: Runner = _native_runner(path, kernel=kernel, **kv)
@@ -235,6 +244,19 @@ class LLM:
     def reset_prefix_cache(self) -> int:
         """Drops every cached block no running request uses; returns how many were dropped."""
         return self._runner.reset_prefix_cache()
+
+    def save_prefix_cache(self, path: str | os.PathLike[str]) -> int:
+        """Writes every cached prompt block (its KV, tokens and cache salt) to ``path`` for
+        ``load_prefix_cache`` in a later process or another replica; returns how many blocks. The file
+        is written beside ``path`` and renamed over it, so a reader never sees half of one."""
+        return self._runner.save_prefix_cache(os.fspath(path))
+
+    def load_prefix_cache(self, path: str | os.PathLike[str]) -> int:
+        """Caches the blocks of a file ``save_prefix_cache`` wrote, in free KV blocks (never evicting);
+        returns how many are cached. The file must come from the same model file with the same
+        ``kv_cache_dtype`` and rope settings (``ValueError`` otherwise, as for a corrupt or truncated
+        file, which is checked before anything is cached; each block's KV is checksummed)."""
+        return self._runner.load_prefix_cache(os.fspath(path))
 
     # -- generation -------------------------------------------------------------------------------
 
@@ -497,5 +519,18 @@ def _native_runner(path: Path, *, kernel: str, kv_cache_bytes: int | None, **kv:
         kernel=kernel,
         kv_cache_dtype=kv["kv_cache_dtype"],
         enable_prefix_caching=kv["enable_prefix_caching"],
+        rope_scaling=kv["rope_scaling"],
+        rope_theta=kv["rope_theta"],
     )
     return NativeRunner(model)
+
+
+def _rope_theta(theta: float | None) -> float | None:
+    if theta is not None and (
+        isinstance(theta, bool)
+        or not isinstance(theta, (int, float))
+        or not math.isfinite(theta)
+        or theta <= 1.0
+    ):
+        raise ValueError(f"rope_theta must be a finite number > 1, got {theta!r}")
+    return None if theta is None else float(theta)

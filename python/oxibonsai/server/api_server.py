@@ -32,6 +32,7 @@ from oxibonsai.server.errors import APIError, error_from_exception, not_found_mo
 from oxibonsai.server.generation import Samples
 from oxibonsai.server.http import GuardMiddleware, SSEResponse, cancel_on_disconnect, error_response, parse
 from oxibonsai.server.metrics import vllm_aliases
+from oxibonsai.server.prefix_cache_file import save_cache
 from oxibonsai.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -89,6 +90,8 @@ def build_app(engine: EngineSource, config: ServerConfig | None = None) -> FastA
             if loading is not None:
                 await asyncio.shield(loading)  # a load in a thread cannot be cancelled
                 if state.engine is not None:
+                    if config.prefix_cache_file is not None:
+                        await asyncio.to_thread(save_cache, state.engine, config.prefix_cache_file)
                     state.engine.shutdown()
 
     app = FastAPI(title="oxibonsai", version=package_version(), lifespan=lifespan)

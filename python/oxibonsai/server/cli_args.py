@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from oxibonsai.rope_scaling import RopeScaling
 from oxibonsai.server.config import DEFAULT_MAX_BODY_BYTES
 from oxibonsai.structured_output import REASONING_TOKENS
 
@@ -29,9 +30,15 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     engine.add_argument("--kv-cache-blocks", type=int, default=None)
     engine.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "f16", "f32"])
     add_device_flags(engine)
+    add_rope_flags(engine)
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--scheduling-policy", default="priority", choices=["priority", "longest_prefix"])
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    engine.add_argument(
+        "--prefix-cache-file",
+        default=None,
+        help="load the prefix cache from this file at start, save it at exit",
+    )
     engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     engine.add_argument(
         "--reasoning-parser",
@@ -76,9 +83,32 @@ def device_args(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def add_rope_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The model's rope scaling and base, replacing the file's (vLLM's ``--rope-scaling`` JSON)."""
+    p.add_argument(
+        "--rope-scaling",
+        type=_rope_scaling,
+        default=None,
+        help='JSON, e.g. \'{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768}\'',
+    )
+    p.add_argument("--rope-theta", type=float, default=None, help="the rotary base (default: the file's)")
+
+
+def rope_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {"rope_scaling": args.rope_scaling, "rope_theta": args.rope_theta}
+
+
+def _rope_scaling(text: str) -> RopeScaling | None:
+    try:
+        return RopeScaling.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 def engine_args(args: argparse.Namespace) -> dict[str, Any]:
     return {
         **device_args(args),
+        **rope_args(args),
         "num_threads": args.num_threads,
         "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs,

@@ -19,7 +19,8 @@ class ServerConfig:
         seconds a SIGTERM waits for running requests before aborting them. ``sse_keepalive_s``: a stream
         idle this long (a long prefill, a long queue) sends an SSE comment, so proxies keep it open (0:
         never). ``reasoning_parser``: ``"qwen3"`` splits an output's ``<think>`` block into the chat
-    message's ``reasoning_content`` (None: it stays in ``content``)."""
+    message's ``reasoning_content`` (None: it stays in ``content``). ``prefix_cache_file``: the prefix
+    cache is loaded from this file at startup and saved to it at shutdown (None: not kept)."""
 
     served_model_name: str = "default"
     model_path: str | None = None
@@ -32,6 +33,7 @@ class ServerConfig:
     shutdown_timeout: float = 30.0
     sse_keepalive_s: float = 15.0
     reasoning_parser: str | None = None
+    prefix_cache_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.overload_status not in (429, 503):

@@ -102,6 +102,7 @@ def server_config(args: argparse.Namespace, model_path: str, name: str) -> Serve
         shutdown_timeout=args.shutdown_timeout,
         sse_keepalive_s=args.sse_keepalive_interval,
         reasoning_parser=args.reasoning_parser,
+        prefix_cache_file=args.prefix_cache_file,
     )
 
 

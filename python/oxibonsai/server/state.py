@@ -15,6 +15,7 @@ from oxibonsai.async_llm import AsyncLLM
 from oxibonsai.server.config import ServerConfig
 from oxibonsai.server.errors import APIError
 from oxibonsai.server.metrics import HttpMetrics
+from oxibonsai.server.prefix_cache_file import load_saved_cache
 from oxibonsai.server.serving_chat import ChatServing
 from oxibonsai.server.serving_completion import CompletionServing
 from oxibonsai.server.serving_embeddings import EmbeddingServing
@@ -42,13 +43,18 @@ class ServerState:
         self._key_digests = [hashlib.sha256(k.encode()).digest() for k in config.api_keys]
 
     async def load(self, factory: Callable[[], AsyncLLM]) -> None:
-        """Builds the engine in a worker thread; a failure is kept in ``load_error`` (the launcher
-        exits on it) and every route keeps answering 503."""
+        """Builds the engine in a worker thread, with the saved prefix cache where one is configured; a
+        failure is kept in ``load_error`` (the launcher exits on it) and every route keeps answering
+        503."""
         try:
-            self.attach(await asyncio.to_thread(factory))
+            engine = await asyncio.to_thread(factory)
         except Exception as error:
             log.error("the model failed to load: %s", error)
             self.load_error = error
+            return
+        if self.config.prefix_cache_file is not None:
+            await asyncio.to_thread(load_saved_cache, engine, self.config.prefix_cache_file)
+        self.attach(engine)
 
     def attach(self, engine: AsyncLLM) -> None:
         self.engine = engine

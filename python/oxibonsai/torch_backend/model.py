@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from oxibonsai import GGUFFile
+from oxibonsai.rope_scaling import RopeScaling
 from oxibonsai.torch_backend.batch import DeviceBatch
 from oxibonsai.torch_backend.kv_pool import KvPool
 from oxibonsai.torch_backend.ops import ahead, pdl_rows, ref_torch
@@ -54,15 +55,22 @@ class TorchQwen3:
         self.scale = 1.0 / math.sqrt(config.head_dim)
         device = weights.output_norm.device
         self.cos_sin = ref_torch.rope_cos_sin(
-            config.context_length, config.head_dim, config.rope_base, device
+            config.max_positions, config.head_dim, config.rope_base, device, config.rope_scaling
         )
 
     @classmethod
     def from_gguf(
-        cls, source: str | PathLike[str] | GGUFFile, device: torch.device | str, ops: Ops | None = None
+        cls,
+        source: str | PathLike[str] | GGUFFile,
+        device: torch.device | str,
+        ops: Ops | None = None,
+        *,
+        rope_scaling: RopeScaling | None = None,
+        rope_theta: float | None = None,
     ) -> TorchQwen3:
-        """Loads a GGUF file onto ``device``; ``ops`` defaults to the set chosen for that device."""
-        config, weights = load_qwen3(source, device)
+        """Loads a GGUF file onto ``device``; ``ops`` defaults to the set chosen for that device;
+        ``rope_scaling`` and ``rope_theta`` replace the file's."""
+        config, weights = load_qwen3(source, device, rope_scaling=rope_scaling, rope_theta=rope_theta)
         if ops is None:
             from oxibonsai.torch_backend.ops.dispatch import ops_for
 

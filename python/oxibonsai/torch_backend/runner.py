@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from oxibonsai import _core
+from oxibonsai.rope_scaling import RopeScaling
 from oxibonsai.runner import (
     BLOCK_TOKENS,
     DEFAULT_MAX_MODEL_LEN,
@@ -93,6 +94,8 @@ class TorchRunner:
         host_kv_cache_bytes: int | None,
         gpu_memory_utilization: float,
         enforce_eager: bool = False,
+        rope_scaling: RopeScaling | None = None,
+        rope_theta: float | None = None,
     ) -> None:
         self.device = device
         self._device = torch.device(device)
@@ -101,10 +104,12 @@ class TorchRunner:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         budget = _DeviceBudget.probe(self._device, gpu_memory_utilization)
         budget.check_weights(os.path.getsize(path))
-        self.model = TorchQwen3.from_gguf(path, self._device)
+        self.model = TorchQwen3.from_gguf(
+            path, self._device, rope_scaling=rope_scaling, rope_theta=rope_theta
+        )
         budget.weights_loaded(self.model.weights.nbytes)
         c = self.model.config
-        self.max_model_len = _max_model_len(max_model_len, c.context_length)
+        self.max_model_len = _max_model_len(max_model_len, c.max_positions, c.rope_scaling is not None)
         self.vocab_size = c.vocab
         self.block_tokens = BLOCK_TOKENS
         self.prefix_caching = enable_prefix_caching
@@ -149,7 +154,10 @@ class TorchRunner:
 
     @property
     def config(self) -> dict[str, Any]:
-        config = dataclasses.asdict(self.model.config)
+        c = self.model.config
+        config = dataclasses.asdict(c)
+        config["rope_scaling"] = None if c.rope_scaling is None else c.rope_scaling.as_dict()
+        config["max_positions"] = c.max_positions
         config["tied_output"] = self.model.weights.output is None
         config["kv_cache_dtype"] = self._kv_dtype_name
         return config
@@ -226,6 +234,12 @@ class TorchRunner:
     def reset_prefix_cache(self) -> int:
         return self._scheduler().reset_prefix_cache()
 
+    def save_prefix_cache(self, path: str) -> int:
+        raise NotImplementedError(_NO_CACHE_FILES)
+
+    def load_prefix_cache(self, path: str) -> int:
+        raise NotImplementedError(_NO_CACHE_FILES)
+
     def take_prompt_logprobs(self) -> PromptScores:
         """The prompt logprobs the steps launched since the last call scored (at their launch)."""
         scores, self._prompt_scores = self._prompt_scores, []
@@ -280,11 +294,17 @@ def _env_flag(name: str, *, default: bool) -> bool:
     return asked == "1"
 
 
-def _max_model_len(asked: int | None, context: int) -> int:
+_NO_CACHE_FILES = (
+    "prefix-cache files are written and read by the native (CPU) runner only, not the torch runner yet"
+)
+
+
+def _max_model_len(asked: int | None, longest: int, scaled: bool) -> int:
     if asked is None:
-        return min(context, DEFAULT_MAX_MODEL_LEN)
-    if not 1 <= asked <= context:
-        raise ValueError(f"max_model_len must be in 1..={context} (the model's context length), got {asked}")
+        return min(longest, DEFAULT_MAX_MODEL_LEN)
+    if not 1 <= asked <= longest:
+        context = "the model's context length" + (", with its rope scaling" if scaled else "")
+        raise ValueError(f"max_model_len must be in 1..={longest} ({context}), got {asked}")
     return asked
 
 

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 
 from oxibonsai import GGUFError, GGUFFile
+from oxibonsai._core import gguf_rope_scaling
+from oxibonsai.rope_scaling import RopeScaling
 from oxibonsai.torch_backend.dense import DenseWeight, Linear
 from oxibonsai.torch_backend.fused import fuse_rows, row_views
 from oxibonsai.torch_backend.ops.q1_weight import Q1Weight
@@ -42,14 +44,19 @@ class Qwen3Config:
     context_length: int
     rope_base: float
     rms_eps: float
+    rope_scaling: RopeScaling | None = None  # resolved (``RopeScaling.resolved``); None: plain RoPE
 
     @classmethod
     def from_gguf(cls, file: GGUFFile) -> Qwen3Config:
         """Reads and checks the config of a ``general.architecture = qwen3`` file."""
-        return cls.from_metadata(file.metadata, _vocab_rows(file))
+        return cls.from_metadata(file.metadata, _vocab_rows(file), RopeScaling.parse(gguf_rope_scaling(file)))
 
     @classmethod
-    def from_metadata(cls, meta: Mapping[str, Any], vocab: int) -> Qwen3Config:
+    def from_metadata(
+        cls, meta: Mapping[str, Any], vocab: int, rope_scaling: RopeScaling | None = None
+    ) -> Qwen3Config:
+        """The config from the keys of ``meta``; ``rope_scaling`` is the file's, as the native loader
+        reads it (``_core.gguf_rope_scaling``: its keys appear in Rust only)."""
         arch = _get(meta, "general.architecture", str, required=True)
         if arch != ARCH:
             raise GGUFError(
@@ -76,6 +83,7 @@ class Qwen3Config:
             rope_base=_get_float(meta, "rope.freq_base", 10_000.0),
             # The Rust config holds it as f32: round the same way.
             rms_eps=float(np.float32(_get_float(meta, "attention.layer_norm_rms_epsilon", 1e-6))),
+            rope_scaling=rope_scaling,
         )
         config.validate()
         return config
@@ -107,6 +115,20 @@ class Qwen3Config:
             raise GGUFError(
                 f"{ARCH}.attention.layer_norm_rms_epsilon must be finite and > 0, got {self.rms_eps}"
             )
+
+    def with_rope(self, scaling: RopeScaling | None, theta: float | None) -> Qwen3Config:
+        """This config with the caller's rope scaling (``"default"``: none) and base, where given."""
+        config = self if theta is None else replace(self, rope_base=theta)
+        if scaling is None:
+            return config
+        plain = scaling.rope_type == "default"
+        return replace(config, rope_scaling=None if plain else scaling.resolved(self.context_length))
+
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence: the context length, stretched by the rope scaling if any."""
+        scaling = self.rope_scaling
+        return self.context_length if scaling is None else scaling.max_positions(self.context_length)
 
     @property
     def q_dim(self) -> int:
@@ -183,11 +205,16 @@ class Qwen3Weights:
 
 
 def load_qwen3(
-    source: str | PathLike[str] | GGUFFile, device: torch.device | str
+    source: str | PathLike[str] | GGUFFile,
+    device: torch.device | str,
+    *,
+    rope_scaling: RopeScaling | None = None,
+    rope_theta: float | None = None,
 ) -> tuple[Qwen3Config, Qwen3Weights]:
-    """The config and weights of a Qwen3 GGUF file (a path or an open ``GGUFFile``) on ``device``."""
+    """The config and weights of a Qwen3 GGUF file (a path or an open ``GGUFFile``) on ``device``;
+    ``rope_scaling`` and ``rope_theta`` replace the file's."""
     file = source if isinstance(source, GGUFFile) else GGUFFile(source)
-    config = Qwen3Config.from_gguf(file)
+    config = Qwen3Config.from_gguf(file).with_rope(rope_scaling, rope_theta)
     return config, Qwen3Weights.from_gguf(file, config, device)
 
 

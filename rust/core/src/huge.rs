@@ -67,6 +67,20 @@ impl<T: Plain> HugeBuf<T> {
     }
 }
 
+/// The bytes of `items` in memory order (little-endian on every target this crate builds for).
+pub fn as_bytes<T: Plain>(items: &[T]) -> &[u8] {
+    // SAFETY: `T: Plain` has no padding, so every byte of the slice is initialized; `u8` has
+    // alignment 1 and the length covers exactly the slice's bytes, borrowed as long as `items`.
+    unsafe { std::slice::from_raw_parts(items.as_ptr().cast::<u8>(), std::mem::size_of_val(items)) }
+}
+
+/// `items` as writable bytes.
+pub fn as_bytes_mut<T: Plain>(items: &mut [T]) -> &mut [u8] {
+    // SAFETY: as in `as_bytes`; any bytes written make a valid `T` (`Plain`: every bit pattern is
+    // a value), and `&mut` makes this the only access.
+    unsafe { std::slice::from_raw_parts_mut(items.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(items)) }
+}
+
 /// The all-zero value of `T`.
 fn zero<T: Plain>() -> T {
     // SAFETY: `T: Plain`, so the all-zero bit pattern is a valid value.

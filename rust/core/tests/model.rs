@@ -206,3 +206,30 @@ fn hidden_states_are_what_the_lm_head_reads() {
     runner.hidden_into(&[StepItem { seq, tokens: &toks, logits: Logits::Last }], &pool, &mut last).unwrap();
     assert_eq!(last, hidden[hidden.len() - width..]);
 }
+
+#[test]
+fn a_saved_prefix_cache_loads_into_a_runner_of_the_same_model_only() {
+    let mut rng = Rng::fresh("model_cache_file");
+    let (mut same_weights, pool) = (rng.clone(), Pool::new(2));
+    let mut writer = ModelRunner::new(tiny_model(&mut rng), 32, 256, KvDtype::F16).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..3).map(|i| tokens(&mut rng, 40 + 9 * i)).collect();
+    let want: Vec<Vec<f32>> = prompts.iter().map(|p| cached_run(&mut writer, p, None, &pool).0).collect();
+    let path = std::env::temp_dir().join(format!("oxibonsai-cache-file-{}.bin", rng.next_u64()));
+    let saved = writer.save_prefix_cache(&path).unwrap();
+    assert_eq!(saved, writer.table().cache_stats().cached_blocks);
+    let mut reader = ModelRunner::new(tiny_model(&mut same_weights), 32, 256, KvDtype::F16).unwrap();
+    assert_eq!(reader.identity(), writer.identity());
+    assert_eq!(reader.load_prefix_cache(&path).unwrap(), saved);
+    for (p, want) in prompts.iter().zip(&want) {
+        let (logits, cached) = cached_run(&mut reader, p, None, &pool);
+        assert_eq!(cached, 16 * ((p.len() - 1) / 16));
+        assert!(logits.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+    let mut other = ModelRunner::new(tiny_model(&mut rng), 32, 256, KvDtype::F16).unwrap();
+    let err = other.load_prefix_cache(&path).unwrap_err();
+    assert!(matches!(err, Error::Value(ref m) if m.contains("another model")), "{err:?}");
+    let mut exact = ModelRunner::new(tiny_model(&mut rng.clone()), 32, 256, KvDtype::F32).unwrap();
+    assert!(exact.load_prefix_cache(&path).is_err());
+    assert_eq!(other.table().cache_stats().cached_blocks + exact.table().cache_stats().cached_blocks, 0);
+    std::fs::remove_file(&path).unwrap();
+}

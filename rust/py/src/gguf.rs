@@ -16,7 +16,7 @@ use crate::gil::without_gil;
 /// A GGUF file, memory-mapped read-only and validated on open.
 #[pyclass(frozen, module = "oxibonsai", name = "GGUFFile")]
 pub struct GgufFile {
-    inner: CoreFile,
+    pub(crate) inner: CoreFile,
     path: PathBuf,
 }
 

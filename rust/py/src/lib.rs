@@ -11,6 +11,7 @@ mod plan;
 mod prefix;
 mod prompt_scores;
 mod q1;
+mod rope;
 mod runtime;
 mod sample;
 mod sched;
@@ -33,6 +34,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<plan::StepPlan>()?;
     m.add_function(wrap_pyfunction!(q1::quantize_activations, m)?)?;
     m.add_function(wrap_pyfunction!(prefix::block_hashes, m)?)?;
+    m.add_function(wrap_pyfunction!(rope::rope_frequencies, m)?)?;
+    m.add_function(wrap_pyfunction!(rope::gguf_rope_scaling, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(runtime::kernel_info, m)?)?;

@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use numpy::PyArray2;
+use oxibonsai_core::error::{Error, Result};
 use oxibonsai_core::gguf::GgufFile;
 use oxibonsai_core::model::{
-    Head, KvDtype, MatmulPlan, ModelRunner, Qwen3Model, DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN,
+    Head, KvDtype, MatmulPlan, ModelRunner, Qwen3Config, Qwen3Model, DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN,
 };
 use oxibonsai_core::pool;
 use oxibonsai_core::q1::{Isa, Kernel};
@@ -20,6 +21,7 @@ use crate::errors::to_py;
 use crate::gil::without_gil;
 use crate::logits;
 use crate::prefix::stats_dict;
+use crate::rope::{scaling_dict, RopeScalingArg};
 use crate::token_ids::token_ids;
 
 /// A Qwen3 model loaded from GGUF, its paged KV cache, and the sequences being generated.
@@ -35,6 +37,20 @@ fn logits_mode(name: &str) -> PyResult<Logits> {
         "all" => Ok(Logits::All),
         _ => Err(PyValueError::new_err(format!("logits must be 'none', 'last' or 'all', got {name:?}"))),
     }
+}
+
+/// Replaces the file's rope base and scaling with the caller's.
+fn override_rope(config: &mut Qwen3Config, scaling: Option<&RopeScalingArg>, theta: Option<f64>) -> Result<()> {
+    if let Some(theta) = theta {
+        if !(theta.is_finite() && theta > 1.0) {
+            return Err(Error::Value(format!("rope_theta must be finite and > 1, got {theta}")));
+        }
+        config.rope_base = theta;
+    }
+    if let Some(scaling) = scaling {
+        config.rope_scaling = scaling.to_core(config.context_length)?;
+    }
+    Ok(())
 }
 
 impl Model {
@@ -76,11 +92,13 @@ impl Model {
     /// cache holds `kv_blocks` 16-token blocks; by default enough for `max_num_seqs` full sequences
     /// within `kv_cache_bytes` (2 GiB), never fewer than one sequence needs. `kv_cache_dtype` is
     /// 'f16' ('auto') or 'f32'. `enable_prefix_caching`: sequences started with `add_sequence_cached`
-    /// reuse cached full blocks of their prompt, and cache the blocks they fill.
+    /// reuse cached full blocks of their prompt, and cache the blocks they fill. `rope_scaling` (an
+    /// `oxibonsai.RopeScaling`) and `rope_theta` replace the file's; a scaling stretches the longest
+    /// `max_model_len` to its factor times the original context.
     #[new]
     #[pyo3(signature = (
         path, *, max_model_len=None, kv_blocks=None, kv_cache_bytes=None, max_num_seqs=1, kernel="auto",
-        kv_cache_dtype="auto", enable_prefix_caching=true
+        kv_cache_dtype="auto", enable_prefix_caching=true, rope_scaling=None, rope_theta=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -93,13 +111,16 @@ impl Model {
         kernel: &str,
         kv_cache_dtype: &str,
         enable_prefix_caching: bool,
+        rope_scaling: Option<RopeScalingArg>,
+        rope_theta: Option<f64>,
     ) -> PyResult<Model> {
         let plan = MatmulPlan { kernel: Kernel::parse(kernel).map_err(to_py)?, isa: Isa::detect() };
         let dtype = KvDtype::parse(kv_cache_dtype).map_err(to_py)?;
         let runner = without_gil(py, || {
             let file = GgufFile::open(&path)?;
-            let model = Qwen3Model::from_gguf(&file, plan)?;
-            let len = max_model_len.unwrap_or(model.config.context_length.min(DEFAULT_MAX_MODEL_LEN));
+            let mut model = Qwen3Model::from_gguf(&file, plan)?;
+            override_rope(&mut model.config, rope_scaling.as_ref(), rope_theta)?;
+            let len = max_model_len.unwrap_or(model.config.max_positions().min(DEFAULT_MAX_MODEL_LEN));
             let block_bytes = model.kv_layout().block_bytes(dtype.bytes());
             let budget = kv_cache_bytes.unwrap_or(DEFAULT_KV_CACHE_BYTES);
             let blocks =
@@ -127,6 +148,8 @@ impl Model {
         d.set_item("vocab", c.vocab)?;
         d.set_item("context_length", c.context_length)?;
         d.set_item("rope_base", c.rope_base)?;
+        d.set_item("rope_scaling", scaling_dict(py, &c.rope_scaling)?)?;
+        d.set_item("max_positions", c.max_positions())?;
         d.set_item("rms_eps", c.rms_eps)?;
         d.set_item("tied_output", runner.model().weights.output.is_none())?;
         d.set_item("kv_cache_dtype", format!("{:?}", runner.kv_dtype()).to_lowercase())?;
@@ -209,6 +232,17 @@ impl Model {
         let d = stats_dict(py, &runner.table().cache_stats())?;
         d.set_item("computed_tokens", runner.computed_tokens())?;
         Ok(d)
+    }
+
+    /// Writes every cached block (chains, tokens, salts, KV) to `path`, atomically; returns how many.
+    fn save_prefix_cache(&self, py: Python<'_>, path: PathBuf) -> PyResult<usize> {
+        without_gil(py, || self.lock().save_prefix_cache(&path)).map_err(to_py)
+    }
+
+    /// Caches the blocks of a file `save_prefix_cache` wrote for this model and settings, in free
+    /// blocks; returns how many are cached.
+    fn load_prefix_cache(&self, py: Python<'_>, path: PathBuf) -> PyResult<usize> {
+        without_gil(py, || self.lock().load_prefix_cache(&path)).map_err(to_py)
     }
 
     /// Drops every cached block no sequence uses; returns how many.

@@ -17,7 +17,9 @@ from ray import serve
 from ray.serve.config import HTTPOptions, RequestRouterConfig
 
 from oxibonsai import GGUFFile
+from oxibonsai._core import gguf_rope_scaling
 from oxibonsai.llm import default_model_path
+from oxibonsai.rope_scaling import RopeScaling
 from oxibonsai.runner import BLOCK_TOKENS, DEFAULT_MAX_MODEL_LEN
 from oxibonsai.server.api_server import build_app
 from oxibonsai.server.config import ServerConfig
@@ -63,11 +65,12 @@ def build_ray_app(
         health_check_timeout_s=30,
         **_queue_limits(engine_args, replicas),
         **_router(routing, engine_args),
-    ).bind(model_path, engine_args, app_name, config.served_model_name)
+    ).bind(model_path, engine_args, app_name, config.served_model_name, config.prefix_cache_file)
     max_model_len = engine_args.get("max_model_len")
+    rope_scaling = RopeScaling.parse(engine_args.get("rope_scaling"))
 
     def builder() -> FastAPI:  # a plain function: Serve calls it on the ingress replica
-        return _ingress_app(model_path, config, app_name, max_model_len)
+        return _ingress_app(model_path, config, app_name, max_model_len, rope_scaling)
 
     ingress = serve.deployment(
         serve.ingress(builder)(), name=INGRESS_DEPLOYMENT, num_replicas=1, ray_actor_options={"num_cpus": 0}
@@ -104,10 +107,19 @@ def _ensure_board(app_name: str) -> None:
         MetricsBoard.options(name=name, namespace=BOARD_NAMESPACE, lifetime="detached").remote()
 
 
-def _ingress_app(model_path: str, config: ServerConfig, app_name: str, max_model_len: int | None) -> FastAPI:
+def _ingress_app(
+    model_path: str,
+    config: ServerConfig,
+    app_name: str,
+    max_model_len: int | None,
+    rope_scaling: RopeScaling | None,
+) -> FastAPI:
     """The single-process server's app over the engine deployment (built on the ingress replica)."""
-    metadata = GGUFFile(model_path).metadata
+    file = GGUFFile(model_path)
+    metadata = file.metadata
     context = int(metadata.get("qwen3.context_length") or DEFAULT_MAX_MODEL_LEN)
+    scaling = rope_scaling or RopeScaling.parse(gguf_rope_scaling(file))
+    context = context if scaling is None else scaling.max_positions(context)  # the replicas' default
     remote = RemoteEngine(
         serve.get_deployment_handle(ENGINE_DEPLOYMENT, app_name=app_name),
         ray.get_actor(board_name(app_name), namespace=BOARD_NAMESPACE),

@@ -2,7 +2,9 @@
 generator: ``ACCEPTED`` as soon as the engine has queued the request (its refusals raise before that;
 a request's grammar compiles in a worker thread first), then every ``RequestOutput``; when the caller
 goes away Serve cancels the generator and the request is aborted, freeing its KV blocks.
-``check_health`` fails once the engine has died, so Serve replaces the replica. A background thread
+``check_health`` fails once the engine has died, so Serve replaces the replica. With
+``--prefix-cache-file`` each replica starts from the saved cache; none saves it at shutdown, since
+prefix routing leaves each with a part of the prompts. A background thread
 posts the replica's metrics to the ``MetricsBoard`` once a second."""
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ray import serve
 from oxibonsai.async_llm import AsyncLLM
 from oxibonsai.outputs import RequestOutput
 from oxibonsai.server.metrics import vllm_aliases
+from oxibonsai.server.prefix_cache_file import load_saved_cache
 from oxibonsai.server.scale_out.board import board_name
 from oxibonsai.server.scale_out.prometheus import with_label
 from oxibonsai.server.scale_out.protocol import ACCEPTED, ReplicaRequest
@@ -28,9 +31,16 @@ BOARD_NAMESPACE = "oxibonsai"
 
 class EngineReplica:
     def __init__(
-        self, model: str, engine_args: dict[str, Any], app_name: str, served_model_name: str
+        self,
+        model: str,
+        engine_args: dict[str, Any],
+        app_name: str,
+        served_model_name: str,
+        prefix_cache_file: str | None = None,
     ) -> None:
         self.engine = AsyncLLM(model, **engine_args)
+        if prefix_cache_file is not None:  # loaded by every replica; saved by none (each holds a part)
+            load_saved_cache(self.engine, prefix_cache_file)
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id
         self._served_name = served_model_name

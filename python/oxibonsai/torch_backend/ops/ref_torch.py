@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from oxibonsai._core import rope_frequencies
+from oxibonsai.rope_scaling import RopeScaling
 from oxibonsai.torch_backend.ops.q1_weight import Q1Weight, unpack
 
 DEQUANT_CHUNK_FLOATS = 8 * 1024 * 1024  # 32 MiB of float32 per dequantized slice of a weight
@@ -77,25 +79,37 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps) * weight.to(torch.float32)
 
 
-def rope_neox(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+def rope_neox(
+    x: torch.Tensor, positions: torch.Tensor, base: float, scaling: RopeScaling | None = None
+) -> torch.Tensor:
     """NeoX (rotate-half) RoPE of ``x [T, heads, D]`` at ``positions [T]``: pairs ``(i, i + D/2)``
-    turn by ``position * base^(-2i/D)``, computed in float32."""
-    angles = _rope_angles(positions.to(device=x.device, dtype=torch.float32), x.shape[-1], base)
-    return _rotate_half(x, angles.cos(), angles.sin())
+    turn by ``position`` times the pair's frequency (``base^(-2i/D)``, stretched by ``scaling``)."""
+    cos, sin = _cos_sin(positions, x.shape[-1], base, scaling)
+    return _rotate_half(x, cos.to(x.device), sin.to(x.device))
 
 
-def rope_cos_sin(positions: int, head_dim: int, base: float, device: torch.device | str) -> torch.Tensor:
+def rope_cos_sin(
+    positions: int,
+    head_dim: int,
+    base: float,
+    device: torch.device | str,
+    scaling: RopeScaling | None = None,
+) -> torch.Tensor:
     """The RoPE table of positions ``0..positions - 1``: float32 ``[positions, head_dim]``, the cos of
     a position's ``head_dim / 2`` angles then their sin, exactly the values ``rope_neox`` computes."""
-    angles = _rope_angles(torch.arange(positions, device=device, dtype=torch.float32), head_dim, base)
-    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+    cos, sin = _cos_sin(torch.arange(positions), head_dim, base, scaling)
+    return torch.cat([cos, sin], dim=-1).to(device)
 
 
-def _rope_angles(positions: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
-    """float32 ``[T, head_dim / 2]``: ``position * base^(-2i / head_dim)``."""
-    exponents = torch.arange(0, head_dim // 2, device=positions.device, dtype=torch.float32) * 2 / head_dim
-    inv_freq = 1.0 / (base**exponents)
-    return positions[:, None] * inv_freq[None, :]
+def _cos_sin(
+    positions: torch.Tensor, head_dim: int, base: float, scaling: RopeScaling | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 ``[T, head_dim / 2]`` cos and sin of the angles at ``positions``, computed in float64
+    on the host (as the native runner does: float32 angles lose ~0.01 rad at 100k positions) from the
+    Rust core's frequencies and multiplied by its attention factor."""
+    inv_freq, attention = rope_frequencies(head_dim, base, scaling)
+    angles = positions.detach().to("cpu", torch.float64)[:, None] * torch.from_numpy(inv_freq)[None, :]
+    return (angles.cos() * attention).to(torch.float32), (angles.sin() * attention).to(torch.float32)
 
 
 def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

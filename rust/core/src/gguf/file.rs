@@ -174,6 +174,33 @@ impl GgufFile {
         }
     }
 
+    /// A 64-bit identity of the tensors: xxh3 over every tensor's name, type and dims, and its bytes
+    /// (all of a tensor up to 64 KiB; above, its first, middle and last 16 KiB). Two files with the
+    /// same tensors get the same value without reading gigabytes; a retrained or requantized model
+    /// changes its norms (read whole) and samples. Prefix-cache files use it to refuse another model.
+    pub fn tensor_fingerprint(&self) -> u64 {
+        const WHOLE: usize = 64 << 10;
+        const SAMPLE: usize = 16 << 10;
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for info in &self.tensors {
+            h.update(info.name.as_bytes());
+            h.update(&(info.ggml_type as u32).to_le_bytes());
+            for d in &info.dims {
+                h.update(&d.to_le_bytes());
+            }
+            let bytes = self.tensor_bytes(info);
+            if bytes.len() <= WHOLE {
+                h.update(&bytes);
+            } else {
+                let mid = bytes.len() / 2 - SAMPLE / 2;
+                for at in [0, mid, bytes.len() - SAMPLE] {
+                    h.update(&bytes[at..at + SAMPLE]);
+                }
+            }
+        }
+        h.digest()
+    }
+
     /// The size of the whole file in bytes.
     pub fn len(&self) -> u64 {
         self.bytes.len() as u64

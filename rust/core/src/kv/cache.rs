@@ -6,7 +6,7 @@
 
 use super::elem::KvElem;
 use crate::error::{Error, Result};
-use crate::huge::HugeBuf;
+use crate::huge::{as_bytes, as_bytes_mut, HugeBuf};
 
 /// Tokens per physical block.
 pub const BLOCK_TOKENS: usize = 16;
@@ -90,6 +90,34 @@ impl<E: KvElem> KvCache<E> {
                 self.keys[key_block + i * BLOCK_TOKENS + slot] = E::from_f32(x);
             }
         }
+    }
+
+    /// Appends the raw bytes of `block` to `out`: each layer's keys then values, in storage layout
+    /// (`layout.block_bytes(size_of::<E>())` bytes). A cache file's block record.
+    pub fn read_block(&self, block: usize, out: &mut Vec<u8>) {
+        let n = self.layout.layer_block();
+        for layer in 0..self.layout.n_layers {
+            let at = self.head_offset(layer, block, 0);
+            out.extend_from_slice(as_bytes(&self.keys[at..at + n]));
+            out.extend_from_slice(as_bytes(&self.values[at..at + n]));
+        }
+    }
+
+    /// Overwrites `block` with bytes [`read_block`](Self::read_block) gave (of a cache with the same
+    /// layout and element type).
+    pub fn write_block(&mut self, block: usize, bytes: &[u8]) -> Result<()> {
+        let want = self.layout.block_bytes(std::mem::size_of::<E>());
+        if bytes.len() != want {
+            return Err(Error::Shape(format!("a KV block holds {want} bytes, got {}", bytes.len())));
+        }
+        let n = self.layout.layer_block();
+        let half = n * std::mem::size_of::<E>();
+        for (layer, chunk) in bytes.chunks_exact(2 * half).enumerate() {
+            let at = self.head_offset(layer, block, 0);
+            as_bytes_mut(&mut self.keys[at..at + n]).copy_from_slice(&chunk[..half]);
+            as_bytes_mut(&mut self.values[at..at + n]).copy_from_slice(&chunk[half..]);
+        }
+        Ok(())
     }
 
     /// The keys of one head in one block, transposed: `head_dim` rows of `BLOCK_TOKENS`.

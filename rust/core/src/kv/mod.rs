@@ -25,5 +25,5 @@ pub use cache::{KvCache, KvLayout, BLOCK_TOKENS};
 pub use copies::TierCopies;
 pub use elem::{KvElem, F16};
 pub use hash::BlockKey;
-pub use prefix::{CacheStats, Inserted, PrefixCache, PrefixMatch};
+pub use prefix::{CacheStats, CachedBlock, Inserted, PrefixCache, PrefixMatch};
 pub use sequence_table::{blocks_for, SequenceTable, GENERATION_ROOM};

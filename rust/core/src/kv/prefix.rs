@@ -429,6 +429,10 @@ impl PrefixCache {
 #[path = "prefix_tiers.rs"]
 mod tiers;
 
+#[path = "prefix_export.rs"]
+mod export;
+pub use export::CachedBlock;
+
 #[cfg(test)]
 #[path = "prefix_tests.rs"]
 mod tests;

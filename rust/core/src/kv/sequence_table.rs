@@ -6,7 +6,9 @@
 //! its full blocks, and every block a sequence fills is cached as it fills; without it, the cache is
 //! just the block pool.
 
-use super::{CacheStats, PrefixCache, PrefixMatch, TierCopies, BLOCK_TOKENS};
+use std::sync::Arc;
+
+use super::{BlockKey, CacheStats, CachedBlock, PrefixCache, PrefixMatch, TierCopies, BLOCK_TOKENS};
 use crate::error::{Error, Result};
 
 use super::sequence::Sequence;
@@ -96,6 +98,26 @@ impl SequenceTable {
     /// Drops every cached block no sequence uses; returns how many.
     pub fn reset_prefix_cache(&mut self) -> usize {
         self.blocks.reset()
+    }
+
+    /// Every block cached on the device, parents first (see [`PrefixCache::cached_blocks`]).
+    pub fn cached_blocks(&self) -> Vec<CachedBlock> {
+        self.blocks.cached_blocks()
+    }
+
+    /// Caches one block in a free block `fill` writes (see [`PrefixCache::restore`]); prefix caching
+    /// must be on.
+    pub fn restore_block(
+        &mut self,
+        parent: Option<BlockKey>,
+        tokens: &[u32; BLOCK_TOKENS],
+        salt: Option<&Arc<str>>,
+        fill: impl FnOnce(u32) -> Result<()>,
+    ) -> Result<Option<BlockKey>> {
+        if !self.prefix_caching {
+            return Err(Error::Value("prefix caching is off: cached blocks cannot be restored".into()));
+        }
+        self.blocks.restore(parent, tokens, salt, fill)
     }
 
     pub fn cache_stats(&self) -> CacheStats {

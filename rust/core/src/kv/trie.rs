@@ -37,6 +37,11 @@ pub struct Node {
 }
 
 impl Node {
+    /// The parent's physical block; None for the first block of a chain.
+    pub fn parent_block(&self) -> Option<u32> {
+        (self.parent_block != NO_BLOCK).then_some(self.parent_block)
+    }
+
     fn evictable(&self) -> bool {
         self.idle && self.children == 0
     }
@@ -93,6 +98,11 @@ impl BlockTrie {
             cached: vec![false; num_blocks],
             order: IdleOrder::new(num_blocks),
         }
+    }
+
+    /// Every cached block's node, in block order.
+    pub fn cached_nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().zip(&self.cached).filter(|(_, &c)| c).map(|(n, _)| n)
     }
 
     /// Cached blocks.

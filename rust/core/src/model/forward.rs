@@ -11,7 +11,8 @@ use crate::step::Logits;
 use super::attention::{attend, AttendElem, AttentionShape, TokenSlot};
 use super::config::Qwen3Config;
 use super::linear::{Linear, MatmulPlan};
-use super::ops::{rms_norm, rms_norm_in_place, swiglu_in_place, RopeTable};
+use super::ops::{rms_norm, rms_norm_in_place, swiglu_in_place};
+use super::rope::RopeTable;
 use super::weights::{LayerWeights, Qwen3Weights};
 
 /// `tokens` of one sequence at positions `start..start + tokens.len()`, stored through `block_table`.
@@ -35,6 +36,8 @@ pub struct Qwen3Model {
     pub config: Qwen3Config,
     pub weights: Qwen3Weights,
     pub plan: MatmulPlan,
+    /// The file's [`tensor_fingerprint`](crate::gguf::GgufFile::tensor_fingerprint).
+    pub fingerprint: u64,
 }
 
 /// Rows of activations of the whole batch.
@@ -66,7 +69,7 @@ impl Qwen3Model {
             .flat_map(|ch| (0..ch.tokens.len()).map(|i| TokenSlot { pos: ch.start + i, block_table: ch.block_table }))
             .collect();
         let positions: Vec<usize> = slots.iter().map(|s| s.pos).collect();
-        let batch = Batch { n: slots.len(), rope: RopeTable::new(&positions, c.head_dim, c.rope_base), slots };
+        let batch = Batch { n: slots.len(), rope: c.rope().table(&positions), slots };
         let mut s = Scratch::new(c, batch.n);
         let tokens = chunks.iter().flat_map(|ch| ch.tokens.iter());
         for (row, &token) in s.x.chunks_exact_mut(c.hidden).zip(tokens) {

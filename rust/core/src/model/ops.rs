@@ -1,5 +1,5 @@
 //! The element-wise pieces of the forward pass: a vector dot (with an AVX2 build of the same code),
-//! RMSNorm, SwiGLU and rotate-half RoPE. Sums accumulate in a fixed order (32 lanes, then a fixed
+//! RMSNorm and SwiGLU (RoPE is [`super::rope`]). Sums accumulate in a fixed order (32 lanes, then a fixed
 //! reduction), so results do not depend on the instruction set or thread count.
 
 use crate::sample::math::exp_nonpositive;
@@ -99,42 +99,6 @@ fn swiglu_body(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// The cos/sin of every rotary frequency at every position of a batch: `head_dim / 2` pairs per token.
-pub struct RopeTable {
-    half: usize,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
-}
-
-impl RopeTable {
-    /// Angles `pos * base^(-2i / head_dim)`, computed in f64.
-    pub fn new(positions: &[usize], head_dim: usize, base: f64) -> RopeTable {
-        let half = head_dim / 2;
-        let inv_freq: Vec<f64> = (0..half).map(|i| base.powf(-2.0 * i as f64 / head_dim as f64)).collect();
-        let mut cos = Vec::with_capacity(positions.len() * half);
-        let mut sin = Vec::with_capacity(positions.len() * half);
-        for &p in positions {
-            for f in &inv_freq {
-                let angle = p as f64 * f;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
-            }
-        }
-        RopeTable { half, cos, sin }
-    }
-
-    /// Rotates one head vector of token `t` (rotate-half / NEOX layout: pairs `(i, i + half)`).
-    pub fn rotate(&self, t: usize, head: &mut [f32]) {
-        let (cos, sin) = (&self.cos[t * self.half..][..self.half], &self.sin[t * self.half..][..self.half]);
-        let (lo, hi) = head.split_at_mut(self.half);
-        for i in 0..self.half {
-            let (x1, x2) = (lo[i], hi[i]);
-            lo[i] = x1 * cos[i] - x2 * sin[i];
-            hi[i] = x2 * cos[i] + x1 * sin[i];
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,16 +122,5 @@ mod tests {
             let want = (*x as f64) / (1.0 + (-(*x as f64)).exp()) * (*u as f64);
             assert!((*g as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()), "silu({x}) = {g}, want {want}");
         }
-    }
-
-    #[test]
-    fn rope_at_position_zero_is_identity_and_preserves_norm() {
-        let table = RopeTable::new(&[0, 7], 8, 10_000.0);
-        let mut v = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
-        table.rotate(0, &mut v);
-        assert_eq!(v, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
-        let before = dot(&v, &v);
-        table.rotate(1, &mut v);
-        assert!((dot(&v, &v) - before).abs() < 1e-3);
     }
 }

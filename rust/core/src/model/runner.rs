@@ -10,6 +10,7 @@ use crate::pool::Pool;
 use crate::step::{Logits, StepItem};
 
 use super::forward::{Head, Qwen3Model, SeqChunk};
+use super::rope::RopeScaling;
 
 /// Most tokens in one forward pass; longer prompts run in several (chunked prefill).
 pub const MAX_BATCH_TOKENS: usize = 256;
@@ -52,6 +53,20 @@ enum KvStore {
 }
 
 impl KvStore {
+    fn read_block(&self, block: usize, out: &mut Vec<u8>) {
+        match self {
+            KvStore::F32(cache) => cache.read_block(block, out),
+            KvStore::F16(cache) => cache.read_block(block, out),
+        }
+    }
+
+    fn write_block(&mut self, block: usize, bytes: &[u8]) -> Result<()> {
+        match self {
+            KvStore::F32(cache) => cache.write_block(block, bytes),
+            KvStore::F16(cache) => cache.write_block(block, bytes),
+        }
+    }
+
     fn forward(
         &mut self,
         model: &Qwen3Model,
@@ -83,10 +98,11 @@ pub struct ModelRunner {
 impl ModelRunner {
     /// A runner with `num_blocks` KV blocks and prefix caching on.
     pub fn new(model: Qwen3Model, num_blocks: usize, max_model_len: usize, dtype: KvDtype) -> Result<ModelRunner> {
-        if max_model_len == 0 || max_model_len > model.config.context_length {
+        let longest = model.config.max_positions();
+        if max_model_len == 0 || max_model_len > longest {
+            let scaled = if model.config.rope_scaling == RopeScaling::None { "" } else { ", with its rope scaling" };
             return Err(Error::Value(format!(
-                "max_model_len must be in 1..={} (the model's context length), got {max_model_len}",
-                model.config.context_length
+                "max_model_len must be in 1..={longest} (the model's context length{scaled}), got {max_model_len}"
             )));
         }
         if num_blocks == 0 {
@@ -124,6 +140,17 @@ impl ModelRunner {
 
     /// The sequences and their blocks: starting, freeing, prefix-cache settings. Block tables only
     /// grow through [`step`](Self::step).
+    /// Appends the KV bytes of `block` to `out` (see [`KvCache::read_block`]).
+    pub fn read_block(&self, block: u32, out: &mut Vec<u8>) {
+        self.kv.read_block(block as usize, out);
+    }
+
+    /// The KV store and the sequence table together: what restoring a cached block writes.
+    pub fn table_and_blocks(&mut self) -> (&mut SequenceTable, impl FnMut(u32, &[u8]) -> Result<()> + '_) {
+        let kv = &mut self.kv;
+        (&mut self.table, move |block, bytes| kv.write_block(block as usize, bytes))
+    }
+
     pub fn table_mut(&mut self) -> &mut SequenceTable {
         &mut self.table
     }

@@ -10,6 +10,7 @@ use oxibonsai_core::q1::{Isa, Kernel, Q1Matrix};
 
 pub mod gguf_writer;
 
+#[derive(Clone)]
 pub struct Rng(u64);
 
 impl Rng {
