@@ -155,8 +155,11 @@ def test_every_replica_starts_from_the_prefix_cache_file(cluster, tiny_model, rn
     writer.generate([prompt], ob.SamplingParams(max_tokens=1))
     writer.save_prefix_cache(tmp_path / "cache.bin")
     deploy(tiny_model, "pow2", "cache-file", cache_file=str(tmp_path / "cache.bin"))
+    assert wait_until(lambda: httpx.get(f"{cluster}/ready", timeout=5).status_code == 200, 60)
     for _ in range(4):  # pow2 spreads them over both replicas
-        usage = complete(cluster, prompt, max_tokens=2).json()["usage"]
+        answer = complete(cluster, prompt, max_tokens=2).json()
+        assert "usage" in answer, answer
+        usage = answer["usage"]
         assert usage["prompt_tokens_details"]["cached_tokens"] == 16 * ((len(prompt) - 1) // 16)
 
 

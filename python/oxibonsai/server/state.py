@@ -53,7 +53,10 @@ class ServerState:
             self.load_error = error
             return
         if self.config.prefix_cache_file is not None:
-            await asyncio.to_thread(load_saved_cache, engine, self.config.prefix_cache_file)
+            try:
+                await asyncio.to_thread(load_saved_cache, engine, self.config.prefix_cache_file)
+            except Exception:  # a bug here must not keep the server from serving
+                log.exception("loading the prefix-cache file failed")
         self.attach(engine)
 
     def attach(self, engine: AsyncLLM) -> None:

@@ -6,6 +6,7 @@ cluster at ``--ray-address`` or starts a local Ray instance (stopped again at ex
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import threading
@@ -127,7 +128,9 @@ def _ingress_app(
         max_model_len=max_model_len or min(context, DEFAULT_MAX_MODEL_LEN),
         block_size=BLOCK_TOKENS,
     )
-    return build_app(lambda: remote, config)  # type: ignore[arg-type, return-value]
+    # The replicas load the prefix-cache file (EngineReplica); the ingress holds no KV.
+    ingress_config = dataclasses.replace(config, prefix_cache_file=None)
+    return build_app(lambda: remote, ingress_config)  # type: ignore[arg-type, return-value]
 
 
 def serve_ray(args: argparse.Namespace, config: ServerConfig, engine_args: dict[str, Any]) -> int:
