@@ -262,6 +262,15 @@ def test_api_key(engine: ob.AsyncLLM) -> None:
         assert status(path, {}) == 200
     preflight = send(app, "/v1/completions", method="OPTIONS", headers={"Origin": "http://a.example"})
     assert preflight.status_code != 401
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}).encode()
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):  # Anthropic's envelope on its routes
+        r = send(app, path, body, headers={"content-type": "application/json", "x-api-key": "nope"})
+        assert r.status_code == 401
+        error = r.json()
+        assert set(error) == {"type", "error"} and set(error["error"]) == {"type", "message"}
+        assert error["type"] == "error" and error["error"]["type"] == "authentication_error"
+        ok = send(app, path, body, headers={"content-type": "application/json", "x-api-key": "k1"})
+        assert ok.status_code == 200, ok.text
 
 
 def test_cors_only_when_configured(engine: ob.AsyncLLM) -> None:

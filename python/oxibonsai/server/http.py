@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from oxibonsai.server.errors import APIError
+from oxibonsai.server.serving_messages import anthropic_error
 from oxibonsai.server.state import ServerState
 
 #: Paths any client may call without an API key (probes).
@@ -26,6 +27,8 @@ ROUTES = (
     "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
     "/v1/embeddings", "/v1/models", "/tokenize", "/detokenize", "/health", "/ready", "/metrics", "/version",
 )  # fmt: skip
+
+ANTHROPIC_PREFIX = "/v1/messages"  # Anthropic's routes, answered in Anthropic's error envelope
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 
@@ -123,7 +126,9 @@ class GuardMiddleware:
                 await self.app(scope, receive, send_status)
             else:
                 error = APIError(401, "Invalid or missing API key.", type="authentication_error")
-                await error_response(error)(scope, receive, send_status)
+                # Anthropic's clients read their own envelope ({"type": "error", "error": {...}}).
+                body = anthropic_error(error) if scope["path"].startswith(ANTHROPIC_PREFIX) else error.body()
+                await JSONResponse(body, status_code=401, headers=error.headers)(scope, receive, send_status)
         finally:
             path = scope["path"] if scope["path"] in ROUTES else "other"
             self.state.http.observe(path, scope["method"], status[0], time.perf_counter() - start)
