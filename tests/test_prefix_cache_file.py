@@ -148,9 +148,18 @@ def test_broken_files_are_refused_before_anything_unverified_is_cached(
     at = data_at + flipped_block * block_bytes + int(rng.integers(0, block_bytes))
     bad_kv = corrupted(good, tmp_path / "kv.bin", at, bytes([good.read_bytes()[at] ^ 0x10]))
     fresh = ob.LLM(model, max_model_len=256)
-    with pytest.raises(ValueError, match=f"block {flipped_block}'s KV fails its checksum"):
+    with pytest.raises(ValueError, match=f"block {flipped_block} fails its checksum"):
         fresh.load_prefix_cache(bad_kv)
     assert fresh.cache_stats()["cached_blocks"] <= flipped_block
+    # another id, still in the vocabulary:
+    token_at = 36 + 80 * flipped_block + 8 + 4 * int(rng.integers(0, 16))
+    other_text = edit(token_at, int(rng.integers(0, 256)).to_bytes(1, "little") + b"\0\0\0")
+    renamed = tmp_path / "renamed.bin"
+    renamed.write_bytes(other_text)
+    if other_text != good.read_bytes():
+        fresh = ob.LLM(model, max_model_len=256)
+        with pytest.raises(ValueError, match=f"block {flipped_block} fails its checksum"):
+            fresh.load_prefix_cache(renamed)
 
 
 def test_missing_files_and_a_cache_that_is_off(model: Path, tmp_path: Path) -> None:

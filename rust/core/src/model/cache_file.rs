@@ -2,11 +2,12 @@
 //! bytes) saved to disk and loaded into a runner of the same model later, so a restarted server or
 //! another replica starts with its long shared prompts already computed.
 //!
-//! Layout (little-endian): a header (`MAGIC`, `VERSION` u32, the runner's [`identity`](ModelRunner::identity)
-//! u64, block bytes u64, records u64), one record per block (parent index u32, `NONE` for the first
-//! block of a chain; salt length u32, `NONE` for no salt; 16 token ids u32; an xxh3-64 checksum of the
-//! block's KV bytes u64; the salt's bytes), then every block's KV bytes in record order. Parents come
-//! before their children, so loading is one pass. The identity covers the tensors, every config
+//! Layout (little-endian): a header (`MAGIC`, `VERSION` u32, the runner's
+//! [`identity`](ModelRunner::identity) u64, block bytes u64, records u64), one record per block
+//! (parent index u32, `NONE` for the first block of a chain; salt length u32, `NONE` for no salt; 16
+//! token ids u32; an xxh3-64 checksum of the record's fields and the block's KV bytes u64; the salt's
+//! bytes), then every block's KV bytes in record order. Parents come before their children, so
+//! loading is one pass. The identity covers the tensors, every config
 //! value (rope scaling included), the KV dtype and layout: a file written for anything else is
 //! refused. Loading validates the whole index against the file's length before it changes anything,
 //! checks each block's checksum before caching it, and only fills free blocks.
@@ -16,7 +17,7 @@ use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::sync::Arc;
 
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use xxhash_rust::xxh3::Xxh3;
 
 use super::runner::ModelRunner;
 use crate::error::{Error, Result};
@@ -78,7 +79,8 @@ impl ModelRunner {
         for b in blocks {
             kv.clear();
             self.read_block(b.block, &mut kv);
-            out.write_all(&record_bytes(b, xxh3_64(&kv))).map_err(io)?;
+            let checksum = entry_checksum(b.parent, &b.tokens, b.salt.as_deref(), &kv);
+            out.write_all(&record_bytes(b, checksum)).map_err(io)?;
         }
         for b in blocks {
             kv.clear();
@@ -107,11 +109,11 @@ impl ModelRunner {
         let (table, mut write) = self.table_and_blocks();
         for (i, r) in records.iter().enumerate() {
             input.read_exact(&mut kv).map_err(io)?;
-            if xxh3_64(&kv) != r.checksum {
+            if entry_checksum(r.parent, &r.tokens, r.salt.as_deref(), &kv) != r.checksum {
                 let loaded = keys.iter().flatten().count();
                 return Err(corrupt(
                     path,
-                    &format!("block {i}'s KV fails its checksum ({loaded} blocks before it were loaded)"),
+                    &format!("block {i} fails its checksum ({loaded} blocks before it were loaded)"),
                 ));
             }
             let key = match r.parent.map(|p| keys[p]) {
@@ -190,6 +192,20 @@ impl ModelRunner {
         };
         Ok(Record { parent, tokens, salt, checksum })
     }
+}
+
+/// xxh3-64 of everything a block's cache entry depends on: its parent, tokens and salt (so a damaged
+/// record cannot file good KV under other text) and its KV bytes.
+fn entry_checksum(parent: Option<usize>, tokens: &[u32; BLOCK_TOKENS], salt: Option<&str>, kv: &[u8]) -> u64 {
+    let mut h = Xxh3::new();
+    h.update(&parent.map_or(NONE, |p| p as u32).to_le_bytes());
+    for t in tokens {
+        h.update(&t.to_le_bytes());
+    }
+    h.update(&salt.map_or(NONE, |s| s.len() as u32).to_le_bytes());
+    h.update(salt.unwrap_or_default().as_bytes());
+    h.update(kv);
+    h.digest()
 }
 
 fn record_bytes(b: &CachedBlock, checksum: u64) -> Vec<u8> {
