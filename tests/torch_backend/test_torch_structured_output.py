@@ -20,10 +20,10 @@ import oxibonsai as ob  # noqa: E402
 from oxibonsai.torch_backend.sampling import SamplingBatch, probabilities, sample  # noqa: E402
 
 
-def random_mask(rng: np.random.Generator, vocab: int) -> np.ndarray:
-    """An int32 allow-bitmask with a random density (at least one id allowed)."""
+def random_mask(rng: np.random.Generator, vocab: int, keep: int) -> np.ndarray:
+    """An int32 allow-bitmask with a random density that allows ``keep``."""
     allowed = rng.random(vocab) < rng.choice([0.01, 0.3, 0.95])
-    allowed[rng.integers(vocab)] = True
+    allowed[keep] = True
     padded = np.zeros((vocab + 31) // 32 * 32, dtype=bool)
     padded[:vocab] = allowed
     return np.packbits(padded, bitorder="little").view(np.int32)
@@ -34,7 +34,12 @@ def test_a_mask_samples_as_banning_every_id_it_leaves_out(rng):
     rows = Rows.random(rng, n)
     params = [random_params(rng) for _ in range(n)]
     seeds = seeds_for(rng, n)
-    masks = [random_mask(rng, VOCAB) if rng.random() < 0.7 else None for _ in range(n)]
+    # Each mask allows an id its row could draw (finite and not banned): a row with none raises.
+    drawable = [
+        [t for t in range(VOCAB) if np.isfinite(rows.logits[i, t]) and t not in rows.banned[i]]
+        for i in range(n)
+    ]
+    masks = [random_mask(rng, VOCAB, int(rng.choice(d))) if rng.random() < 0.7 else None for d in drawable]
     as_bans = [
         sorted({*b, *(t for t in range(VOCAB) if not allows(m, t))}) if m is not None else b
         for b, m in zip(rows.banned, masks, strict=True)
