@@ -76,17 +76,19 @@ impl ModelRunner {
             header.extend_from_slice(&word.to_le_bytes());
         }
         out.write_all(&header).map_err(io)?;
+        // The KV goes after the records, which hold its checksums: write it first (each block read
+        // once), then go back for the records.
+        let salts: u64 = blocks.iter().map(|b| b.salt.as_ref().map_or(0, |s| s.len() as u64)).sum();
+        out.seek(SeekFrom::Start(HEADER_BYTES + blocks.len() as u64 * RECORD_BYTES + salts)).map_err(io)?;
+        let mut records = Vec::with_capacity(blocks.len() * RECORD_BYTES as usize);
         for b in blocks {
             kv.clear();
             self.read_block(b.block, &mut kv);
-            let checksum = entry_checksum(b.parent, &b.tokens, b.salt.as_deref(), &kv);
-            out.write_all(&record_bytes(b, checksum)).map_err(io)?;
-        }
-        for b in blocks {
-            kv.clear();
-            self.read_block(b.block, &mut kv);
+            records.extend(record_bytes(b, entry_checksum(b.parent, &b.tokens, b.salt.as_deref(), &kv)));
             out.write_all(&kv).map_err(io)?;
         }
+        out.seek(SeekFrom::Start(HEADER_BYTES)).map_err(io)?;
+        out.write_all(&records).map_err(io)?;
         out.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)
     }
 
