@@ -6,19 +6,16 @@ script's figure stored in the file within 1%, and beat the unigram baseline stor
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 import oxibonsai as ob
 from oxibonsai.llm import default_model_path
 
-HELDOUT = Path(__file__).parent / "data" / "default_model_heldout.txt"
-ENDOFTEXT = "<|endoftext|>"
+from heldout import bits_per_byte, heldout_stream
+
 MAX_BYTES = 8 * 1024 * 1024
 
 
@@ -60,34 +57,6 @@ def test_cli_generate_uses_the_default_model():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip()
-
-
-def heldout_stream(llm: ob.LLM) -> np.ndarray:
-    tokenizer = llm.tokenizer
-    eot = tokenizer.encode(ENDOFTEXT, add_special_tokens=False)
-    assert len(eot) == 1
-    ids: list[int] = []
-    for doc in HELDOUT.read_text(encoding="utf-8").split(ENDOFTEXT)[1:]:
-        ids += eot + tokenizer.encode(doc, add_special_tokens=False)
-    return np.array(ids)
-
-
-def bits_per_byte(llm: ob.LLM, stream: np.ndarray, window: int, count: int) -> float:
-    """Window i feeds tokens [iW, (i+1)W) and is scored on tokens [iW+1, (i+1)W+1]; control tokens
-    stand for no bytes (their cost still counts)."""
-    pieces = llm.tokenizer.token_pieces
-    nbytes = np.array(
-        [0 if pieces.is_control(i) else len(pieces.token_bytes(i)) for i in range(llm.tokenizer.vocab_size)]
-    )
-    bits, total_bytes = 0.0, 0
-    for i in range(count):
-        win = stream[i * window : (i + 1) * window + 1]
-        logits = llm.logits(win[:-1].tolist()).astype(np.float64)
-        top = logits.max(axis=1, keepdims=True)
-        log_z = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
-        bits += float((log_z - logits[np.arange(window), win[1:]]).sum()) / math.log(2)
-        total_bytes += int(nbytes[win[1:]].sum())
-    return bits / total_bytes
 
 
 def test_engine_bits_per_byte_match_training_and_beat_unigram(llm):

@@ -1,6 +1,7 @@
 """``OXIBONSAI_ISA``: each instruction set this CPU has can be asked for, and runs the whole model with
 the fastest set's results bit for bit: prefill logits and greedy decode tokens, with the f16 KV cache
-(the default; each set has its own attention kernel, all doing the same arithmetic) and with f32.
+(the default; each set has its own attention kernel, all doing the same arithmetic), with f32 and with
+int8.
 Each set runs in its own process, as the choice is read once per process. (Across CPUs and
 architectures: ``rust/core/tests/same_bits.rs``.)"""
 
@@ -52,7 +53,7 @@ def run_child(
     return isa_used, tokens_out, done.stderr
 
 
-@pytest.fixture(scope="module", params=["f16", "f32"])
+@pytest.fixture(scope="module", params=["f16", "f32", "int8"])
 def fastest(
     request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, list[int], np.ndarray, list[int]]:

@@ -84,7 +84,9 @@ class LLM:
     ``"longest_prefix"`` (among the first waiting requests, the one with the most cached tokens).
     ``kernel``: the Q1 matmul kernel family
     (``"auto"``; ``"reference"`` runs the exact f32 kernel, for checking).
-    ``kv_cache_dtype``: ``"auto"``/``"f16"`` (half the memory and bandwidth) or ``"f32"`` (exact).
+    ``kv_cache_dtype``: ``"auto"``/``"f16"`` (half the memory and bandwidth), ``"f32"`` (exact) or,
+    on the native runner, ``"int8"`` (a quarter of f32's: each token's keys and values of one head as
+    integers over one f32 scale, ``absmax / 127``).
     ``enable_prefix_caching``: reuse the KV of prompt prefixes computed before (full 16-token blocks,
     kept until evicted, least recently used first); a prompt dict's ``"cache_salt"`` keeps tenants apart.
     ``device``: ``"auto"`` (CUDA, then MPS, then the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or

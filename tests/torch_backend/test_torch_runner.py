@@ -333,3 +333,8 @@ def test_each_matmul_is_one_fused_op_with_its_norm_swiglu_and_residual(tiny_mode
         (c.hidden, False, True, False),  # down + residual
     ]
     assert calls == per_layer * c.n_layers + [(c.vocab, True, False, False)]
+
+
+def test_an_int8_kv_cache_is_refused_as_the_native_runners(tiny_model):
+    with pytest.raises(ValueError, match="'int8' is the native runner's"):
+        torch_llm(tiny_model, kv_cache_dtype="int8")

@@ -28,7 +28,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     engine.add_argument("--max-waiting", type=int, default=None, help="waiting requests before 503")
     engine.add_argument("--kv-cache-bytes", type=int, default=None)
     engine.add_argument("--kv-cache-blocks", type=int, default=None)
-    engine.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "f16", "f32"])
+    engine.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "f16", "f32", "int8"])
     add_device_flags(engine)
     add_rope_flags(engine)
     engine.add_argument("--seed", type=int, default=0)

@@ -62,6 +62,10 @@ def kv_dtype(name: str) -> torch.dtype:
         return torch.float16
     if name in ("f32", "float32"):
         return torch.float32
+    if name == "int8":
+        raise ValueError(
+            "kv_cache_dtype 'int8' is the native runner's; the torch runner takes 'f16' or 'f32'"
+        )
     raise ValueError(f"kv_cache_dtype must be 'auto', 'f16' or 'f32', got {name!r}")
 
 

@@ -1,4 +1,4 @@
-//! The same bits on every CPU: attention over fixed f16 and f32 caches, and the embedded default
+//! The same bits on every CPU: attention over fixed f16, f32 and int8 caches, and the embedded default
 //! model's logits and greedy tokens, hashed and held to constants. Every kernel adds in one defined
 //! order (the attention module doc, the exact integer block sums of the Q1 kernels), so an x86-64
 //! machine with AVX-512, one with AVX2, the scalar build and an aarch64 one (NEON matmuls, the
@@ -13,7 +13,7 @@
 use std::path::Path;
 
 use oxibonsai_core::gguf::GgufFile;
-use oxibonsai_core::kv::{KvCache, KvLayout, BLOCK_TOKENS, F16};
+use oxibonsai_core::kv::{KvCache, KvLayout, BLOCK_TOKENS, F16, I8};
 use oxibonsai_core::model::attention::{attend, AttendElem, AttentionShape, TokenSlot};
 use oxibonsai_core::model::{KvDtype, MatmulPlan, ModelRunner, Qwen3Model};
 use oxibonsai_core::pool::Pool;
@@ -21,11 +21,12 @@ use oxibonsai_core::q1::{Isa, Kernel};
 use oxibonsai_core::step::{Logits, StepItem};
 
 /// (KV type, head dim, query heads per KV head, attention hash).
-const ATTENTION: [(&str, usize, usize, u64); 4] = [
+const ATTENTION: [(&str, usize, usize, u64); 5] = [
     ("f16", 128, 2, 0x3bbd_02e4_7d70_3e0c),
     ("f16", 64, 4, 0x7108_f6ff_cc22_460f),
     ("f16", 132, 3, 0x7257_19c7_9dc1_fe40),
     ("f32", 128, 2, 0xb76e_31f1_427a_58a0),
+    ("int8", 128, 2, 0x596d_8e46_97ad_0acf),
 ];
 /// The default model: prefill of [`prompt`], then greedy decode steps.
 const MODEL_LOGITS: u64 = 0xe48f_66ed_17f2_49cb;
@@ -36,6 +37,7 @@ fn main() {
     for (dtype, d, group, want) in ATTENTION {
         let got = match dtype {
             "f16" => attention_hash::<F16>(d, group),
+            "int8" => attention_hash::<I8>(d, group),
             _ => attention_hash::<f32>(d, group),
         };
         println!("attention {dtype} d {d} group {group}: {got:#018x}");

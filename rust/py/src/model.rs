@@ -91,7 +91,7 @@ impl Model {
     /// Loads `path`. `max_model_len` defaults to the model's context length, at most 4096. The KV
     /// cache holds `kv_blocks` 16-token blocks; by default enough for `max_num_seqs` full sequences
     /// within `kv_cache_bytes` (2 GiB), never fewer than one sequence needs. `kv_cache_dtype` is
-    /// 'f16' ('auto') or 'f32'. `enable_prefix_caching`: sequences started with `add_sequence_cached`
+    /// 'f16' ('auto'), 'f32' or 'int8'. `enable_prefix_caching`: sequences started with `add_sequence_cached`
     /// reuse cached full blocks of their prompt, and cache the blocks they fill. `rope_scaling` (an
     /// `oxibonsai.RopeScaling`) and `rope_theta` replace the file's; a scaling stretches the longest
     /// `max_model_len` to its factor times the original context.
@@ -121,7 +121,7 @@ impl Model {
             let mut model = Qwen3Model::from_gguf(&file, plan)?;
             override_rope(&mut model.config, rope_scaling.as_ref(), rope_theta)?;
             let len = max_model_len.unwrap_or(model.config.max_positions().min(DEFAULT_MAX_MODEL_LEN));
-            let block_bytes = model.kv_layout().block_bytes(dtype.bytes());
+            let block_bytes = dtype.block_bytes(model.kv_layout());
             let budget = kv_cache_bytes.unwrap_or(DEFAULT_KV_CACHE_BYTES);
             let blocks =
                 kv_blocks.unwrap_or_else(|| ModelRunner::default_blocks(len, block_bytes, max_num_seqs, budget));
@@ -152,7 +152,7 @@ impl Model {
         d.set_item("max_positions", c.max_positions())?;
         d.set_item("rms_eps", c.rms_eps)?;
         d.set_item("tied_output", runner.model().weights.output.is_none())?;
-        d.set_item("kv_cache_dtype", format!("{:?}", runner.kv_dtype()).to_lowercase())?;
+        d.set_item("kv_cache_dtype", runner.kv_dtype().name())?;
         Ok(d)
     }
 

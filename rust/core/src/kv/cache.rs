@@ -2,9 +2,10 @@
 //! `[slot][dim]` and, for keys, transposed `[dim][slot]`: attention scores a whole block of 16 keys
 //! with 16-wide vector multiply-adds (no horizontal sums), and sums values row by row.
 //! The cache never decides which block a token goes to: callers pass block ids from a block table.
-//! The element type is a parameter ([`KvElem`]: f32 or f16).
+//! The element type is a parameter ([`KvElem`]: f32, f16 or int8). A scaled type (int8) also keeps,
+//! per `[layer][block][kv_head]`, the 16 keys' row scales then the 16 values'.
 
-use super::elem::KvElem;
+use super::elem::{inverse_scale, KvElem};
 use crate::error::{Error, Result};
 use crate::huge::{as_bytes, as_bytes_mut, HugeBuf};
 
@@ -30,11 +31,23 @@ impl KvLayout {
         self.n_kv_heads * self.head_block()
     }
 
-    /// Bytes of keys and values one block holds over all layers, with `elem_bytes` per value.
-    pub fn block_bytes(&self, elem_bytes: usize) -> usize {
-        2 * self.n_layers * self.layer_block() * elem_bytes
+    /// Row scales of one block in one layer (all heads; keys then values per head).
+    fn layer_scales(&self) -> usize {
+        self.n_kv_heads * SCALES_PER_HEAD
+    }
+
+    /// Bytes of keys and values (and their row scales, for a scaled type) one block holds over all layers.
+    pub fn block_bytes<E: KvElem>(&self) -> usize {
+        let scales = if E::SCALED { self.layer_scales() * std::mem::size_of::<f32>() } else { 0 };
+        self.n_layers * (2 * self.layer_block() * std::mem::size_of::<E>() + scales)
     }
 }
+
+/// Row scales kept per head and block: one per key, then one per value.
+const SCALES_PER_HEAD: usize = 2 * BLOCK_TOKENS;
+
+/// The scale of every row of an unscaled type.
+static UNIT_SCALES: [f32; BLOCK_TOKENS] = [1.0; BLOCK_TOKENS];
 
 /// Keys and values for `num_blocks` physical blocks of every layer.
 pub struct KvCache<E: KvElem> {
@@ -42,6 +55,7 @@ pub struct KvCache<E: KvElem> {
     num_blocks: usize,
     keys: HugeBuf<E>,
     values: HugeBuf<E>,
+    scales: HugeBuf<f32>,
 }
 
 impl<E: KvElem> KvCache<E> {
@@ -56,12 +70,14 @@ impl<E: KvElem> KvCache<E> {
         let fail = || {
             Error::Value(format!(
                 "cannot allocate a KV cache of {num_blocks} blocks ({} bytes)",
-                num_blocks.saturating_mul(layout.block_bytes(std::mem::size_of::<E>()))
+                num_blocks.saturating_mul(layout.block_bytes::<E>())
             ))
         };
+        let scales = if E::SCALED { layout.n_layers * num_blocks * layout.layer_scales() } else { 0 };
         let keys = HugeBuf::zeroed(len).ok_or_else(fail)?;
         let values = HugeBuf::zeroed(len).ok_or_else(fail)?;
-        Ok(KvCache { layout, num_blocks, keys, values })
+        let scales = HugeBuf::zeroed(scales).ok_or_else(fail)?;
+        Ok(KvCache { layout, num_blocks, keys, values, scales })
     }
 
     pub fn layout(&self) -> KvLayout {
@@ -77,6 +93,11 @@ impl<E: KvElem> KvCache<E> {
         ((layer * self.num_blocks + block) * self.layout.n_kv_heads + head) * self.layout.head_block()
     }
 
+    /// Where the row scales of one head in one block start (a scaled type only).
+    fn scale_offset(&self, layer: usize, block: usize, head: usize) -> usize {
+        ((layer * self.num_blocks + block) * self.layout.n_kv_heads + head) * SCALES_PER_HEAD
+    }
+
     /// Stores one token's keys and values (all KV heads, `kv_dim` values each) at `slot` of `block`.
     pub fn write(&mut self, layer: usize, block: usize, slot: usize, k: &[f32], v: &[f32]) {
         let d = self.layout.head_dim;
@@ -84,38 +105,56 @@ impl<E: KvElem> KvCache<E> {
         for head in 0..self.layout.n_kv_heads {
             let at = self.head_offset(layer, block, head) + slot * d;
             let (k_head, v_head) = (&k[head * d..(head + 1) * d], &v[head * d..(head + 1) * d]);
-            E::store(v_head, &mut self.values[at..at + d]);
-            let key_block = at - slot * d;
+            let (k_scale, v_scale) = (E::row_scale(k_head), E::row_scale(v_head));
+            if E::SCALED {
+                let scales = self.scale_offset(layer, block, head);
+                self.scales[scales + slot] = k_scale;
+                self.scales[scales + BLOCK_TOKENS + slot] = v_scale;
+            }
+            let inverse = inverse_scale(v_scale);
+            for (dst, &x) in self.values[at..at + d].iter_mut().zip(v_head) {
+                *dst = E::encode(x, inverse);
+            }
+            let (key_block, inverse) = (at - slot * d, inverse_scale(k_scale));
             for (i, &x) in k_head.iter().enumerate() {
-                self.keys[key_block + i * BLOCK_TOKENS + slot] = E::from_f32(x);
+                self.keys[key_block + i * BLOCK_TOKENS + slot] = E::encode(x, inverse);
             }
         }
     }
 
-    /// Appends the raw bytes of `block` to `out`: each layer's keys then values, in storage layout
-    /// (`layout.block_bytes(size_of::<E>())` bytes). A cache file's block record.
+    /// Appends the raw bytes of `block` to `out`: each layer's keys, values, then row scales (a scaled
+    /// type), in storage layout (`layout.block_bytes::<E>()` bytes). A cache file's block record.
     pub fn read_block(&self, block: usize, out: &mut Vec<u8>) {
         let n = self.layout.layer_block();
         for layer in 0..self.layout.n_layers {
             let at = self.head_offset(layer, block, 0);
             out.extend_from_slice(as_bytes(&self.keys[at..at + n]));
             out.extend_from_slice(as_bytes(&self.values[at..at + n]));
+            if E::SCALED {
+                let scales = self.scale_offset(layer, block, 0);
+                out.extend_from_slice(as_bytes(&self.scales[scales..scales + self.layout.layer_scales()]));
+            }
         }
     }
 
     /// Overwrites `block` with bytes [`read_block`](Self::read_block) gave (of a cache with the same
     /// layout and element type).
     pub fn write_block(&mut self, block: usize, bytes: &[u8]) -> Result<()> {
-        let want = self.layout.block_bytes(std::mem::size_of::<E>());
+        let want = self.layout.block_bytes::<E>();
         if bytes.len() != want {
             return Err(Error::Shape(format!("a KV block holds {want} bytes, got {}", bytes.len())));
         }
         let n = self.layout.layer_block();
         let half = n * std::mem::size_of::<E>();
-        for (layer, chunk) in bytes.chunks_exact(2 * half).enumerate() {
+        for (layer, chunk) in bytes.chunks_exact(want / self.layout.n_layers).enumerate() {
             let at = self.head_offset(layer, block, 0);
             as_bytes_mut(&mut self.keys[at..at + n]).copy_from_slice(&chunk[..half]);
-            as_bytes_mut(&mut self.values[at..at + n]).copy_from_slice(&chunk[half..]);
+            as_bytes_mut(&mut self.values[at..at + n]).copy_from_slice(&chunk[half..2 * half]);
+            if E::SCALED {
+                let scales = self.scale_offset(layer, block, 0);
+                let scales = &mut self.scales[scales..scales + self.layout.layer_scales()];
+                as_bytes_mut(scales).copy_from_slice(&chunk[2 * half..]);
+            }
         }
         Ok(())
     }
@@ -130,5 +169,98 @@ impl<E: KvElem> KvCache<E> {
     pub fn values(&self, layer: usize, block: usize, head: usize) -> &[E] {
         let at = self.head_offset(layer, block, head);
         &self.values[at..at + self.layout.head_block()]
+    }
+
+    /// The row scales of one head's 16 keys in one block (all 1 for an unscaled type).
+    pub fn key_scales(&self, layer: usize, block: usize, head: usize) -> &[f32; BLOCK_TOKENS] {
+        self.row_scales(layer, block, head, 0)
+    }
+
+    /// The row scales of one head's 16 values in one block (all 1 for an unscaled type).
+    pub fn value_scales(&self, layer: usize, block: usize, head: usize) -> &[f32; BLOCK_TOKENS] {
+        self.row_scales(layer, block, head, BLOCK_TOKENS)
+    }
+
+    fn row_scales(&self, layer: usize, block: usize, head: usize, part: usize) -> &[f32; BLOCK_TOKENS] {
+        if !E::SCALED {
+            return &UNIT_SCALES;
+        }
+        let at = self.scale_offset(layer, block, head) + part;
+        self.scales[at..at + BLOCK_TOKENS].try_into().expect("a block holds 16 row scales")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{F16, I8};
+
+    fn layout() -> KvLayout {
+        KvLayout { n_layers: 2, n_kv_heads: 3, head_dim: 32 }
+    }
+
+    /// Writes every slot of block 1 with rows whose magnitude differs per token.
+    fn filled() -> (KvCache<I8>, Vec<Vec<f32>>) {
+        let mut cache = KvCache::<I8>::new(layout(), 3).unwrap();
+        let mut rows = Vec::new();
+        for layer in 0..2 {
+            for slot in 0..BLOCK_TOKENS {
+                let k: Vec<f32> =
+                    (0..96).map(|i| ((i * 7 + slot * 13 + layer) as f32).sin() * (slot + 1) as f32).collect();
+                let v: Vec<f32> = k.iter().map(|x| x * -0.5 + 0.25).collect();
+                cache.write(layer, 1, slot, &k, &v);
+                rows.push(k);
+                rows.push(v);
+            }
+        }
+        (cache, rows)
+    }
+
+    #[test]
+    fn int8_rows_read_back_within_half_a_step_of_their_own_scale() {
+        let (cache, rows) = filled();
+        let d = 32;
+        for layer in 0..2 {
+            for head in 0..3 {
+                let (keys, values) = (cache.keys(layer, 1, head), cache.values(layer, 1, head));
+                let (k_scales, v_scales) = (cache.key_scales(layer, 1, head), cache.value_scales(layer, 1, head));
+                for slot in 0..BLOCK_TOKENS {
+                    let (k, v) =
+                        (&rows[(layer * BLOCK_TOKENS + slot) * 2], &rows[(layer * BLOCK_TOKENS + slot) * 2 + 1]);
+                    for i in 0..d {
+                        let key = keys[i * BLOCK_TOKENS + slot].to_f32() * k_scales[slot];
+                        let value = values[slot * d + i].to_f32() * v_scales[slot];
+                        assert!(
+                            (key - k[head * d + i]).abs() <= k_scales[slot] * 0.501,
+                            "key {layer} {head} {slot} {i}"
+                        );
+                        assert!(
+                            (value - v[head * d + i]).abs() <= v_scales[slot] * 0.501,
+                            "value {layer} {head} {slot} {i}"
+                        );
+                    }
+                }
+            }
+        }
+        assert_eq!(cache.key_scales(0, 0, 0), &[0.0; BLOCK_TOKENS], "an unwritten block has zero scales");
+    }
+
+    #[test]
+    fn a_block_read_out_writes_back_with_its_scales() {
+        let (cache, _) = filled();
+        let mut bytes = Vec::new();
+        cache.read_block(1, &mut bytes);
+        assert_eq!(bytes.len(), layout().block_bytes::<I8>());
+        assert_eq!(bytes.len(), 2 * (2 * 3 * BLOCK_TOKENS * 32 + 3 * 2 * BLOCK_TOKENS * 4));
+        let mut copy = KvCache::<I8>::new(layout(), 3).unwrap();
+        copy.write_block(2, &bytes).unwrap();
+        for (layer, head) in [(0, 0), (1, 2)] {
+            assert_eq!(copy.keys(layer, 2, head), cache.keys(layer, 1, head));
+            assert_eq!(copy.values(layer, 2, head), cache.values(layer, 1, head));
+            assert_eq!(copy.key_scales(layer, 2, head), cache.key_scales(layer, 1, head));
+            assert_eq!(copy.value_scales(layer, 2, head), cache.value_scales(layer, 1, head));
+        }
+        assert!(copy.write_block(0, &bytes[1..]).is_err());
+        assert_eq!(KvCache::<F16>::new(layout(), 1).unwrap().key_scales(1, 0, 2), &[1.0; BLOCK_TOKENS]);
     }
 }

@@ -1,19 +1,29 @@
 //! `KvElem`: how one element type of the KV cache is stored and read. `f32` keeps keys and values
 //! exactly; `F16` (IEEE half, as llama.cpp and vLLM store KV by default) halves the memory and the
-//! bandwidth attention needs. Reads widen to f32 exactly, and axpy (`out = fma(w, v, out)`, one rounding per
-//! element, as every attention kernel adds values) is the same arithmetic for both types
-//! (`inline(always)`, so an AVX2 + FMA caller vectorizes it in place).
+//! bandwidth attention needs; `I8` halves them again: each token's keys (and values) of one head are
+//! stored as integers over one f32 scale, `absmax / 127` of that row ([`KvElem::row_scale`]), so a
+//! stored value is `to_f32() * scale`. Reads widen to f32 exactly, and axpy (`out = fma(w, v, out)`,
+//! one rounding per element, as every attention kernel adds values) is the same arithmetic for every
+//! type (`inline(always)`, so an AVX2 + FMA caller vectorizes it in place); a scaled type's scale is
+//! folded into the caller's per-token factors, never applied per element.
 
 use crate::fused::MulAdd;
 use crate::huge::Plain;
 
 /// An element type of the KV cache (a [`Plain`] number: the cache starts as zeroed memory).
 pub trait KvElem: Plain + Default {
-    /// Name for messages and stats ("f32", "f16").
+    /// Name for messages and stats ("f32", "f16", "int8").
     const NAME: &'static str;
-    fn from_f32(x: f32) -> Self;
+    /// Whether each (token, head) row is stored over a scale ([`row_scale`](Self::row_scale)).
+    const SCALED: bool = false;
+    /// The scale the row `src` is stored over (1 for an unscaled type).
+    fn row_scale(_src: &[f32]) -> f32 {
+        1.0
+    }
+    /// `x` stored over a row scale whose inverse is `inverse` (ignored by an unscaled type).
+    fn encode(x: f32, inverse: f32) -> Self;
+    /// The stored number (times the row scale, for a scaled type, is the value).
     fn to_f32(self) -> f32;
-    fn store(src: &[f32], dst: &mut [Self]);
     /// `out[i] = w * v[i] + out[i]` rounded once (by `F`), so every build gives the same bits.
     fn axpy<F: MulAdd>(out: &mut [f32], w: f32, v: &[Self]);
 }
@@ -21,17 +31,13 @@ pub trait KvElem: Plain + Default {
 impl KvElem for f32 {
     const NAME: &'static str = "f32";
 
-    fn from_f32(x: f32) -> f32 {
+    fn encode(x: f32, _inverse: f32) -> f32 {
         x
     }
 
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
-    }
-
-    fn store(src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
     }
 
     #[inline(always)]
@@ -53,19 +59,13 @@ unsafe impl Plain for F16 {}
 impl KvElem for F16 {
     const NAME: &'static str = "f16";
 
-    fn from_f32(x: f32) -> F16 {
+    fn encode(x: f32, _inverse: f32) -> F16 {
         F16(half::f16::from_f32(x).to_bits())
     }
 
     #[inline(always)]
     fn to_f32(self) -> f32 {
         widen(self)
-    }
-
-    fn store(src: &[f32], dst: &mut [F16]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = F16::from_f32(*s);
-        }
     }
 
     #[inline(always)]
@@ -82,6 +82,52 @@ impl KvElem for F16 {
         for (o, x) in o32.into_remainder().iter_mut().zip(v32.remainder()) {
             *o = F::mul_add(w, widen(*x), *o);
         }
+    }
+}
+
+/// A signed byte of a scaled row: the value is `self.0 * scale`, `|self.0| <= 127`.
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct I8(pub i8);
+
+// SAFETY: a transparent `i8`: every bit pattern is a number (all-zero is 0).
+unsafe impl Plain for I8 {}
+
+impl KvElem for I8 {
+    const NAME: &'static str = "int8";
+    const SCALED: bool = true;
+
+    /// `absmax / 127`, so the largest magnitude maps to 127; 0 for a row of zeros.
+    fn row_scale(src: &[f32]) -> f32 {
+        src.iter().fold(0.0f32, |m, x| m.max(x.abs())) / 127.0
+    }
+
+    /// `x / scale` rounded to the nearest integer (ties away from zero), clamped to +-127; an
+    /// `inverse` of 0 (a zero row) stores 0.
+    fn encode(x: f32, inverse: f32) -> I8 {
+        I8((x * inverse).round().clamp(-127.0, 127.0) as i8)
+    }
+
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self.0 as f32
+    }
+
+    #[inline(always)]
+    fn axpy<F: MulAdd>(out: &mut [f32], w: f32, v: &[I8]) {
+        assert_eq!(out.len(), v.len());
+        for (o, x) in out.iter_mut().zip(v) {
+            *o = F::mul_add(w, x.0 as f32, *o);
+        }
+    }
+}
+
+/// The inverse of a row scale as [`KvElem::encode`] takes it: 0 for a zero (or non-finite) scale.
+pub fn inverse_scale(scale: f32) -> f32 {
+    if scale > 0.0 && scale.is_finite() {
+        1.0 / scale
+    } else {
+        0.0
     }
 }
 
@@ -130,12 +176,28 @@ mod tests {
     #[test]
     fn f16_axpy_equals_f32_on_widened_values() {
         let q: Vec<f32> = (0..160).map(|i| (i as f32 * 0.37).sin()).collect();
-        let mut k = vec![F16::default(); 160];
-        F16::store(&q.iter().map(|x| x * 0.5).collect::<Vec<_>>(), &mut k);
+        let k: Vec<F16> = q.iter().map(|x| F16::encode(x * 0.5, 1.0)).collect();
         let wide: Vec<f32> = k.iter().map(|h| widen(*h)).collect();
         let (mut a, mut b) = (q.clone(), q.clone());
         F16::axpy::<Portable>(&mut a, 0.3, &k);
         f32::axpy::<Portable>(&mut b, 0.3, &wide);
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn int8_rows_round_within_half_a_step_of_their_scale() {
+        for seed in 0..50u32 {
+            let row: Vec<f32> =
+                (0..128).map(|i| ((i as f32 + seed as f32 * 7.1) * 0.618).sin() * (seed + 1) as f32).collect();
+            let scale = I8::row_scale(&row);
+            let stored: Vec<I8> = row.iter().map(|&x| I8::encode(x, inverse_scale(scale))).collect();
+            assert!(stored.iter().any(|q| q.0.abs() == 127), "seed {seed}: the largest magnitude maps to 127");
+            for (x, q) in row.iter().zip(&stored) {
+                assert!((q.to_f32() * scale - x).abs() <= scale * (0.5 + 1e-3), "seed {seed}: {x} vs {q:?}");
+            }
+        }
+        let zeros = [0.0f32; 16];
+        assert_eq!(I8::row_scale(&zeros), 0.0);
+        assert_eq!(I8::encode(0.0, inverse_scale(0.0)), I8(0));
     }
 }

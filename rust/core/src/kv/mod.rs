@@ -23,7 +23,7 @@ pub mod trie;
 pub use blocks::BlockPool;
 pub use cache::{KvCache, KvLayout, BLOCK_TOKENS};
 pub use copies::TierCopies;
-pub use elem::{KvElem, F16};
+pub use elem::{inverse_scale, KvElem, F16, I8};
 pub use hash::BlockKey;
 pub use prefix::{CacheStats, CachedBlock, Inserted, PrefixCache, PrefixMatch};
 pub use sequence_table::{blocks_for, SequenceTable, GENERATION_ROOM};

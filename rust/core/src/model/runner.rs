@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::kv::{blocks_for, SequenceTable};
-use crate::kv::{KvCache, KvElem, F16};
+use crate::kv::{KvCache, KvElem, KvLayout, F16, I8};
 use crate::pool::Pool;
 use crate::step::{Logits, StepItem};
 
@@ -26,22 +26,36 @@ pub const DEFAULT_KV_CACHE_BYTES: usize = 2 << 30;
 pub enum KvDtype {
     F32,
     F16,
+    I8,
 }
 
 impl KvDtype {
     pub fn parse(name: &str) -> Result<KvDtype> {
         match name {
-            // f16 is the default, as in llama.cpp: half the memory and KV bandwidth; f32 is exact.
+            // f16 is the default, as in llama.cpp: half the memory and KV bandwidth; f32 is exact;
+            // int8 (one scale per token and head) halves f16's memory again.
             "f32" | "float32" => Ok(KvDtype::F32),
             "f16" | "float16" | "auto" => Ok(KvDtype::F16),
-            _ => Err(Error::Value(format!("kv_cache_dtype must be 'auto', 'f16' or 'f32', got {name:?}"))),
+            "int8" => Ok(KvDtype::I8),
+            _ => Err(Error::Value(format!("kv_cache_dtype must be 'auto', 'f16', 'f32' or 'int8', got {name:?}"))),
         }
     }
 
-    pub fn bytes(self) -> usize {
+    /// The name [`parse`](Self::parse) takes for it: "f32", "f16" or "int8".
+    pub fn name(self) -> &'static str {
         match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
+            KvDtype::F32 => f32::NAME,
+            KvDtype::F16 => F16::NAME,
+            KvDtype::I8 => I8::NAME,
+        }
+    }
+
+    /// Bytes of keys and values (and row scales) one block of `layout` holds over all layers.
+    pub fn block_bytes(self, layout: KvLayout) -> usize {
+        match self {
+            KvDtype::F32 => layout.block_bytes::<f32>(),
+            KvDtype::F16 => layout.block_bytes::<F16>(),
+            KvDtype::I8 => layout.block_bytes::<I8>(),
         }
     }
 }
@@ -50,6 +64,7 @@ impl KvDtype {
 enum KvStore {
     F32(KvCache<f32>),
     F16(KvCache<F16>),
+    I8(KvCache<I8>),
 }
 
 impl KvStore {
@@ -57,6 +72,7 @@ impl KvStore {
         match self {
             KvStore::F32(cache) => cache.read_block(block, out),
             KvStore::F16(cache) => cache.read_block(block, out),
+            KvStore::I8(cache) => cache.read_block(block, out),
         }
     }
 
@@ -64,6 +80,7 @@ impl KvStore {
         match self {
             KvStore::F32(cache) => cache.write_block(block, bytes),
             KvStore::F16(cache) => cache.write_block(block, bytes),
+            KvStore::I8(cache) => cache.write_block(block, bytes),
         }
     }
 
@@ -78,6 +95,7 @@ impl KvStore {
         match self {
             KvStore::F32(cache) => model.forward(batch, cache, pool, head, out),
             KvStore::F16(cache) => model.forward(batch, cache, pool, head, out),
+            KvStore::I8(cache) => model.forward(batch, cache, pool, head, out),
         }
     }
 }
@@ -111,8 +129,9 @@ impl ModelRunner {
         let kv = match dtype {
             KvDtype::F32 => KvStore::F32(new_store(&model, num_blocks)?),
             KvDtype::F16 => KvStore::F16(new_store(&model, num_blocks)?),
+            KvDtype::I8 => KvStore::I8(new_store(&model, num_blocks)?),
         };
-        let table = SequenceTable::new(num_blocks, model.kv_layout().block_bytes(dtype.bytes()), true);
+        let table = SequenceTable::new(num_blocks, dtype.block_bytes(model.kv_layout()), true);
         Ok(ModelRunner { model, kv, dtype, table, max_model_len, computed_tokens: 0 })
     }
 
@@ -126,7 +145,7 @@ impl ModelRunner {
 
     /// Bytes of keys and values one block holds over all layers.
     pub fn block_bytes(&self) -> usize {
-        self.model.kv_layout().block_bytes(self.dtype.bytes())
+        self.dtype.block_bytes(self.model.kv_layout())
     }
 
     pub fn max_model_len(&self) -> usize {

@@ -3,14 +3,15 @@
 //! its sequence's block table, so a token's output is the same whether it ran in a prefill batch or
 //! alone in a decode step, and with any thread count. With f16 KV on x86-64 the query heads of a group
 //! share one read of their keys and values ([`avx512`] with AVX-512, [`f16c`] with AVX2 + F16C);
-//! elsewhere each query head runs the per-head loop below.
+//! elsewhere (f32 and int8 KV, other CPUs) each query head runs the per-head loop below.
 //!
 //! Every build does the same arithmetic, so a token's output has the same bits on every instruction
 //! set and CPU (the per-head loop is its definition): a block's 16 scores are `q . k_j` in four
 //! partial sums of fused multiply-adds (dimensions `d % 4`, each in dimension order), added as
 //! `(s0 + s1) + (s2 + s3)`, times the scale; the softmax of [`softmax_unnormalized`]; the output is
 //! `fma(w_j, v_j, acc)` over the positions in order with the unnormalized weights, times
-//! `1 / total` at the end.
+//! `1 / total` at the end. With int8 KV (integers over one scale per token and head) the sums are of
+//! the stored integers, times the key's scale before the score's; `w_j` is times the value's scale.
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -18,7 +19,7 @@ mod avx512;
 mod f16c;
 
 use crate::fused::{MulAdd, Portable};
-use crate::kv::{KvCache, KvElem, BLOCK_TOKENS, F16};
+use crate::kv::{KvCache, KvElem, BLOCK_TOKENS, F16, I8};
 use crate::pool::Pool;
 use crate::sample::math::exp_nonpositive;
 
@@ -94,6 +95,20 @@ impl AttendElem for f32 {
     }
 }
 
+impl AttendElem for I8 {
+    /// The AVX2 + FMA build of the generic loop where the CPU has them, as for f32 (same operations,
+    /// same order); the per-head loop reads a group's keys once per head, from L1/L2 after the first.
+    fn attend_group(head: &Head<I8>, out: &mut [f32]) {
+        let d = head.cache.layout().head_dim;
+        #[cfg(target_arch = "x86_64")]
+        if x86::has_avx2() {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+            return per_head(head, out, d, |h, o| unsafe { x86::attend_avx2(h, o) });
+        }
+        per_head(head, out, d, attend_body::<I8, Portable>)
+    }
+}
+
 impl AttendElem for F16 {
     /// The AVX-512 group kernel where it applies; else the AVX2 + F16C one where the CPU has them; the
     /// generic loop per head elsewhere.
@@ -126,15 +141,17 @@ fn attend_body<E: KvElem, F: MulAdd>(head: &Head<E>, out: &mut [f32]) {
     for (b, &block) in slot.block_table[..seen.div_ceil(BLOCK_TOKENS)].iter().enumerate() {
         let keys = cache.keys(layer, block as usize, kv_head);
         let used = (seen - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
-        scores.extend_from_slice(&score_block::<E, F>(q, keys, scale)[..used]);
+        let scores_of_block = score_block::<E, F>(q, keys, cache.key_scales(layer, block as usize, kv_head), scale);
+        scores.extend_from_slice(&scores_of_block[..used]);
     }
     let total = softmax_unnormalized(&mut scores);
     out.fill(0.0);
     for (b, &block) in slot.block_table[..seen.div_ceil(BLOCK_TOKENS)].iter().enumerate() {
         let values = cache.values(layer, block as usize, kv_head);
+        let v_scales = cache.value_scales(layer, block as usize, kv_head);
         let weights = &scores[b * BLOCK_TOKENS..(b * BLOCK_TOKENS + BLOCK_TOKENS).min(seen)];
-        for (&w, v) in weights.iter().zip(values.chunks_exact(d)) {
-            E::axpy::<F>(out, w, v);
+        for ((&w, v), &v_scale) in weights.iter().zip(values.chunks_exact(d)).zip(v_scales) {
+            E::axpy::<F>(out, if E::SCALED { w * v_scale } else { w }, v);
         }
     }
     let inverse = 1.0 / total;
@@ -153,9 +170,15 @@ fn softmax_unnormalized(scores: &mut [f32]) -> f32 {
 }
 
 /// `q . k_j * scale` for the 16 keys of one block (stored transposed, `[dim][slot]`): 16-wide fused
-/// multiply-adds into four partial sums (dimension `d % 4`), each over its dimensions in order.
+/// multiply-adds into four partial sums (dimension `d % 4`), each over its dimensions in order; a
+/// scaled type's sums (of its stored integers) are times each key's row scale before `scale`.
 #[inline(always)]
-fn score_block<E: KvElem, F: MulAdd>(q: &[f32], keys: &[E], scale: f32) -> [f32; BLOCK_TOKENS] {
+fn score_block<E: KvElem, F: MulAdd>(
+    q: &[f32],
+    keys: &[E],
+    k_scales: &[f32; BLOCK_TOKENS],
+    scale: f32,
+) -> [f32; BLOCK_TOKENS] {
     let mut acc = [[0.0f32; BLOCK_TOKENS]; 4];
     for (dim, (&qd, row)) in q.iter().zip(keys.chunks_exact(BLOCK_TOKENS)).enumerate() {
         let part = &mut acc[dim % 4];
@@ -163,7 +186,14 @@ fn score_block<E: KvElem, F: MulAdd>(q: &[f32], keys: &[E], scale: f32) -> [f32;
             part[j] = F::mul_add(qd, row[j].to_f32(), part[j]);
         }
     }
-    std::array::from_fn(|j| ((acc[0][j] + acc[1][j]) + (acc[2][j] + acc[3][j])) * scale)
+    std::array::from_fn(|j| {
+        let dot = (acc[0][j] + acc[1][j]) + (acc[2][j] + acc[3][j]);
+        if E::SCALED {
+            dot * k_scales[j] * scale
+        } else {
+            dot * scale
+        }
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -175,7 +205,7 @@ mod x86 {
 
     use super::{attend_body, Head};
     use crate::fused::Instruction;
-    use crate::kv::F16;
+    use crate::kv::{KvElem, F16};
     use crate::q1::Isa;
 
     /// AVX2 with FMA and F16C, unless `OXIBONSAI_ISA` asks for less ([`Isa::detect`]).
@@ -184,8 +214,8 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn attend_avx2(head: &Head<f32>, out: &mut [f32]) {
-        attend_body::<f32, Instruction>(head, out)
+    pub unsafe fn attend_avx2<E: KvElem>(head: &Head<E>, out: &mut [f32]) {
+        attend_body::<E, Instruction>(head, out)
     }
 
     /// Asks for the cache lines of `piece` into L2 (`T1`), without waiting for them. Into L2 rather
@@ -235,6 +265,49 @@ mod tests {
             let want = run::<f32>(&exact, &q, pos);
             let generic = run::<F16>(&half, &q, pos);
             assert!(want.iter().zip(&generic).all(|(a, b)| (a - b).abs() < 1e-2), "pos {pos}");
+        }
+    }
+
+    #[test]
+    fn int8_cache_agrees_with_the_f32_cache_within_its_rounding() {
+        for seed in 0..8 {
+            let (exact, q) = fixture::<f32>(45, seed);
+            let (int8, _) = fixture::<I8>(45, seed);
+            for pos in [0, 15, 16, 44] {
+                let want = run::<f32>(&exact, &q, pos);
+                let got = run::<I8>(&int8, &q, pos);
+                // Values of magnitude <= 3 stored in steps of 3/127: half a step is 0.012 per element.
+                let worst = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                assert!(worst < 0.03, "seed {seed} pos {pos}: {worst}");
+                assert!(worst > 0.0, "seed {seed} pos {pos}: int8 rounds");
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx2_per_head_loop_matches_the_portable_one_bit_for_bit() {
+        if !x86::has_avx2() {
+            return;
+        }
+        for seed in 0..4 {
+            let (int8, q) = fixture::<I8>(45, seed);
+            let (exact, _) = fixture::<f32>(45, seed);
+            let table: Vec<u32> = (0..int8.num_blocks() as u32).collect();
+            for pos in [0, 20, 44] {
+                let slot = TokenSlot { pos, block_table: &table };
+                let (mut fast, mut want) = (vec![0.0; q.len()], vec![0.0; q.len()]);
+                let head = Head { layer: 0, kv_head: 0, q: &q, slot: &slot, scale: 0.1, cache: &int8 };
+                // SAFETY: the CPU supports AVX2 and FMA (checked above).
+                unsafe { x86::attend_avx2(&head, &mut fast) };
+                attend_body::<I8, Portable>(&head, &mut want);
+                assert_eq!(bits(&want), bits(&fast), "int8 seed {seed} pos {pos}");
+                let head = Head { layer: 0, kv_head: 0, q: &q, slot: &slot, scale: 0.1, cache: &exact };
+                // SAFETY: as above.
+                unsafe { x86::attend_avx2(&head, &mut fast) };
+                attend_body::<f32, Portable>(&head, &mut want);
+                assert_eq!(bits(&want), bits(&fast), "f32 seed {seed} pos {pos}");
+            }
         }
     }
 
