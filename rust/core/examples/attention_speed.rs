@@ -1,13 +1,13 @@
 //! Times one decode token's attention over every layer of a Bonsai-1.7B-shaped KV cache (28 layers,
-//! 16 query heads over 8 KV heads of 128; f16, or f32 with a fourth argument `f32`) at a given
+//! 16 query heads over 8 KV heads of 128; f16, or f32 / int8 with a fourth argument) at a given
 //! context, the sequence's blocks scattered through a larger pool as they are after other requests
 //! came and went.
 //!
-//!     cargo run --release -p oxibonsai-core --example attention_speed -- [context] [threads] [reps] [f16|f32]
+//!     cargo run --release -p oxibonsai-core --example attention_speed -- [context] [threads] [reps] [f16|f32|int8]
 
 use std::time::Instant;
 
-use oxibonsai_core::kv::{KvCache, KvLayout, BLOCK_TOKENS, F16};
+use oxibonsai_core::kv::{KvCache, KvLayout, BLOCK_TOKENS, F16, I8};
 use oxibonsai_core::model::attention::AttendElem;
 use oxibonsai_core::model::attention::{attend, AttentionShape, TokenSlot};
 use oxibonsai_core::pool::Pool;
@@ -16,8 +16,9 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.get(3).map(String::as_str) {
         Some("f32") => time::<f32>(&args[..3]),
+        Some("int8") => time::<I8>(&args[..3]),
         None | Some("f16") => time::<F16>(&args[..args.len().min(3)]),
-        Some(other) => panic!("the KV type is f16 or f32, got {other}"),
+        Some(other) => panic!("the KV type is f16, f32 or int8, got {other}"),
     }
 }
 
@@ -50,9 +51,9 @@ fn time<E: AttendElem>(args: &[String]) {
         }
         best = best.min(start.elapsed().as_secs_f64());
     }
-    let bytes = 2.0 * (layout.n_layers * layout.n_kv_heads * blocks * BLOCK_TOKENS * 128 * size_of::<E>()) as f64;
+    let bytes = (blocks * layout.block_bytes::<E>()) as f64;
     println!(
-        "{} context {context}, {threads} thread(s): best {:.3} ms per token, {:.1} GB/s of K+V",
+        "{} context {context}, {threads} thread(s): best {:.3} ms per token, {:.1} GB/s of K+V (and row scales)",
         E::NAME,
         best * 1e3,
         bytes / best / 1e9

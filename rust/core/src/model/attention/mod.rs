@@ -2,8 +2,9 @@
 //! pair -- the query heads sharing that KV head -- is computed alone, reading keys and values through
 //! its sequence's block table, so a token's output is the same whether it ran in a prefill batch or
 //! alone in a decode step, and with any thread count. With f16 KV on x86-64 the query heads of a group
-//! share one read of their keys and values ([`avx512`] with AVX-512, [`f16c`] with AVX2 + F16C);
-//! elsewhere (f32 and int8 KV, other CPUs) each query head runs the per-head loop below.
+//! share one read of their keys and values ([`avx512`] with AVX-512, [`f16c`] with AVX2 + F16C), as
+//! do those of int8 KV ([`f16c`]); elsewhere (f32 KV, other CPUs) each query head runs the per-head
+//! loop below.
 //!
 //! Every build does the same arithmetic, so a token's output has the same bits on every instruction
 //! set and CPU (the per-head loop is its definition): a block's 16 scores are `q . k_j` in four
@@ -96,16 +97,14 @@ impl AttendElem for f32 {
 }
 
 impl AttendElem for I8 {
-    /// The AVX2 + FMA build of the generic loop where the CPU has them, as for f32 (same operations,
-    /// same order); the per-head loop reads a group's keys once per head, from L1/L2 after the first.
+    /// The AVX2 group kernel where the CPU has AVX2, FMA and F16C; the generic loop per head elsewhere.
     fn attend_group(head: &Head<I8>, out: &mut [f32]) {
-        let d = head.cache.layout().head_dim;
         #[cfg(target_arch = "x86_64")]
-        if x86::has_avx2() {
-            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-            return per_head(head, out, d, |h, o| unsafe { x86::attend_avx2(h, o) });
+        if f16c::available() {
+            // SAFETY: the CPU supports AVX2, FMA and F16C (checked just above).
+            return unsafe { f16c::attend_group(head, out) };
         }
-        per_head(head, out, d, attend_body::<I8, Portable>)
+        per_head(head, out, head.cache.layout().head_dim, attend_body::<I8, Portable>)
     }
 }
 
@@ -205,7 +204,6 @@ mod x86 {
 
     use super::{attend_body, Head};
     use crate::fused::Instruction;
-    use crate::kv::{KvElem, F16};
     use crate::q1::Isa;
 
     /// AVX2 with FMA and F16C, unless `OXIBONSAI_ISA` asks for less ([`Isa::detect`]).
@@ -214,8 +212,8 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn attend_avx2<E: KvElem>(head: &Head<E>, out: &mut [f32]) {
-        attend_body::<E, Instruction>(head, out)
+    pub unsafe fn attend_avx2(head: &Head<f32>, out: &mut [f32]) {
+        attend_body::<f32, Instruction>(head, out)
     }
 
     /// Asks for the cache lines of `piece` into L2 (`T1`), without waiting for them. Into L2 rather
@@ -223,8 +221,8 @@ mod x86 {
     /// table need them. On Zen 4 at 512 positions (`examples/attention_speed.rs`), `T0` read
     /// 10.6-11.0 GB/s on one core and `T1` 12.7-15.9; on two, 21.6-23.2 against 27.9-31.4.
     #[inline(always)]
-    pub fn prefetch_l2(piece: &[F16]) {
-        for line in piece.chunks(32) {
+    pub fn prefetch_l2<T>(piece: &[T]) {
+        for line in piece.chunks(64 / std::mem::size_of::<T>()) {
             // SAFETY: prefetching is a hint; the address is inside `piece`.
             unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
         }
@@ -291,30 +289,24 @@ mod tests {
             return;
         }
         for seed in 0..4 {
-            let (int8, q) = fixture::<I8>(45, seed);
-            let (exact, _) = fixture::<f32>(45, seed);
-            let table: Vec<u32> = (0..int8.num_blocks() as u32).collect();
+            let (exact, q) = fixture::<f32>(45, seed);
+            let table: Vec<u32> = (0..exact.num_blocks() as u32).collect();
             for pos in [0, 20, 44] {
                 let slot = TokenSlot { pos, block_table: &table };
                 let (mut fast, mut want) = (vec![0.0; q.len()], vec![0.0; q.len()]);
-                let head = Head { layer: 0, kv_head: 0, q: &q, slot: &slot, scale: 0.1, cache: &int8 };
+                let head = Head { layer: 0, kv_head: 0, q: &q, slot: &slot, scale: 0.1, cache: &exact };
                 // SAFETY: the CPU supports AVX2 and FMA (checked above).
                 unsafe { x86::attend_avx2(&head, &mut fast) };
-                attend_body::<I8, Portable>(&head, &mut want);
-                assert_eq!(bits(&want), bits(&fast), "int8 seed {seed} pos {pos}");
-                let head = Head { layer: 0, kv_head: 0, q: &q, slot: &slot, scale: 0.1, cache: &exact };
-                // SAFETY: as above.
-                unsafe { x86::attend_avx2(&head, &mut fast) };
                 attend_body::<f32, Portable>(&head, &mut want);
-                assert_eq!(bits(&want), bits(&fast), "f32 seed {seed} pos {pos}");
+                assert_eq!(bits(&want), bits(&fast), "seed {seed} pos {pos}");
             }
         }
     }
 
-    /// A random two-KV-head f16 cache of `n` tokens with head dim `d` (written to layer 1, its blocks
-    /// in reverse order, as a block table may hold them), deterministic per `seed`.
+    /// A random two-KV-head cache of `n` tokens with head dim `d` (written to layer 1, its blocks in
+    /// reverse order, as a block table may hold them), deterministic per `seed`.
     #[cfg(target_arch = "x86_64")]
-    pub(super) fn reversed_cache(n: usize, d: usize, seed: u32) -> KvCache<F16> {
+    pub(super) fn reversed_cache<E: KvElem>(n: usize, d: usize, seed: u32) -> KvCache<E> {
         let layout = KvLayout { n_layers: 2, n_kv_heads: 2, head_dim: d };
         let mut cache = KvCache::new(layout, n.div_ceil(BLOCK_TOKENS) + 3).unwrap();
         let value = |i: usize| (i as f32 * 0.618 + seed as f32).sin() * 3.0;
@@ -327,22 +319,22 @@ mod tests {
     }
 
     #[cfg(target_arch = "x86_64")]
-    type GroupKernel = fn(&Head<F16>, &mut [f32]) -> bool;
+    type GroupKernel<E> = fn(&Head<E>, &mut [f32]) -> bool;
 
     /// [`f16c::attend_group`] as a [`GroupKernel`]; only listed where the CPU supports it.
     #[cfg(target_arch = "x86_64")]
-    fn f16c_group(head: &Head<F16>, out: &mut [f32]) -> bool {
+    fn f16c_group<E: f16c::Widen8>(head: &Head<E>, out: &mut [f32]) -> bool {
         // SAFETY: `group_kernels` lists this only where `f16c::available()`.
         unsafe { f16c::attend_group(head, out) };
         true
     }
 
-    /// The group kernels this CPU can run, by name; each returns false where it declines.
+    /// The f16 group kernels this CPU can run, by name; each returns false where it declines.
     #[cfg(target_arch = "x86_64")]
-    fn group_kernels() -> Vec<(&'static str, GroupKernel)> {
-        let mut kernels: Vec<(&'static str, GroupKernel)> = vec![("avx512", avx512::attend_group)];
+    fn group_kernels() -> Vec<(&'static str, GroupKernel<F16>)> {
+        let mut kernels: Vec<(&'static str, GroupKernel<F16>)> = vec![("avx512", avx512::attend_group)];
         if f16c::available() {
-            kernels.push(("f16c", f16c_group));
+            kernels.push(("f16c", f16c_group::<F16>));
         }
         kernels
     }
@@ -351,28 +343,37 @@ mod tests {
         x.iter().map(|v| v.to_bits()).collect()
     }
 
+    /// `kernel` against the per-head loop over caches of several shapes, every head bit for bit.
+    #[cfg(target_arch = "x86_64")]
+    fn check_group_kernel<E: KvElem>(name: &str, kernel: GroupKernel<E>) {
+        for (d, group, n) in [(128, 2, 45), (128, 3, 16), (64, 4, 33), (128, 1, 1), (132, 2, 20), (66, 2, 19)] {
+            let cache = reversed_cache::<E>(n, d, d as u32 + group as u32);
+            let table: Vec<u32> = (0..n.div_ceil(BLOCK_TOKENS) as u32).rev().collect();
+            let q: Vec<f32> = (0..group * d).map(|i| (i as f32 * 0.37).cos() * 0.3).collect();
+            for pos in [0, n / 2, n - 1] {
+                let slot = TokenSlot { pos, block_table: &table };
+                let head = Head { layer: 1, kv_head: 1, q: &q, slot: &slot, scale: 0.1, cache: &cache };
+                let mut fast = vec![f32::NAN; group * d];
+                if !kernel(&head, &mut fast) {
+                    continue;
+                }
+                for (h, (qh, got)) in q.chunks_exact(d).zip(fast.chunks_exact(d)).enumerate() {
+                    let mut want = vec![0.0; d];
+                    attend_body::<E, Portable>(&Head { q: qh, ..head }, &mut want);
+                    assert_eq!(bits(&want), bits(got), "{name}: d {d} group {group} pos {pos} head {h}");
+                }
+            }
+        }
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn group_kernels_match_the_per_head_loop_bit_for_bit() {
         for (name, kernel) in group_kernels() {
-            for (d, group, n) in [(128, 2, 45), (128, 3, 16), (64, 4, 33), (128, 1, 1), (132, 2, 20), (66, 2, 19)] {
-                let cache = reversed_cache(n, d, d as u32 + group as u32);
-                let table: Vec<u32> = (0..n.div_ceil(BLOCK_TOKENS) as u32).rev().collect();
-                let q: Vec<f32> = (0..group * d).map(|i| (i as f32 * 0.37).cos() * 0.3).collect();
-                for pos in [0, n / 2, n - 1] {
-                    let slot = TokenSlot { pos, block_table: &table };
-                    let head = Head { layer: 1, kv_head: 1, q: &q, slot: &slot, scale: 0.1, cache: &cache };
-                    let mut fast = vec![f32::NAN; group * d];
-                    if !kernel(&head, &mut fast) {
-                        continue;
-                    }
-                    for (h, (qh, got)) in q.chunks_exact(d).zip(fast.chunks_exact(d)).enumerate() {
-                        let mut want = vec![0.0; d];
-                        attend_body::<F16, Portable>(&Head { q: qh, ..head }, &mut want);
-                        assert_eq!(bits(&want), bits(got), "{name}: d {d} group {group} pos {pos} head {h}");
-                    }
-                }
-            }
+            check_group_kernel::<F16>(name, kernel);
+        }
+        if f16c::available() {
+            check_group_kernel::<I8>("f16c int8", f16c_group::<I8>);
         }
     }
 }
