@@ -214,37 +214,37 @@ def two_group_model(tmp_path_factory: pytest.TempPathFactory, model_seed: int) -
     return write_tiny(tmp_path_factory.mktemp("models") / "two_groups.gguf", model_seed + 9, cfg=cfg)
 
 
-@pytest.mark.parametrize("one_row", ["gemv_split", "gemv_fixup", "gemv"])
-def test_matmuls_that_quantize_ahead_give_the_plain_forward_bits(two_group_model, monkeypatch, rng, one_row):
+def test_matmuls_that_quantize_ahead_give_the_plain_forward_bits(two_group_model, monkeypatch, rng):
     """The exact set's matmuls quantize their outputs for the next matmul (``ops.ahead``: at one row
-    in the split GEMV, forced here as on a GPU, whichever form ``OXIBONSAI_ONE_ROW_GEMV`` picks; a
+    in the split GEMV, forced here as on a GPU, in each form ``OXIBONSAI_ONE_ROW_GEMV`` picks; a
     launch of its own elsewhere): a prefill and one-row decodes give the logits of the forward pass
-    without those ops bit for bit, and at one row the first layer's QKV is the only matmul that
-    quantizes in a launch of its own."""
+    without those ops bit for bit, whichever the form, and at one row the first layer's QKV is the
+    only matmul that quantizes in a launch of its own. (The plain pass runs once, in the default
+    form: every form gives its bits, ``test_q1_exact.py``.)"""
     from types import SimpleNamespace
 
     from oxibonsai.torch_backend.ops import ahead, q1_exact
 
     monkeypatch.setenv("OXIBONSAI_TORCH_OPS", "triton")
     monkeypatch.setenv("OXIBONSAI_Q1_ARITHMETIC", "exact")
-    monkeypatch.setenv(q1_exact.ONE_ROW_ENV_VAR, one_row)
     monkeypatch.setattr(q1_exact, "_default_split_k", lambda tiles, groups, device: 2)  # as on a GPU
     ops = ops_for(DEVICE)
     plain_ops = SimpleNamespace(**{k: v for k, v in vars(ops).items() if k not in ahead.OPS})
-    fused = TorchQwen3.from_gguf(two_group_model, DEVICE, ops=ops)
     plain = TorchQwen3.from_gguf(two_group_model, DEVICE, ops=plain_ops)
-    assert fused.quantizes_ahead and not plain.quantizes_ahead
-    vocab = fused.config.vocab
+    assert not plain.quantizes_ahead
+    vocab = plain.config.vocab
     prompt, decodes = [int(t) for t in rng.integers(0, vocab, 6)], [int(t) for t in rng.integers(0, vocab, 2)]
     launches = []
     real_quantize = q1_exact.quantize
     monkeypatch.setattr(q1_exact, "quantize", lambda *a, **kw: launches.append(1) or real_quantize(*a, **kw))
-    counts, logits = [], []
-    for model in (fused, plain):
+    want = steps(plain, prompt, decodes)
+    per_step = 3 * plain.config.n_layers + 1  # before QKV, gate|up and down in each layer; the LM head
+    assert len(launches) == per_step * (1 + len(decodes))
+    for one_row in ("gemv_split", "gemv_fixup", "gemv"):
+        monkeypatch.setenv(q1_exact.ONE_ROW_ENV_VAR, one_row)
+        fused = TorchQwen3.from_gguf(two_group_model, DEVICE, ops=ops)
+        assert fused.quantizes_ahead
         launches.clear()
-        logits.append(steps(model, prompt, decodes))
-        counts.append(len(launches))
-    for a, b in zip(*logits, strict=True):
-        assert np.array_equal(a, b)
-    per_step = 3 * fused.config.n_layers + 1  # before QKV, gate|up and down in each layer; the LM head
-    assert counts == [per_step + len(decodes), per_step * (1 + len(decodes))], counts  # decodes: 1st QKV's
+        got = steps(fused, prompt, decodes)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), one_row
+        assert len(launches) == per_step + len(decodes), (one_row, len(launches))  # decodes: 1st QKV's
