@@ -11,6 +11,8 @@ bit for bit, cached prefixes give the uncached tokens, and a prefix-cache file r
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +108,14 @@ def test_bits_per_byte_of_the_embedded_model_stay_those_of_an_exact_cache() -> N
     sample = stream[offset:]
     want, got = bits_per_byte(exact, sample, window, 24), bits_per_byte(int8, sample, window, 24)
     assert got == pytest.approx(want, rel=0.001)
+
+
+def test_the_command_line_takes_an_int8_cache(model: Path) -> None:
+    params = ob.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    want = ob.LLM(model, kv_cache_dtype="int8").generate(["the model"], params)[0].outputs[0].text
+    args = ["generate", "the model", "--model", str(model), "--kv-cache-dtype", "int8"]
+    args += ["--max-tokens", "6", "--temperature", "0", "--ignore-eos"]
+    cli = [sys.executable, "-m", "oxibonsai.cli", *args]
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == want + "\n"

@@ -22,6 +22,7 @@ from oxibonsai.outputs import RequestOutput
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.server.cli_args import (
     add_device_flags,
+    add_kv_dtype_flag,
     add_rope_flags,
     add_serve_flags,
     device_args,
@@ -72,6 +73,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", default=None, help="path to a .gguf (default: the embedded model)")
     p.add_argument("--threads", "-t", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
+    add_kv_dtype_flag(p)
     add_device_flags(p)
     add_rope_flags(p)
 
@@ -109,6 +111,7 @@ def _load(args: argparse.Namespace) -> LLM:
         args.model,
         num_threads=args.threads,
         max_model_len=args.max_model_len,
+        kv_cache_dtype=args.kv_cache_dtype,
         **device_args(args),
         **rope_args(args),
     )

@@ -28,7 +28,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     engine.add_argument("--max-waiting", type=int, default=None, help="waiting requests before 503")
     engine.add_argument("--kv-cache-bytes", type=int, default=None)
     engine.add_argument("--kv-cache-blocks", type=int, default=None)
-    engine.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "f16", "f32", "int8"])
+    add_kv_dtype_flag(engine)
     add_device_flags(engine)
     add_rope_flags(engine)
     engine.add_argument("--seed", type=int, default=0)
@@ -103,6 +103,14 @@ def _rope_scaling(text: str) -> RopeScaling | None:
         return RopeScaling.parse(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from e
+
+
+KV_CACHE_DTYPES = ["auto", "f16", "f32", "int8"]
+
+
+def add_kv_dtype_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--kv-cache-dtype``: f16 (``auto``), f32 or, on the native runner, int8."""
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
 
 
 def engine_args(args: argparse.Namespace) -> dict[str, Any]:
