@@ -10,6 +10,9 @@
 //! throwaway knob): 16.8-17.0 GB/s of keys and values at 512 positions and 16.0-16.3 at 2048, where
 //! the per-head loop it replaces read 7.4-7.6 and 6.9-7.2 (each block once per query head, no
 //! prefetch), and the AVX-512 group kernel 17.4-18.5 and 16.3-16.6.
+//! On a 2-core AMD EPYC without AVX-512 (28 layers at 4,096 positions, two threads): f16 32.6-33.2 ms
+//! a token, int8 18.7-19.4 ms, where int8 through the per-head loop took 35.6-38.3 and through this
+//! kernel adding value rows one by one (loading and storing the sums each row) 28.6-28.9.
 
 use std::arch::x86_64::*;
 
