@@ -1,13 +1,14 @@
 """The int8 KV cache (``kv_cache_dtype="int8"``, the native runner): each token's keys and values of
 one KV head stored as integers over one f32 scale (``absmax / 127``).
 
-Tolerances: on the random tiny models an int8 cache moves logits by up to ~0.35 from the float64
-reference (f16: ~0.009; measured over 12 models, 60 tokens each), so the test allows 1.0, as for the
-int8 matmul kernels, and checks top-1 only where the reference's top-2 gap exceeds 1.0. On the
-trained embedded model it costs no measurable quality: bits per byte on held-out text (110 windows
-of 512) 1.444361 against f32's 1.444370; the test allows 0.1% on a random 24 of the windows.
-Whatever the rounding, an int8 run is deterministic: incremental decode equals a full recomputation
-bit for bit, cached prefixes give the uncached tokens, and a prefix-cache file round-trips."""
+Tolerances (measured by ``benches/kv_dtype_accuracy.py``): on the random tiny models an int8 cache
+moves logits by up to ~0.35 from the float64 reference (f16: ~0.009; 12 models, 60 tokens each), so
+the test allows 1.0, as for the int8 matmul kernels, and checks top-1 only where the reference's
+top-2 gap exceeds 1.0. On the trained embedded model it costs no measurable quality: bits per byte
+on held-out text (110 windows of 512) 1.444361 against f32's 1.444370; the test allows 0.1% on a
+random 24 of the windows. Whatever the rounding, an int8 run is deterministic: incremental decode
+equals a full recomputation bit for bit, cached prefixes give the uncached tokens, and a
+prefix-cache file round-trips."""
 
 from __future__ import annotations
 
