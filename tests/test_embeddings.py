@@ -1,13 +1,16 @@
 """Embeddings: the final hidden states (``hidden_states``, both runners) against the float64 numpy
 reference's, ``LLM.embed``'s pooling (last, mean, cls; normalized or not) of exactly those states, the
 GGUF's pooling type, ``AsyncLLM.embed`` beside running requests (their tokens unchanged, no KV block
-kept), and ``/v1/embeddings`` (float and base64, token-id inputs, the official client, errors)."""
+kept; a chunk between two steps, waiting for blocks, cancelled, shut down), and ``/v1/embeddings``
+(float and base64, token-id inputs, the official client, errors)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +108,137 @@ def test_async_embed_beside_running_requests_changes_nothing(tiny_model, rng):
         assert blocks_held(engine) == 0
     finally:
         engine.shutdown()
+
+
+def test_hidden_states_in_chunks_are_the_same_bits(tiny_model, rng):
+    llm = ob.LLM(tiny_model)
+    runner = llm._runner
+    free = runner._model.num_free_blocks
+    ids = random_ids(rng, llm.config["vocab"], int(rng.integers(40, 300)))
+    chunk = int(rng.integers(1, 64))
+    for rows in ("all", "last"):
+        steps = runner.hidden_state_steps(ids, rows, chunk)
+        needs = []
+        try:
+            while True:
+                needs.append(next(steps))
+        except StopIteration as done:
+            hidden = done.value
+        np.testing.assert_array_equal(hidden, runner.hidden_states(ids, rows))
+        assert len(needs) == -(-len(ids) // chunk) and sum(needs) == -(-len(ids) // 16)
+        assert runner._model.num_free_blocks == free
+    steps = runner.hidden_state_steps(ids, "all", 16)
+    next(steps), next(steps), next(steps)  # two chunks ran
+    assert runner._model.num_free_blocks == free - 2
+    steps.close()
+    assert runner._model.num_free_blocks == free, "closing the steps frees their sequence"
+
+
+@contextlib.contextmanager
+def parked(engine: ob.AsyncLLM) -> Iterator[None]:
+    """Holds the step loop before its next turn (as a caller waiting for the engine lock does), so
+    work submitted meanwhile joins the engine in the state it has now."""
+    with engine._work:
+        engine._control_waiting += 1
+    try:
+        yield
+    finally:
+        with engine._work:
+            engine._control_waiting -= 1
+            engine._work.notify_all()
+
+
+async def embedding_queued(engine: ob.AsyncLLM, prompts: list[list[int]]) -> asyncio.Future[Any]:
+    """``engine.embed(prompts)`` started, once its job is in the loop's queue."""
+    queued = len(engine._embeds)
+    job = asyncio.ensure_future(engine.embed(prompts))
+    while not job.done() and len(engine._embeds) == queued:
+        await asyncio.sleep(0.001)
+    return job
+
+
+def test_async_embed_runs_between_steps(tiny_model, rng):
+    """A long embedding does not hold running requests back: with 16-token chunks a 400-token prompt
+    takes 25 turns of the loop, each after an engine step, so a request decoding beside it gets a step
+    in every turn (and the same tokens as alone)."""
+    stream_ids, embed_ids = random_ids(rng, 800, 20), random_ids(rng, 800, 400)
+    params = ob.SamplingParams(max_tokens=120, temperature=0, ignore_eos=True)
+    want = ob.LLM(tiny_model).generate([stream_ids], params)[0].outputs[0].token_ids
+    engine = ob.AsyncLLM(tiny_model, max_num_batched_tokens=16)
+    step = engine._engine.step
+    steps_beside: list[int] = []
+
+    def counted_step() -> Any:
+        steps_beside.append(len(engine._embeds))
+        return step()
+
+    engine._engine.step = counted_step  # type: ignore[method-assign]
+
+    async def go() -> tuple[list[int], Any]:
+        stream = engine.generate(stream_ids, params)
+        await stream.__anext__()  # running now
+        with parked(engine):
+            embedding = await embedding_queued(engine, [embed_ids])
+        out = [o async for o in stream][-1]
+        return out.outputs[0].token_ids, (await embedding)[0]
+
+    try:
+        tokens, embedded = asyncio.run(go())
+        assert tokens == want
+        assert sum(1 for pending in steps_beside if pending) == 25, "steps waited for the embedding"
+        assert embedded.outputs.embedding == ob.LLM(tiny_model).embed([embed_ids])[0].outputs.embedding
+        assert blocks_held(engine) == 0
+    finally:
+        engine.shutdown()
+
+
+def test_async_embed_waits_for_blocks_and_fails_when_they_never_come(tiny_model, rng):
+    """In a cache of 8 blocks, a 100-token embedding (7 blocks) beside a request that grows to 6 takes
+    the free blocks a chunk at a time; the request, out of blocks, is preempted, and the embedding goes
+    on and ends, then the request resumes (its tokens unchanged). One larger than the cache is a
+    ValueError; a cancelled one is dropped before its next chunk. No block is kept."""
+    stream_ids, embed_ids = random_ids(rng, 800, 60), random_ids(rng, 800, 100)
+    params = ob.SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    want = ob.LLM(tiny_model).generate([stream_ids], params)[0].outputs[0].token_ids
+    engine = ob.AsyncLLM(tiny_model, max_num_batched_tokens=16, kv_cache_blocks=8, max_model_len=256)
+
+    async def go() -> tuple[list[int], Any]:
+        with parked(engine):  # both start in the same turn of the loop
+            stream = engine.generate(stream_ids, params)
+            embedding = await embedding_queued(engine, [embed_ids])
+        out = [o async for o in stream][-1]
+        embedded = await embedding
+        with pytest.raises(ValueError, match="cannot hold this embedding prompt"):
+            await engine.embed([random_ids(rng, 800, 200)])
+        with parked(engine):
+            cancelled = await embedding_queued(engine, [random_ids(rng, 800, 120)])
+            cancelled.cancel()
+        await engine.embed([embed_ids[:5]])  # after the cancelled job, in order
+        assert cancelled.cancelled()
+        return out.outputs[0].token_ids, embedded[0]
+
+    try:
+        tokens, embedded = asyncio.run(go())
+        assert tokens == want
+        assert engine._engine.scheduler_stats()["preemptions"] >= 1
+        assert embedded.outputs.embedding == ob.LLM(tiny_model).embed([embed_ids])[0].outputs.embedding
+        assert blocks_held(engine) == 0
+    finally:
+        engine.shutdown()
+
+
+def test_shutdown_fails_a_waiting_embedding(tiny_model, rng):
+    engine = ob.AsyncLLM(tiny_model, max_num_batched_tokens=16)
+
+    async def go() -> None:
+        with parked(engine):
+            job = await embedding_queued(engine, [random_ids(rng, 800, 400)])
+            await asyncio.to_thread(engine.shutdown)
+        with pytest.raises(ob.EngineDeadError, match="shut down"):
+            await job
+
+    asyncio.run(go())
+    assert engine.cache_stats()["free_blocks"] == engine.cache_stats()["capacity_blocks"]
 
 
 def post(app: Any, body: dict[str, Any]) -> Any:

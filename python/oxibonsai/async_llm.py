@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Any
 
 from oxibonsai._core import OxiBonsaiError, QueueFull
+from oxibonsai.async_embed import EmbedJob
 from oxibonsai.async_samples import SampleGroupStream
 from oxibonsai.llm import LLM, Message, PromptType, _cache_salt
 from oxibonsai.metrics import EngineMetrics
@@ -149,6 +150,7 @@ class AsyncLLM:
         self._control_waiting = 0  # callers waiting for the lock; the loop lets them go first
         self._mailboxes: dict[str, _Mailbox] = {}
         self._dropped: deque[str] = deque()  # appended by finalizers without the lock
+        self._embeds: deque[EmbedJob] = deque()  # appended under _work's lock, run by the loop
         self._dead: BaseException | None = None
         self._closed = False
         self._metrics: EngineMetrics = self._engine.metrics
@@ -297,10 +299,32 @@ class AsyncLLM:
             except BaseException as error:  # delivered to every consumer, not swallowed
                 self._fail(error)
                 return False
+            self._advance_embedding()
         return True
 
     def _has_work(self) -> bool:
-        return bool(self._engine.has_unfinished() or self._dropped or self._inbox)
+        return bool(self._engine.has_unfinished() or self._dropped or self._inbox or self._embeds)
+
+    def _advance_embedding(self) -> None:
+        """One chunk of the oldest embedding job, after the step (a job's error is its caller's only)."""
+        while self._embeds and self._embeds[0].cancelled:
+            self._embeds.popleft().close()
+        if not self._embeds:
+            return
+        job = self._embeds[0]
+        try:
+            done = job.advance(self._engine.available_blocks(), engine_idle=self._engine.num_running == 0)
+        except Exception as error:
+            self._embeds.popleft()
+            job.fail(error)
+            return
+        if done:
+            self._embeds.popleft()
+            job.resolve()
+
+    def _fail_embeddings(self, error: BaseException) -> None:
+        while self._embeds:
+            self._embeds.popleft().fail(error)
 
     def _admit_inbox(self) -> None:
         """Moves the submitted requests into the engine, in arrival order."""
@@ -338,11 +362,12 @@ class AsyncLLM:
             self._engine.abort_all()
         except Exception:  # the engine is already broken; the consumers hear about the first error
             pass
+        dead = EngineDeadError(f"the engine's step loop failed: {error!r}")
+        dead.__cause__ = error
         for mailbox in self._mailboxes.values():
-            dead = EngineDeadError(f"the engine's step loop failed: {error!r}")
-            dead.__cause__ = error
             mailbox.put(dead)
         self._mailboxes.clear()
+        self._fail_embeddings(dead)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -360,6 +385,7 @@ class AsyncLLM:
                 for mailbox in self._mailboxes.values():
                     mailbox.put(_ABORTED)
                 self._mailboxes.clear()
+                self._fail_embeddings(EngineDeadError("the engine is shut down"))
                 self._wake.notify_all()
         if threading.current_thread() is not self._thread:
             self._thread.join()
@@ -429,14 +455,26 @@ class AsyncLLM:
         pooling: str | None = None,
         normalize: bool = True,
     ) -> list[EmbeddingRequestOutput]:
-        """``LLM.embed`` in a worker thread, under the engine's lock: the step loop waits while the
-        prompts run (each is one prefill, outside the scheduler)."""
-
-        def embed_locked() -> list[EmbeddingRequestOutput]:
-            with self._control():
-                return self._llm.embed(prompts, pooling=pooling, normalize=normalize)
-
-        return await asyncio.to_thread(embed_locked)
+        """``LLM.embed`` run by the step loop a chunk at a time (``max_num_batched_tokens`` tokens of
+        one prompt between two engine steps, ``async_embed``), so running requests keep decoding; the
+        same vectors as ``LLM.embed``. Invalid prompts raise before any work; cancelling the call
+        drops the job and frees its blocks."""
+        pooling, prompt_ids = await asyncio.to_thread(self._llm._embedding_inputs, prompts, pooling)
+        engine = self._engine
+        chunk = engine.config.batched_tokens(engine.max_model_len)
+        steps = [self._llm._embedding_steps(ids, pooling, normalize, chunk) for ids in prompt_ids]
+        job = EmbedJob(asyncio.get_running_loop(), steps)
+        with self._work:
+            self._check_alive()
+            self._embeds.append(job)
+            self._work.notify()
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            job.cancelled = True  # the loop closes it before its next chunk
+            with self._work:
+                self._work.notify()
+            raise
 
     def cache_stats(self) -> dict[str, Any]:
         with self._control():

@@ -322,6 +322,11 @@ class Engine:
             prefix_cache_hit_rate=cache["hit_rate"],
         )
 
+    def available_blocks(self) -> int:
+        """KV blocks a step or a sequence outside the scheduler can take now: free or evictable."""
+        cache = self._runner.cache_stats()
+        return int(cache["free_blocks"] + cache["idle_blocks"])
+
     def scheduler_stats(self) -> dict[str, int]:
         """The scheduler's counters: steps, admitted, preemptions, finished, aborted, tokens."""
         return cast(dict[str, int], dict(self._sched.stats()))

@@ -8,7 +8,7 @@ import dataclasses
 import itertools
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from oxibonsai.engine import Engine, SchedulerConfig
 from oxibonsai.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from oxibonsai.progress import PROGRESS_MIN_PROMPTS, Progress
 from oxibonsai.rope_scaling import RopeScaling
-from oxibonsai.runner import NativeRunner, Runner, choose
+from oxibonsai.runner import NativeRunner, Runner, choose, run_hidden_steps
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.tokenizer import Tokenizer
 
@@ -383,18 +383,30 @@ class LLM:
         ``"mean"`` or ``"cls"``; None: the model's, see ``embedding``), L2-normalized unless
         ``normalize=False``. Each prompt runs alone, outside the scheduler, on a sequence of its own
         (its KV blocks are freed at once); a prompt longer than the context is a ``ValueError``."""
+        pooling, prompt_ids = self._embedding_inputs(prompts, pooling)
+        return [run_hidden_steps(self._embedding_steps(ids, pooling, normalize)) for ids in prompt_ids]
+
+    def _embedding_inputs(
+        self, prompts: PromptType | Sequence[PromptType], pooling: str | None
+    ) -> tuple[str, list[list[int]]]:
+        """The pooling to use and each prompt's token ids, checked (``ValueError`` before any work)."""
         pooling = check_pooling(pooling if pooling is not None else model_pooling(self.metadata))
-        rows = "last" if pooling == "last" else "all"
-        outputs = []
+        prompt_ids = []
         for prompt in self._prompt_list(prompts):
             _, ids = self._tokenize(prompt)
             self._check_ids(ids)
-            hidden = self._runner.hidden_states(ids, rows)
-            vector = pooled(hidden, pooling, normalize)
-            outputs.append(
-                EmbeddingRequestOutput(str(next(self._ids)), ids, EmbeddingOutput(vector.tolist()))
-            )
-        return outputs
+            prompt_ids.append(ids)
+        return pooling, prompt_ids
+
+    def _embedding_steps(
+        self, ids: list[int], pooling: str, normalize: bool, chunk_tokens: int | None = None
+    ) -> Generator[int, None, EmbeddingRequestOutput]:
+        """One prompt's embedding as the runner's ``hidden_state_steps`` (what they yield, then the
+        output); ``AsyncLLM`` runs a chunk between two engine steps."""
+        rows = "last" if pooling == "last" else "all"
+        hidden = yield from self._runner.hidden_state_steps(ids, rows, chunk_tokens)
+        vector = pooled(hidden, pooling, normalize)
+        return EmbeddingRequestOutput(str(next(self._ids)), ids, EmbeddingOutput(vector.tolist()))
 
     def chat_prompt(
         self, messages: Sequence[Message], *, add_generation_prompt: bool = True, **template_kwargs: Any

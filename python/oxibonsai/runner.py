@@ -20,7 +20,7 @@ import importlib.util
 import os
 import platform
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -102,6 +102,21 @@ def sample_on_host(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[Draw]:
     ]
 
 
+HiddenSteps = Generator[int, None, np.ndarray]
+"""``hidden_states`` computed a chunk at a time: before each chunk the generator yields the KV blocks
+the chunk will take from the runner's pool (0 for a runner that computes it elsewhere) and runs the
+chunk when resumed; it returns the hidden states. Closing it early frees what it holds."""
+
+
+def run_hidden_steps(steps: HiddenSteps) -> np.ndarray:
+    """Runs every chunk of ``steps`` at once and returns its hidden states."""
+    try:
+        while True:
+            next(steps)
+    except StopIteration as done:
+        return done.value
+
+
 class Runner(Protocol):
     """What the engine needs from a runner. ``async_output``: whether ``launch`` returns before the
     step has run (a GPU's queue), so the engine launches the next step before it does the last one's
@@ -135,6 +150,9 @@ class Runner(Protocol):
     def load_prefix_cache(self, path: str) -> int: ...
     def logits(self, token_ids: list[int]) -> np.ndarray: ...
     def hidden_states(self, token_ids: list[int], rows: str = "all") -> np.ndarray: ...
+    def hidden_state_steps(
+        self, token_ids: list[int], rows: str = "all", chunk_tokens: int | None = None
+    ) -> HiddenSteps: ...
     def forget(self, key: int) -> None: ...
     def take_prompt_logprobs(self) -> PromptScores: ...
 
@@ -210,11 +228,36 @@ class NativeRunner:
 
     def hidden_states(self, token_ids: list[int], rows: str = "all") -> np.ndarray:
         """The final-normed hidden states after every position (``rows="all"``) or the last."""
-        seq = self._model.add_sequence()
+        return run_hidden_steps(self.hidden_state_steps(token_ids, rows))
+
+    def hidden_state_steps(
+        self, token_ids: list[int], rows: str = "all", chunk_tokens: int | None = None
+    ) -> HiddenSteps:
+        """``hidden_states`` in chunks of ``chunk_tokens`` (None: one) on a sequence of its own, which
+        holds its blocks from the first chunk until the last; the rows are the same bits whatever the
+        chunks (each row's arithmetic does not depend on the rows beside it)."""
+        chunk = len(token_ids) if chunk_tokens is None else max(1, chunk_tokens)
+        starts = range(0, len(token_ids), chunk)
+        seq: int | None = None
+        pieces: list[np.ndarray] = []
         try:
-            return self._model.hidden_states([(seq, token_ids, "last" if rows == "last" else "all")])
+            for start in starts:
+                piece = token_ids[start : start + chunk]
+                yield blocks_for(start + len(piece)) - blocks_for(start)
+                if seq is None:
+                    seq = self._model.add_sequence()
+                last = start + chunk >= len(token_ids)
+                want = "all" if rows != "last" else "last" if last else "none"
+                pieces.append(self._model.hidden_states([(seq, piece, want)]))
         finally:
-            self._model.free_sequence(seq)
+            if seq is not None:
+                self._model.free_sequence(seq)
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+
+def blocks_for(tokens: int) -> int:
+    """KV blocks that ``tokens`` positions occupy."""
+    return -(-tokens // BLOCK_TOKENS)
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,12 @@ from oxibonsai.runner import (
     BLOCK_TOKENS,
     DEFAULT_MAX_MODEL_LEN,
     Feed,
+    HiddenSteps,
     HostSampling,
     PromptScores,
     SampleRow,
     StepDraws,
+    blocks_for,
 )
 from oxibonsai.torch_backend.batch import StepBatch
 from oxibonsai.torch_backend.graphs import DecodeGraphs
@@ -51,10 +53,6 @@ from oxibonsai.torch_backend.sampling import start_sampling
 
 HOST_TIER_FRACTION = 0.25  # of the available host memory, at most, for a default host tier
 ACTIVATION_HEADROOM = 1 << 30  # device memory kept free for activations and kernels on CUDA
-
-
-def blocks_for(tokens: int) -> int:
-    return -(-tokens // BLOCK_TOKENS)
 
 
 def kv_dtype(name: str) -> torch.dtype:
@@ -269,6 +267,14 @@ class TorchRunner:
         want: bool | str = True if rows == "all" else "last"
         batch = StepBatch.for_sequences([(list(range(blocks)), 0, token_ids, want)])
         return self.model.hidden(batch.to_device(self._device), pool).to("cpu", torch.float32).numpy()
+
+    def hidden_state_steps(
+        self, token_ids: list[int], rows: str = "all", chunk_tokens: int | None = None
+    ) -> HiddenSteps:
+        """``hidden_states`` as one chunk whatever ``chunk_tokens``: it runs in a private pool, so it
+        takes no blocks from the cache (a device prefill is short next to a step's wait)."""
+        yield 0
+        return self.hidden_states(token_ids, rows)
 
     def _scheduler(self) -> _core.Scheduler:
         if self._sched is None:
