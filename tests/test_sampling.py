@@ -323,6 +323,8 @@ INVALID: list[tuple[str, object, type[Exception], str]] = [
     ("bad_words", [" \n"], ValueError, r"bad_words\[0\] must have a character other than whitespace"),
     ("structured_outputs", "a+", TypeError, "structured_outputs must be a StructuredOutputsParams"),
     ("structured_outputs", {"regex": "a", "json": {}}, ValueError, "exactly one of"),
+    ("thinking_token_budget", -1, ValueError, "thinking_token_budget must be >= 0 or None, got -1"),
+    ("thinking_token_budget", True, TypeError, "thinking_token_budget must be an int, got bool"),
 ]
 
 

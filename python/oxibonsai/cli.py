@@ -43,6 +43,7 @@ _SAMPLING_FIELDS = (
     "seed",
     "stop",
     "ignore_eos",
+    "thinking_token_budget",
 )
 
 
@@ -60,6 +61,13 @@ def _sampling_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument(
+        "--thinking-token-budget",
+        "--reasoning-budget",
+        type=int,
+        default=None,
+        help="at most this many tokens inside <think> ... </think>, then </think> is forced",
+    )
     c = g.add_mutually_exclusive_group()
     c.add_argument("--json-schema", "-j", default=None, help="constrain the output to this JSON schema")
     c.add_argument("--json-schema-file", "-jf", default=None, help="... to the JSON schema in this file")

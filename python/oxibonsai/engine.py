@@ -37,6 +37,7 @@ from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, Request
 from oxibonsai.runner import Draw, Feed, Runner, SampleRow, StepDraws
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.structured_output import GrammarCompiler, GrammarState, StructuredOutputsParams
+from oxibonsai.thinking_budget import ThinkingBudget
 from oxibonsai.token_constraints import BadWords, allowed_mask, both, leaves_a_token
 from oxibonsai.tokenizer import Tokenizer
 
@@ -83,6 +84,7 @@ class _Request:
     ended_on_stop_token: bool = False  # its last token is a stop id (whose text is not output)
     allowed: np.ndarray | None = None  # allowed_token_ids as an allow-bitmask
     bad_words: BadWords | None = None
+    budget: ThinkingBudget | None = None  # thinking_token_budget's count
 
     def prompt_logprobs_done(self) -> list[dict[int, Logprob] | None] | None:
         """The prompt's logprobs once every position after the first is scored, else None."""
@@ -232,6 +234,7 @@ class Engine:
             grammar=grammar,
             allowed=allowed,
             bad_words=bad_words,
+            budget=self._thinking_budget(params, prompt_ids),
         )
         self._sched.add(
             handle,
@@ -270,6 +273,8 @@ class Engine:
         self._token_constraints(params)
         if params.structured_outputs is not None:
             self.compile_grammar(params.structured_outputs)  # kept compiled for add_request
+        if params.thinking_token_budget is not None:
+            self._grammars.budget_reasoning()
         room = limit - len(prompt_ids)
         max_new = room if params.max_tokens is None else min(params.max_tokens, room)
         if self._blocks_for(len(prompt_ids) + max_new) > self.num_blocks:
@@ -296,6 +301,17 @@ class Engine:
             if allowed is not None and set(allowed) <= set(bad_words.always):
                 raise ValueError("bad_words ban every id of allowed_token_ids: no token could be sampled")
         return (None if allowed is None else allowed_mask(allowed, vocab)), bad_words
+
+    def _thinking_budget(self, params: SamplingParams, prompt_ids: list[int]) -> ThinkingBudget | None:
+        if params.thinking_token_budget is None:
+            return None
+        reasoning = self._grammars.budget_reasoning()
+        return ThinkingBudget(
+            reasoning,
+            params.thinking_token_budget,
+            opened=reasoning.opened_by(prompt_ids),
+            vocab_size=self.vocab_size,
+        )
 
     def compile_grammar(self, spec: StructuredOutputsParams) -> None:
         """Compiles ``spec`` into the grammar cache (thread-safe); ValueError if it does not compile."""
@@ -446,8 +462,8 @@ class Engine:
         otherwise. The runner feeds each row its request's token from ``launched``'s draws on its
         device (and the penalties count it there)."""
         plan, sampling, pending = launched
-        if any(r.grammar is not None or _bans_follow_output(r) for r in sampling):
-            return None  # a grammar's mask, or a bad word's ban, needs the token in flight
+        if any(r.grammar is not None or _bans_follow_output(r) or _budget_watching(r) for r in sampling):
+            return None  # a grammar's mask, a bad word's ban or a forced </think> needs the token in flight
         ending = [
             r.handle for r in sampling if r.finish_reason is None and len(r.output_ids) + 1 >= r.max_new
         ]
@@ -496,7 +512,10 @@ class Engine:
         taken yet (1 in a step launched ahead); one kept for every step while its bans and mask stay
         the same (its histories are the request's own lists, which grow in place). Bans yield where
         they would leave its mask no id: to a grammar that allows only stop ids before ``min_tokens``,
-        or ``allowed_token_ids`` that a bad word's ban would empty."""
+        or ``allowed_token_ids`` that a bad word's ban would empty. A request whose thinking budget
+        is spent gets a row that allows the reasoning end token alone."""
+        if r.budget is not None and r.budget.forcing:
+            return _new_row(r, [], r.budget.end_only())
         banned = self._banned(r, pending)
         follows_output = r.grammar is not None or _bans_follow_output(r)
         static = r.bad_words.always if r.bad_words is not None else []
@@ -544,6 +563,8 @@ class Engine:
             r.metrics.first_token_time = time.perf_counter()
         r.output_ids.append(token)
         r.metrics.num_generated_tokens = len(r.output_ids)
+        if r.budget is not None:
+            r.budget.accept(token)
         if r.grammar is not None and not self._is_stop_id(r, token):
             r.grammar.accept((token,))
 
@@ -610,6 +631,11 @@ class Engine:
 def _bans_follow_output(r: _Request) -> bool:
     """Whether the request's bans depend on its last tokens (a bad word of two or more tokens)."""
     return r.bad_words is not None and r.bad_words.depends_on_output
+
+
+def _budget_watching(r: _Request) -> bool:
+    """Whether the request's thinking budget may force a coming token."""
+    return r.budget is not None and r.budget.watching
 
 
 def _new_row(r: _Request, banned: list[int], allowed: np.ndarray | None = None) -> SampleRow:

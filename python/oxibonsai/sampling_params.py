@@ -164,7 +164,9 @@ class SamplingParams:
     each as spelled at the start of a text and after a space (vLLM's rule). ``structured_outputs``
     constrains the output to a JSON schema, any JSON object, a regex, a choice or a grammar
     (``StructuredOutputsParams``; a dict of its fields is converted); the request ends, with finish
-    reason ``"stop"``, once the value is complete.
+    reason ``"stop"``, once the value is complete. ``thinking_token_budget`` caps the tokens generated
+    inside the reasoning block (``<think>`` ... ``</think>``): at the cap the engine forces ``</think>``
+    and the model goes on to its answer (``oxibonsai.thinking_budget``; None: no cap).
     """
 
     n: int = 1
@@ -189,6 +191,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    thinking_token_budget: int | None = None
 
     def __post_init__(self) -> None:
         self._check_lengths()
@@ -237,6 +240,10 @@ class SamplingParams:
         self.allowed_token_ids = _allowed_token_ids(self.allowed_token_ids)
         self.bad_words = _bad_words(self.bad_words)
         self.structured_outputs = _structured_outputs(self.structured_outputs)
+        if self.thinking_token_budget is not None:
+            self.thinking_token_budget = _as_int("thinking_token_budget", self.thinking_token_budget)
+            if self.thinking_token_budget < 0:
+                raise _out_of_range("thinking_token_budget", ">= 0 or None", self.thinking_token_budget)
 
     def _check_stopping(self) -> None:
         self.stop = _stop_strings(self.stop)

@@ -141,6 +141,7 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self.reasoning = reasoning_token_ids(tokenizer, reasoning_parser)
         self._separators = _whitespace_mask(tokenizer, vocab_size) if self.reasoning is not None else None
+        self._budget_reasoning: Reasoning | None = None
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
@@ -169,6 +170,26 @@ class GrammarCompiler:
             return GrammarState(matcher, self.vocab_size)
         reasoning = Reasoning(*self.reasoning, self._separators)
         return GrammarState(matcher, self.vocab_size, reasoning, opened=reasoning.opened_by(prompt_ids))
+
+    def budget_reasoning(self) -> Reasoning:
+        """The reasoning block's tokens a thinking budget counts between: the reasoning parser's, else
+        Qwen3's (built once); ValueError for a vocabulary without them."""
+        with self._lock:
+            if self._budget_reasoning is None:
+                ids = self.reasoning
+                if ids is None:
+                    try:
+                        ids = reasoning_token_ids(self._tokenizer, "qwen3")
+                    except ValueError:
+                        raise ValueError(
+                            "thinking_token_budget needs a reasoning block, but the vocabulary has no "
+                            "<think> / </think> tokens"
+                        ) from None
+                separators = self._separators
+                if separators is None:
+                    separators = _whitespace_mask(self._tokenizer, self.vocab_size)
+                self._budget_reasoning = Reasoning(*ids, separators)
+            return self._budget_reasoning
 
     def _template(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
         key = spec.key()

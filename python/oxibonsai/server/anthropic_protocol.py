@@ -9,7 +9,8 @@ Every part is a typed model, so a malformed request is a 400 naming its place in
 ``any``, ``tool``, ``none``; ``disable_parallel_tool_use``), ``stop_sequences``, ``max_tokens``,
 ``output_config`` (``format``: a JSON schema the output follows; ``effort``, passed to the template as
 ``reasoning_effort``) and ``thinking`` (``disabled``, or any other type, passed to the template as
-``enable_thinking``; ``budget_tokens`` is not enforced) map to their chat counterparts, as do the older
+``enable_thinking``, with ``budget_tokens`` as the chat request's ``thinking_token_budget``) map to
+their chat counterparts, as do the older
 ``temperature``, ``top_p`` and ``top_k``; the chat request's sampling fields (``seed``, ...) pass
 through. Images, documents and server tools are 400s."""
 
@@ -229,6 +230,8 @@ class MessagesRequest(JobHolder):
         kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
         if self.thinking is not None:
             kwargs["enable_thinking"] = self.thinking.type != "disabled"
+            if self.thinking.type != "disabled" and self.thinking.budget_tokens is not None:
+                body.setdefault("thinking_token_budget", self.thinking.budget_tokens)
         config = self.output_config
         if config is not None and config.effort is not None:
             kwargs["reasoning_effort"] = config.effort

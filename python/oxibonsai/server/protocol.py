@@ -143,6 +143,7 @@ class _SamplingFields(_Strict):
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
     bad_words: list[BadWord] | None = Field(default=None, max_length=MAX_BAD_WORDS)
+    thinking_token_budget: Count | None = None
 
     @field_validator("stop")
     @classmethod
@@ -226,6 +227,7 @@ class _SamplingFields(_Strict):
             allowed_token_ids=self.allowed_token_ids,
             bad_words=self.bad_words,
             structured_outputs=self._structured,
+            thinking_token_budget=self.thinking_token_budget,
             **given,
         )
 
