@@ -325,6 +325,8 @@ INVALID: list[tuple[str, object, type[Exception], str]] = [
     ("structured_outputs", {"regex": "a", "json": {}}, ValueError, "exactly one of"),
     ("thinking_token_budget", -1, ValueError, "thinking_token_budget must be >= 0 or None, got -1"),
     ("thinking_token_budget", True, TypeError, "thinking_token_budget must be an int, got bool"),
+    ("truncate_prompt_tokens", 0, ValueError, "truncate_prompt_tokens must be -1, >= 1 or None, got 0"),
+    ("truncate_prompt_tokens", "8", TypeError, "truncate_prompt_tokens must be an int, got str"),
 ]
 
 

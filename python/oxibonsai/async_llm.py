@@ -181,6 +181,7 @@ class AsyncLLM:
         loop = asyncio.get_running_loop()
         arrival = time.perf_counter()
         text, ids = self._llm._tokenize(prompt)
+        ids = params.truncated_prompt(ids, self._engine.max_model_len)
         salt = _cache_salt(prompt)
         self._engine.check_prompt(ids, params)  # the engine's constants only: no lock needed
         rid = uuid.uuid4().hex if request_id is None else str(request_id)
@@ -454,12 +455,14 @@ class AsyncLLM:
         *,
         pooling: str | None = None,
         normalize: bool = True,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[EmbeddingRequestOutput]:
         """``LLM.embed`` run by the step loop a chunk at a time (``max_num_batched_tokens`` tokens of
         one prompt between two engine steps, ``async_embed``), so running requests keep decoding; the
         same vectors as ``LLM.embed``. Invalid prompts raise before any work; cancelling the call
         drops the job and frees its blocks."""
-        pooling, prompt_ids = await asyncio.to_thread(self._llm._embedding_inputs, prompts, pooling)
+        inputs = self._llm._embedding_inputs
+        pooling, prompt_ids = await asyncio.to_thread(inputs, prompts, pooling, truncate_prompt_tokens)
         engine = self._engine
         chunk = engine.config.batched_tokens(engine.max_model_len)
         steps = [self._llm._embedding_steps(ids, pooling, normalize, chunk) for ids in prompt_ids]

@@ -206,6 +206,7 @@ class Engine:
         ``priority`` runs first. Raises ``QueueFull`` when ``max_waiting`` requests already wait."""
         if request_id in self._handles:
             raise ValueError(f"request id {request_id!r} is already in the engine")
+        prompt_ids = params.truncated_prompt(prompt_ids, self.max_model_len)
         max_new = self.check_prompt(prompt_ids, params)
         spec = params.structured_outputs
         grammar = self._grammars.compile(spec, prompt_ids) if spec is not None else None
@@ -249,7 +250,8 @@ class Engine:
 
     def check_prompt(self, prompt_ids: list[int], params: SamplingParams) -> int:
         """Validates a prompt (and compiles its grammar, if any: thread-safe); returns how many tokens
-        the request may generate."""
+        the request may generate. ``prompt_ids`` are checked as ``truncate_prompt_tokens`` leaves them."""
+        prompt_ids = params.truncated_prompt(prompt_ids, self.max_model_len)
         if params.n != 1:
             raise ValueError(
                 f"a request generates one sample, got n={params.n}: LLM.generate and the server run n "

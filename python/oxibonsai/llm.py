@@ -21,7 +21,7 @@ from oxibonsai.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOu
 from oxibonsai.progress import PROGRESS_MIN_PROMPTS, Progress
 from oxibonsai.rope_scaling import RopeScaling
 from oxibonsai.runner import NativeRunner, Runner, choose, run_hidden_steps
-from oxibonsai.sampling_params import SamplingParams
+from oxibonsai.sampling_params import SamplingParams, truncated
 from oxibonsai.tokenizer import Tokenizer
 
 PromptType = str | Sequence[int] | Mapping[str, Any]
@@ -378,22 +378,26 @@ class LLM:
         *,
         pooling: str | None = None,
         normalize: bool = True,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt (vLLM's ``LLM.embed``): its final hidden states pooled (``"last"``,
         ``"mean"`` or ``"cls"``; None: the model's, see ``embedding``), L2-normalized unless
         ``normalize=False``. Each prompt runs alone, outside the scheduler, on a sequence of its own
-        (its KV blocks are freed at once); a prompt longer than the context is a ``ValueError``."""
-        pooling, prompt_ids = self._embedding_inputs(prompts, pooling)
+        (its KV blocks are freed at once); a prompt longer than the context is a ``ValueError``, unless
+        ``truncate_prompt_tokens`` keeps only its last tokens (-1: the context's length)."""
+        pooling, prompt_ids = self._embedding_inputs(prompts, pooling, truncate_prompt_tokens)
         return [run_hidden_steps(self._embedding_steps(ids, pooling, normalize)) for ids in prompt_ids]
 
     def _embedding_inputs(
-        self, prompts: PromptType | Sequence[PromptType], pooling: str | None
+        self, prompts: PromptType | Sequence[PromptType], pooling: str | None, keep: int | None = None
     ) -> tuple[str, list[list[int]]]:
-        """The pooling to use and each prompt's token ids, checked (``ValueError`` before any work)."""
+        """The pooling to use and each prompt's token ids, cut to their last ``keep`` and checked
+        (``ValueError`` before any work)."""
         pooling = check_pooling(pooling if pooling is not None else model_pooling(self.metadata))
         prompt_ids = []
         for prompt in self._prompt_list(prompts):
             _, ids = self._tokenize(prompt)
+            ids = truncated(ids, keep, self.max_model_len)
             self._check_ids(ids)
             prompt_ids.append(ids)
         return pooling, prompt_ids

@@ -130,6 +130,17 @@ def _bad_words(value: object) -> list[str] | None:
     return list(value) or None
 
 
+def truncated(prompt_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """``prompt_ids`` cut to their last ``keep`` (vLLM's ``truncate_prompt_tokens``: None keeps all, -1
+    keeps ``max_model_len``); the same list when nothing is cut."""
+    if keep is None:
+        return prompt_ids
+    if keep < 1 and keep != -1:
+        raise _out_of_range("truncate_prompt_tokens", "-1, >= 1 or None", keep)
+    keep = max_model_len if keep == -1 else keep
+    return prompt_ids[-keep:] if len(prompt_ids) > keep else prompt_ids
+
+
 def _structured_outputs(value: object) -> StructuredOutputsParams | None:
     if value is None or isinstance(value, StructuredOutputsParams):
         return value
@@ -167,6 +178,8 @@ class SamplingParams:
     reason ``"stop"``, once the value is complete. ``thinking_token_budget`` caps the tokens generated
     inside the reasoning block (``<think>`` ... ``</think>``): at the cap the engine forces ``</think>``
     and the model goes on to its answer (``oxibonsai.thinking_budget``; None: no cap).
+    ``truncate_prompt_tokens`` keeps only the prompt's last that many tokens (-1: the context's
+    length), as vLLM's does: a long history is cut from the left instead of refused.
     """
 
     n: int = 1
@@ -192,6 +205,7 @@ class SamplingParams:
     bad_words: list[str] | None = None
     structured_outputs: StructuredOutputsParams | None = None
     thinking_token_budget: int | None = None
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         self._check_lengths()
@@ -211,6 +225,10 @@ class SamplingParams:
             raise _out_of_range("min_tokens", ">= 0", self.min_tokens)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise _out_of_range("min_tokens", f"<= max_tokens ({self.max_tokens})", self.min_tokens)
+        if self.truncate_prompt_tokens is not None:
+            self.truncate_prompt_tokens = _as_int("truncate_prompt_tokens", self.truncate_prompt_tokens)
+            if self.truncate_prompt_tokens < 1 and self.truncate_prompt_tokens != -1:
+                raise _out_of_range("truncate_prompt_tokens", "-1, >= 1 or None", self.truncate_prompt_tokens)
 
     def _check_sampling(self) -> None:
         self.temperature = _float_in(
@@ -253,6 +271,10 @@ class SamplingParams:
             "include_stop_str_in_output", self.include_stop_str_in_output
         )
         self.skip_special_tokens = _as_bool("skip_special_tokens", self.skip_special_tokens)
+
+    def truncated_prompt(self, prompt_ids: list[int], max_model_len: int) -> list[int]:
+        """``prompt_ids`` cut to their last ``truncate_prompt_tokens`` (-1: ``max_model_len``)."""
+        return truncated(prompt_ids, self.truncate_prompt_tokens, max_model_len)
 
     @property
     def is_plain_greedy(self) -> bool:

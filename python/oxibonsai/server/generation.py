@@ -18,7 +18,7 @@ from typing import Any
 
 from oxibonsai.async_llm import AsyncLLM, EngineDeadError, RequestStream
 from oxibonsai.outputs import RequestOutput
-from oxibonsai.sampling_params import SamplingParams
+from oxibonsai.sampling_params import SamplingParams, truncated
 from oxibonsai.server.errors import APIError
 
 
@@ -52,6 +52,12 @@ class Prompt:
     text: str | None
     token_ids: list[int]
     cache_salt: str | None = None
+
+    def truncated(self, keep: int | None, max_model_len: int) -> Prompt:
+        """The prompt cut to its last ``keep`` tokens (vLLM's ``truncate_prompt_tokens``; -1: the
+        context's length); a cut prompt's text is left out (the tokens are the prompt)."""
+        ids = truncated(self.token_ids, keep, max_model_len)
+        return self if ids is self.token_ids else Prompt(None, ids, self.cache_salt)
 
     def engine_prompt(self) -> dict[str, Any]:
         prompt: dict[str, Any] = {"prompt": self.text, "prompt_token_ids": self.token_ids}

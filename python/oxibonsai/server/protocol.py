@@ -144,6 +144,7 @@ class _SamplingFields(_Strict):
     allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
     bad_words: list[BadWord] | None = Field(default=None, max_length=MAX_BAD_WORDS)
     thinking_token_budget: Count | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
 
     @field_validator("stop")
     @classmethod
@@ -228,6 +229,7 @@ class _SamplingFields(_Strict):
             bad_words=self.bad_words,
             structured_outputs=self._structured,
             thinking_token_budget=self.thinking_token_budget,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
             **given,
         )
 
@@ -464,6 +466,7 @@ class EmbeddingRequest(_Strict):
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
     add_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
 
     @field_validator("input")
     @classmethod

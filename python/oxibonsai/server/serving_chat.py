@@ -73,6 +73,7 @@ class ChatServing:
 
     async def start(self, req: ChatCompletionRequest) -> Samples:
         prompt = await asyncio.to_thread(render_chat, self._engine, req)
+        prompt = prompt.truncated(req.truncate_prompt_tokens, self._engine.max_model_len)
         budget = output_budget(self._engine.max_model_len, len(prompt.token_ids), req.requested_max_tokens())
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = req.sampling_params(budget, logprobs, req.prompt_logprobs)

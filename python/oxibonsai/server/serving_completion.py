@@ -45,6 +45,7 @@ class CompletionServing:
         prompts = await asyncio.to_thread(self._prompts, req)
         jobs = []
         for prompt in prompts:
+            prompt = prompt.truncated(req.truncate_prompt_tokens, self._engine.max_model_len)
             requested = 1 if req.echo_only else req.max_tokens
             budget = output_budget(self._engine.max_model_len, len(prompt.token_ids), requested)
             jobs.append((prompt, req.sampling_params(budget, req.logprobs, req.scored_prompt_logprobs)))

@@ -1,8 +1,8 @@
 """``/v1/embeddings``: OpenAI's embeddings over ``AsyncLLM.embed`` (the model's pooling, L2-normalized;
-see ``oxibonsai.embedding``). Inputs are tokenized in a worker thread and checked against the context
-(vLLM's wording) before any is computed; ``encoding_format: "base64"`` sends each vector as its
-little-endian float32 bytes, as OpenAI does. A deployment whose engine has no ``embed`` (the Ray
-scale-out's) answers 501."""
+see ``oxibonsai.embedding``). Inputs are tokenized in a worker thread, cut by vLLM's
+``truncate_prompt_tokens`` if given, and checked against the context (vLLM's wording) before any is
+computed; ``encoding_format: "base64"`` sends each vector as its little-endian float32 bytes, as OpenAI
+does. A deployment whose engine has no ``embed`` (the Ray scale-out's) answers 501."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from oxibonsai.async_llm import AsyncLLM
+from oxibonsai.sampling_params import truncated
 from oxibonsai.server.config import ServerConfig
 from oxibonsai.server.errors import APIError
 from oxibonsai.server.openai_format import created, response_id
@@ -62,6 +63,7 @@ class EmbeddingServing:
             )
             if not ids:
                 raise APIError(400, f"input[{i}] has no tokens", param="input")
+            ids = truncated(ids, req.truncate_prompt_tokens, limit)
             if len(ids) > limit:
                 raise APIError(
                     400,
