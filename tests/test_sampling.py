@@ -327,6 +327,7 @@ INVALID: list[tuple[str, object, type[Exception], str]] = [
     ("thinking_token_budget", True, TypeError, "thinking_token_budget must be an int, got bool"),
     ("truncate_prompt_tokens", 0, ValueError, "truncate_prompt_tokens must be -1, >= 1 or None, got 0"),
     ("truncate_prompt_tokens", "8", TypeError, "truncate_prompt_tokens must be an int, got str"),
+    ("logits_processors", [None], TypeError, r"logits_processors\[0\] must be callable, got NoneType"),
 ]
 
 

@@ -346,12 +346,13 @@ class AsyncLLM:
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
+            error = self._engine.take_error(out.request_id) if out.finished else None
             mailbox = self._mailboxes.get(out.request_id)
             if mailbox is None:
                 continue
             if out.finished:
                 del self._mailboxes[out.request_id]
-            if not mailbox.put(out):  # its event loop is gone
+            if not mailbox.put(out if error is None else error):  # its event loop is gone
                 self._mailboxes.pop(out.request_id, None)
                 self._abort_locked(out.request_id)
 

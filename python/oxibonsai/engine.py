@@ -32,6 +32,7 @@ import numpy as np
 
 from oxibonsai import _core
 from oxibonsai.detokenizer import IncrementalDetokenizer, StopStringMatcher, TextBuffer
+from oxibonsai.logits_processors import FailedDraw
 from oxibonsai.metrics import EngineMetrics
 from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from oxibonsai.runner import Draw, Feed, Runner, SampleRow, StepDraws
@@ -184,6 +185,7 @@ class Engine:
         self._launched: _Launched | None = None  # a step the runner runs whose tokens are not taken yet
         self._launch_error: Exception | None = None
         self._grammars = GrammarCompiler(tokenizer, runner.vocab_size, reasoning_parser)
+        self._errors: dict[str, BaseException] = {}  # request id -> its logits processor's error
         self.metrics = EngineMetrics()
 
     def add_request(
@@ -277,6 +279,11 @@ class Engine:
             self.compile_grammar(params.structured_outputs)  # kept compiled for add_request
         if params.thinking_token_budget is not None:
             self._grammars.budget_reasoning()
+        if params.logits_processors and not self._runner.samples_on_host:
+            raise ValueError(
+                "logits_processors run on the host, but this runner samples on the device; "
+                "set OXIBONSAI_DEVICE_SAMPLING=0 or use the native runner"
+            )
         room = limit - len(prompt_ids)
         max_new = room if params.max_tokens is None else min(params.max_tokens, room)
         if self._blocks_for(len(prompt_ids) + max_new) > self.num_blocks:
@@ -344,6 +351,10 @@ class Engine:
         """KV blocks a step or a sequence outside the scheduler can take now: free or evictable."""
         cache = self._runner.cache_stats()
         return int(cache["free_blocks"] + cache["idle_blocks"])
+
+    def take_error(self, request_id: str) -> BaseException | None:
+        """The error that ended a finished request (its logits processor raised), once; else None."""
+        return self._errors.pop(request_id, None)
 
     def scheduler_stats(self) -> dict[str, int]:
         """The scheduler's counters: steps, admitted, preemptions, finished, aborted, tokens."""
@@ -417,6 +428,8 @@ class Engine:
         draws = pending.draws()
         self._sched.update(plan, [token for token, _, _ in draws])
         self._take_prompt_scores()
+        failed = [self._fail(r, draw.error) for r, draw in zip(sampling, draws, strict=True)
+                  if isinstance(draw, FailedDraw) and r.finish_reason is None]  # fmt: skip
         # Requests aborted while the step ran (between two calls), or ended by the step before it when
         # it was launched ahead, are gone: their draws are dropped (and not counted as generated).
         taken = [(r, draw, self._take(r, draw)) for r, draw in zip(sampling, draws, strict=True)
@@ -429,7 +442,7 @@ class Engine:
                 self._launched = self._launch()
             except Exception as error:  # this step's outputs still go out; the error with the next
                 self._launch_error = error
-        outputs = []
+        outputs = failed
         for r, draw, text_left in taken:
             if text_left:
                 self._finish_output(r, *draw)
@@ -464,8 +477,8 @@ class Engine:
         otherwise. The runner feeds each row its request's token from ``launched``'s draws on its
         device (and the penalties count it there)."""
         plan, sampling, pending = launched
-        if any(r.grammar is not None or _bans_follow_output(r) or _budget_watching(r) for r in sampling):
-            return None  # a grammar's mask, a bad word's ban or a forced </think> needs the token in flight
+        if any(_follows_output(r) for r in sampling):
+            return None  # the next row needs the token in flight
         ending = [
             r.handle for r in sampling if r.finish_reason is None and len(r.output_ids) + 1 >= r.max_new
         ]
@@ -612,6 +625,12 @@ class Engine:
         r.cumulative_logprob += logprob
         r.logprobs.append(self._logprob_entry(token, logprob, None, top))
 
+    def _fail(self, r: _Request, error: BaseException) -> RequestOutput:
+        """Ends a request whose logits processor raised (``"abort"``), keeping the error for its caller."""
+        self._errors[r.request_id] = error
+        self._finish(r, "abort")
+        return r.snapshot()
+
     def _finish(self, r: _Request, reason: str, *, flush: bool = False) -> None:
         if flush:
             # Generation ended for another reason: emit held-back bytes and text (decode's U+FFFD for
@@ -635,9 +654,11 @@ def _bans_follow_output(r: _Request) -> bool:
     return r.bad_words is not None and r.bad_words.depends_on_output
 
 
-def _budget_watching(r: _Request) -> bool:
-    """Whether the request's thinking budget may force a coming token."""
-    return r.budget is not None and r.budget.watching
+def _follows_output(r: _Request) -> bool:
+    """Whether the request's next row depends on the token in flight: a grammar's mask, a bad word's
+    ban, a thinking budget that may force ``</think>``, or logits processors (which read the output)."""
+    budget = r.budget is not None and r.budget.watching
+    return r.grammar is not None or _bans_follow_output(r) or budget or bool(r.params.logits_processors)
 
 
 def _new_row(r: _Request, banned: list[int], allowed: np.ndarray | None = None) -> SampleRow:

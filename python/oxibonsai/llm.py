@@ -302,6 +302,7 @@ class LLM:
                         siblings[samples[k][0]] = k
                 for out in self._engine.step():
                     if out.finished:
+                        _raise_error(self._engine, out)
                         finished[out.request_id] = out
                         if bar is not None:
                             bar.update(out)
@@ -345,6 +346,8 @@ class LLM:
             while self._engine.has_unfinished():
                 for out in self._engine.step():
                     if out.request_id == request_id:
+                        if out.finished:
+                            _raise_error(self._engine, out)
                         yield out
                         if out.finished:
                             return
@@ -525,6 +528,13 @@ def _token_list(ids: Any) -> list[int]:
     if any(isinstance(t, bool) for t in ids):
         raise TypeError("token ids must be integers, not booleans")
     return out
+
+
+def _raise_error(engine: Engine, out: RequestOutput) -> None:
+    """Raises the error that ended a finished request (its logits processor's), if one did."""
+    error = engine.take_error(out.request_id)
+    if error is not None:
+        raise error
 
 
 def _native_runner(path: Path, *, kernel: str, kv_cache_bytes: int | None, **kv: Any) -> NativeRunner:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from oxibonsai import _core
+from oxibonsai.logits_processors import FailedDraw, processed
 
 if TYPE_CHECKING:
     from oxibonsai.sampling_params import SamplingParams
@@ -94,12 +95,20 @@ class HostSampling:
 
 
 def sample_on_host(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[Draw]:
-    """Each row of float32 ``logits`` through its request's Rust sampler; no logprobs are computed
-    for requests that did not ask (the normalizer is most of a greedy draw's cost)."""
-    return [
-        r.sampler.sample(row, r.prompt_ids, r.output_ids, r.banned, r.params.logprobs, r.allowed)
-        for r, row in zip(rows, logits, strict=True)
-    ]
+    """Each row of float32 ``logits`` through its request's logits processors, if any, and its Rust
+    sampler; no logprobs are computed for requests that did not ask (the normalizer is most of a
+    greedy draw's cost). A row whose processor raises gets a ``FailedDraw``."""
+    return [_draw(r, row) for r, row in zip(rows, logits, strict=True)]
+
+
+def _draw(r: SampleRow, row: np.ndarray) -> Draw:
+    processors = r.params.logits_processors
+    if processors:
+        try:
+            row = processed(processors, r.prompt_ids, r.output_ids, row)
+        except Exception as error:  # the request's own error, not the step's
+            return FailedDraw(error)
+    return r.sampler.sample(row, r.prompt_ids, r.output_ids, r.banned, r.params.logprobs, r.allowed)
 
 
 HiddenSteps = Generator[int, None, np.ndarray]
@@ -127,6 +136,7 @@ class Runner(Protocol):
     device: str
     async_output: bool
     async_scheduling: bool
+    samples_on_host: bool  # draws made by ``sample_on_host`` (where logits processors can run)
     max_model_len: int
     vocab_size: int
     num_blocks: int
@@ -164,6 +174,7 @@ class NativeRunner:
     device = "cpu"
     async_output = False  # the step runs inside launch
     async_scheduling = False
+    samples_on_host = True
 
     def __init__(self, model: _core.Model) -> None:
         self._model = model

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from oxibonsai import _core
+from oxibonsai.logits_processors import LogitsProcessor, checked_processors
 from oxibonsai.structured_output import StructuredOutputsParams
 
 #: The most logprobs a request may ask for (vLLM's default limit).
@@ -180,6 +181,8 @@ class SamplingParams:
     and the model goes on to its answer (``oxibonsai.thinking_budget``; None: no cap).
     ``truncate_prompt_tokens`` keeps only the prompt's last that many tokens (-1: the context's
     length), as vLLM's does: a long history is cut from the left instead of refused.
+    ``logits_processors`` are Python callables that rewrite the logits before each token is sampled
+    (``oxibonsai.logits_processors``; host sampling only).
     """
 
     n: int = 1
@@ -206,6 +209,7 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     thinking_token_budget: int | None = None
     truncate_prompt_tokens: int | None = None
+    logits_processors: list[LogitsProcessor] | None = None
 
     def __post_init__(self) -> None:
         self._check_lengths()
@@ -258,6 +262,7 @@ class SamplingParams:
         self.allowed_token_ids = _allowed_token_ids(self.allowed_token_ids)
         self.bad_words = _bad_words(self.bad_words)
         self.structured_outputs = _structured_outputs(self.structured_outputs)
+        self.logits_processors = checked_processors(self.logits_processors)
         if self.thinking_token_budget is not None:
             self.thinking_token_budget = _as_int("thinking_token_budget", self.thinking_token_budget)
             if self.thinking_token_budget < 0:
@@ -279,13 +284,14 @@ class SamplingParams:
     @property
     def is_plain_greedy(self) -> bool:
         """Greedy (temperature 0 or top-k 1, as the float32 samplers see them) with no repetition,
-        frequency or presence penalty, no logit bias, no logprobs, no allowed or bad token lists and
-        no structured output: a draw is the first largest logit. (Ids banned before ``min_tokens``
-        are the engine's to check at each step.)"""
+        frequency or presence penalty, no logit bias, no logprobs, no allowed or bad token lists, no
+        structured output and no logits processors: a draw is the first largest logit. (Ids banned
+        before ``min_tokens`` are the engine's to check at each step.)"""
         greedy = np.float32(self.temperature) == 0 or self.top_k == 1
         plain = not self.has_penalties and self.logit_bias is None and self.logprobs is None
         plain = plain and self.structured_outputs is None
         plain = plain and self.allowed_token_ids is None and self.bad_words is None
+        plain = plain and self.logits_processors is None
         return bool(greedy and plain)
 
     @property

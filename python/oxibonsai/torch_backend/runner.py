@@ -136,6 +136,7 @@ class TorchRunner:
         self.tiers = TierCopier(self.kv, self.host) if self.host is not None else None
         self._kv_dtype_name = "f32" if dtype == torch.float32 else "f16"
         self.sample_on_device = _device_sampling(self._device)
+        self.samples_on_host = not self.sample_on_device
         self.host_prefetch = _env_flag("OXIBONSAI_HOST_PREFETCH", default=True)
         self.async_output = _env_flag("OXIBONSAI_ASYNC_OUTPUT", default=cuda)
         # a step planned ahead takes its ids from the step before on the device: device sampling only
