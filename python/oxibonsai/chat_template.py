@@ -85,6 +85,19 @@ def validate_messages(messages: object) -> list[Mapping[str, Any]]:
     return list(messages)
 
 
+def open_final_message(rendered: str, messages: Sequence[Mapping[str, Any]]) -> str:
+    """``rendered`` cut right after the text of the last message (transformers' rule for
+    ``continue_final_message``: the last occurrence of that text, stripped), so a model continues the
+    message instead of starting a new one; ``ValueError`` when the message has no text or the
+    template does not render it verbatim."""
+    final = str(messages[-1]["content"]).strip()
+    if not final:
+        raise ValueError("continue_final_message: the last message has no text to continue")
+    if final not in rendered:
+        raise ValueError("continue_final_message: the template does not render the last message's text as is")
+    return rendered[: rendered.rindex(final) + len(final)]
+
+
 class ChatTemplate:
     """One compiled chat template and the special-token strings it may refer to."""
 

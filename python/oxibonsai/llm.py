@@ -325,11 +325,15 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Applies the model's chat template to one conversation (or a list) and generates."""
+        """Applies the model's chat template to one conversation (or a list) and generates;
+        ``continue_final_message`` (with ``add_generation_prompt=False``) continues the last message."""
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else messages
         kwargs = dict(chat_template_kwargs or {})
+        if continue_final_message:
+            kwargs["continue_final_message"] = True
         prompts = [
             self.chat_prompt(conv, add_generation_prompt=add_generation_prompt, **kwargs)  # type: ignore[arg-type]
             for conv in conversations

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer as HfTokenizer
 
 from oxibonsai._byte_level import TokenPieces
 from oxibonsai._gguf_vocab import TOKEN_CONTROL, TOKEN_USER_DEFINED, GgufVocab
-from oxibonsai.chat_template import ChatTemplate
+from oxibonsai.chat_template import ChatTemplate, open_final_message
 
 # Tokens that end a turn in the vocabularies this package serves, besides the ids the file names.
 _END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>")
@@ -173,6 +173,7 @@ class Tokenizer:
         tokenize: Literal[False] = False,
         enable_thinking: bool | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        continue_final_message: bool = False,
         **kwargs: Any,
     ) -> str: ...
     @overload
@@ -184,6 +185,7 @@ class Tokenizer:
         tokenize: Literal[True],
         enable_thinking: bool | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        continue_final_message: bool = False,
         **kwargs: Any,
     ) -> list[int]: ...
     def apply_chat_template(
@@ -194,18 +196,26 @@ class Tokenizer:
         tokenize: bool = False,
         enable_thinking: bool | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        continue_final_message: bool = False,
         **kwargs: Any,
     ) -> str | list[int]:
         """Render a conversation with the model's chat template, as HF ``apply_chat_template`` does.
 
         ``enable_thinking`` is passed to the template only when given; other ``kwargs`` become template
         variables too. With ``tokenize=True`` the prompt is encoded without adding BOS, special tokens
-        in it mapping to their ids. The template is compiled on first use; a model without one raises
-        ``ValueError``, as does a template that fails (``ChatTemplateError``).
+        in it mapping to their ids. ``continue_final_message`` (transformers' and vLLM's) leaves the
+        last message open, the prompt ending right after its text, so the model continues it (an
+        assistant prefill); it needs ``add_generation_prompt=False``. The template is compiled on first
+        use; a model without one raises ``ValueError``, as does a template that fails
+        (``ChatTemplateError``).
         """
         if enable_thinking is not None:
             kwargs["enable_thinking"] = enable_thinking
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message needs add_generation_prompt=False")
         prompt = self._template().render(
             messages, add_generation_prompt=add_generation_prompt, tools=tools, **kwargs
         )
+        if continue_final_message:
+            prompt = open_final_message(prompt, messages)
         return self.encode(prompt, add_special_tokens=False) if tokenize else prompt

@@ -12,7 +12,9 @@ Every part is a typed model, so a malformed request is a 400 naming its place in
 ``enable_thinking``, with ``budget_tokens`` as the chat request's ``thinking_token_budget``) map to
 their chat counterparts, as do the older
 ``temperature``, ``top_p`` and ``top_k``; the chat request's sampling fields (``seed``, ...) pass
-through. Images, documents and server tools are 400s."""
+through. A final assistant message with text is a prefill: the prompt ends inside it
+(``continue_final_message``) and the answer continues it. Images, documents and server tools are
+400s."""
 
 from __future__ import annotations
 
@@ -212,6 +214,10 @@ class MessagesRequest(JobHolder):
         body: dict[str, Any] = {k: v for k, v in extra.items() if k in _PASSED_THROUGH}
         system = [{"role": "system", "content": self.system}] if self.system else []
         body["messages"] = system + [m for message in self.messages for m in message.chat_messages()]
+        last = body["messages"][-1]
+        if last["role"] == "assistant" and last["content"].strip() and "tool_calls" not in last:
+            # A final assistant message is a prefill: the answer continues it (Anthropic's rule).
+            body.update(continue_final_message=True, add_generation_prompt=False)
         body["max_completion_tokens"] = self.max_tokens
         fields = {"stop": self.stop_sequences, "temperature": self.temperature, "top_p": self.top_p}
         fields["top_k"] = self.top_k if self.top_k else None  # 0: off, as in the chat request's -1

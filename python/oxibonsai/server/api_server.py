@@ -332,6 +332,7 @@ def _tokenize(engine: AsyncLLM, req: TokenizeRequest) -> list[int]:
             "messages": [m.model_dump(exclude_none=True) for m in req.messages or []],
             "tools": [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
             "add_generation_prompt": req.add_generation_prompt,
+            "continue_final_message": req.continue_final_message,
             "chat_template_kwargs": req.chat_template_kwargs,
         },
         strict=False,

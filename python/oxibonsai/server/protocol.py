@@ -371,9 +371,12 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("when using `top_logprobs`, `logprobs` must be set to true.")
         if self.tools is not None and not self.tools:
@@ -436,6 +439,7 @@ class TokenizeRequest(_Strict):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     tools: list[Tool] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 

@@ -33,7 +33,9 @@ from oxibonsai.server.streaming import ChoiceCursor, error_event
 from oxibonsai.server.tool_parser import StreamingToolParser, ToolCall, parse_tool_calls
 
 # Template variables a request's chat_template_kwargs may not override.
-_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "tokenize"})
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"messages", "tools", "add_generation_prompt", "tokenize", "continue_final_message"}
+)
 
 
 def render_chat(engine: AsyncLLM, req: ChatCompletionRequest) -> Prompt:
@@ -44,6 +46,7 @@ def render_chat(engine: AsyncLLM, req: ChatCompletionRequest) -> Prompt:
         req.template_messages(),
         add_generation_prompt=req.add_generation_prompt,
         tools=req.template_tools(),
+        continue_final_message=req.continue_final_message,
         **kwargs,
     )
     return Prompt(text, engine.tokenizer.encode(text, add_special_tokens=False), req.cache_salt)
