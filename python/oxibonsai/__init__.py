@@ -19,6 +19,7 @@ from oxibonsai._core import (
     set_num_threads,
 )
 from oxibonsai.async_llm import AsyncLLM, EngineDeadError, RequestStream
+from oxibonsai.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from oxibonsai.llm import LLM
 from oxibonsai.outputs import (
     CompletionOutput,
@@ -36,6 +37,9 @@ from oxibonsai.tokenizer import Tokenizer
 __all__ = [
     "LLM",
     "AsyncLLM",
+    "BeamSearchOutput",
+    "BeamSearchParams",
+    "BeamSearchSequence",
     "CompletionOutput",
     "EmbeddingOutput",
     "EmbeddingRequestOutput",

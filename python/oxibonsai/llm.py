@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from oxibonsai import _core
+from oxibonsai.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
 from oxibonsai.embedding import check_pooling, model_pooling, pooled
 from oxibonsai.engine import Engine, SchedulerConfig
 from oxibonsai.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
@@ -318,6 +319,26 @@ class LLM:
     def _has_room(self) -> bool:
         limit = self._engine.config.max_waiting
         return limit is None or self._engine.num_waiting < limit
+
+    def beam_search(
+        self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams
+    ) -> list[BeamSearchOutput]:
+        """vLLM's ``LLM.beam_search``: each prompt's ``beam_width`` most likely continuations
+        (``oxibonsai.beam_search``), run as batched one-token steps over the prefix cache; a prompt
+        whose beams could outgrow the context is a ``ValueError`` before any work."""
+        token_lists = [self._tokenize(p)[1] for p in self._prompt_list(prompts)]
+        for ids in token_lists:
+            if len(ids) + params.max_tokens > self.max_model_len:
+                raise ValueError(
+                    f"a prompt of {len(ids)} tokens and max_tokens={params.max_tokens} exceed the context "
+                    f"(max_model_len={self.max_model_len})"
+                )
+
+        def step(prompts: list[list[int]], one_token: SamplingParams) -> list[RequestOutput]:
+            return self.generate([{"prompt_token_ids": p} for p in prompts], one_token, use_tqdm=False)
+
+        stop_ids = set(self.tokenizer.stop_token_ids)
+        return beam_search(step, token_lists, params, stop_ids, self.tokenizer.decode)
 
     def chat(
         self,

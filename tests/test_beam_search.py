@@ -1,0 +1,102 @@
+"""``LLM.beam_search`` (vLLM's): width 1 is greedy decoding; wider beams match a plain reference beam
+search over the engine's logprobs computed without the prefix cache (the same bits), each beam's
+logprobs are the teacher-forced ones of its tokens, beams come best first by vLLM's length-penalized
+score, stop tokens complete a beam (``"stop"``, its text without the token), and bad parameters are
+clear errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import oxibonsai as ob
+
+from scripted_model import write_scripted_model
+
+
+def random_prompts(rng: np.random.Generator, k: int) -> list[list[int]]:
+    return [[int(t) for t in rng.integers(0, 800, int(n))] for n in rng.integers(3, 40, k)]
+
+
+def test_width_one_is_greedy(tiny_model, rng):
+    llm = ob.LLM(tiny_model)
+    prompts = random_prompts(rng, 3)
+    beams = llm.beam_search(prompts, ob.BeamSearchParams(beam_width=1, max_tokens=10, ignore_eos=True))
+    greedy = llm.generate(prompts, ob.SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+    for prompt, out, want in zip(prompts, beams, greedy, strict=True):
+        (beam,) = out.sequences
+        assert beam.tokens == prompt + want.outputs[0].token_ids and beam.finish_reason == "length"
+
+
+def reference(llm: ob.LLM, prompt: list[int], width: int, steps: int) -> list[tuple[float, list[int]]]:
+    """Textbook beam search (no stop tokens, no length penalty) over the top 2 * width logprobs."""
+    beams = [(0.0, list(prompt))]
+    one = ob.SamplingParams(max_tokens=1, temperature=0, logprobs=2 * width)
+    for _ in range(steps):
+        outs = llm.generate([{"prompt_token_ids": b} for _, b in beams], one, use_tqdm=False)
+        pool = [
+            (cum + entry.logprob, -i, -token, [*tokens, token])
+            for i, ((cum, tokens), out) in enumerate(zip(beams, outs, strict=True))
+            for token, entry in (out.outputs[0].logprobs or [{}])[0].items()
+        ]
+        beams = [(cum, tokens) for cum, _, _, tokens in sorted(pool, reverse=True)[:width]]
+    return beams
+
+
+def test_wider_beams_match_a_reference_without_the_cache(tiny_model, rng):
+    llm = ob.LLM(tiny_model)
+    uncached = ob.LLM(tiny_model, enable_prefix_caching=False)
+    prompts = random_prompts(rng, 2)
+    width = int(rng.integers(2, 5))
+    params = ob.BeamSearchParams(beam_width=width, max_tokens=6, ignore_eos=True, length_penalty=0.0)
+    for prompt, out in zip(prompts, llm.beam_search(prompts, params), strict=True):
+        want = reference(uncached, prompt, width, 6)
+        assert [(b.cum_logprob, b.tokens) for b in out.sequences] == want
+
+
+def test_logprobs_are_teacher_forced_and_beams_come_best_first(tiny_model, rng):
+    llm = ob.LLM(tiny_model, kernel="reference", kv_cache_dtype="f32")
+    (prompt,) = random_prompts(rng, 1)
+    penalty = float(rng.uniform(0.5, 2.0))
+    params = ob.BeamSearchParams(beam_width=4, max_tokens=8, ignore_eos=True, length_penalty=penalty)
+    (out,) = llm.beam_search([prompt], params)
+    assert len(out.sequences) == 4
+    scores = [b.cum_logprob / len(b.tokens) ** penalty for b in out.sequences]
+    assert scores == sorted(scores, reverse=True)
+    for beam in out.sequences:
+        logits = llm.logits(beam.tokens[:-1]).astype(np.float64)[len(prompt) - 1 :]
+        logz = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+        forced = logits[np.arange(len(logits)), beam.tokens[len(prompt) :]] - logz
+        np.testing.assert_allclose(beam.logprobs, forced, atol=1e-4)
+        assert math.isclose(beam.cum_logprob, sum(beam.logprobs), abs_tol=1e-5)
+        assert beam.text == llm.tokenizer.decode(beam.tokens[len(prompt) :])
+
+
+def test_a_stop_token_completes_a_beam(tmp_path):
+    """On a scripted model the best beam is the script, complete at its stop token; the others go on to
+    the length limit or stop later, each with its text without the stop token."""
+    llm = ob.LLM(write_scripted_model(tmp_path / "m.gguf", ["alpha", "beta", "<|im_end|>"]))
+    prompt = llm.tokenizer.encode("x\n", add_special_tokens=False)
+    out = llm.beam_search([prompt], ob.BeamSearchParams(beam_width=3, max_tokens=6))[0]
+    best = out.sequences[0]
+    assert best.finish_reason == "stop" and best.text == "alphabeta"
+    assert best.tokens[-1] in llm.tokenizer.stop_token_ids and len(best.tokens) == len(prompt) + 3
+    for beam in out.sequences:
+        ended = beam.tokens[-1] in llm.tokenizer.stop_token_ids
+        assert beam.finish_reason == ("stop" if ended else "length")
+        generated = beam.tokens[len(prompt) : len(beam.tokens) - (1 if ended else 0)]
+        assert beam.text == llm.tokenizer.decode(generated)
+
+
+def test_bad_parameters_are_clear_errors(tiny_model):
+    with pytest.raises(ValueError, match="beam_width must be >= 1"):
+        ob.BeamSearchParams(beam_width=0, max_tokens=4)
+    with pytest.raises(ValueError, match="beam_width must be <= 10"):
+        ob.BeamSearchParams(beam_width=11, max_tokens=4)
+    with pytest.raises(TypeError, match="max_tokens must be an int"):
+        ob.BeamSearchParams(beam_width=2, max_tokens=4.0)  # type: ignore[arg-type]
+    llm = ob.LLM(tiny_model, max_model_len=64)
+    with pytest.raises(ValueError, match="exceed the context"):
+        llm.beam_search([[1] * 60], ob.BeamSearchParams(beam_width=2, max_tokens=8))
