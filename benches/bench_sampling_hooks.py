@@ -1,0 +1,75 @@
+"""What the per-request hooks of session 38 cost end to end, on one prompt of 64 random tokens and 32
+generated ones (Bonsai-1.7B-shaped random model, 2 threads, the prompt from the prefix cache after the
+first round): plain greedy decoding; greedy with a no-op logits processor (a copy of each 151,936-wide
+row and a Python call); with a thinking budget (counting only: the random vocabulary's text never
+opens a block); and beam search at widths 1 and 4 (one-token steps over the prefix cache). Prints the
+median over ``--rounds`` of each form's generated tokens per second, the forms alternated per round.
+
+    python benches/bench_sampling_hooks.py [--rounds 5] [--threads 2] [--model PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench_model import machine_lines, untied_model_path
+
+import oxibonsai as ob
+
+TOKENS = 32
+
+
+def forms(llm: ob.LLM, prompt: list[int]) -> dict[str, Callable[[], object]]:
+    greedy = {"max_tokens": TOKENS, "temperature": 0, "ignore_eos": True}
+
+    def no_op(output_ids: list[int], logits: object) -> None:
+        return None
+
+    def generate(**more: object) -> Callable[[], object]:
+        return lambda: llm.generate([prompt], ob.SamplingParams(**greedy, **more), use_tqdm=False)  # type: ignore[arg-type]
+
+    def beams(width: int) -> Callable[[], object]:
+        params = ob.BeamSearchParams(beam_width=width, max_tokens=TOKENS, ignore_eos=True)
+        return lambda: llm.beam_search([prompt], params)
+
+    return {
+        "plain": generate(),
+        "logits processor (no-op)": generate(logits_processors=[no_op]),
+        "thinking budget": generate(thinking_token_budget=8),
+        "beam search, width 1": beams(1),
+        "beam search, width 4": beams(4),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--model", type=Path, default=None)
+    args = p.parse_args()
+    for line in machine_lines():
+        print(line)
+    llm = ob.LLM(str(untied_model_path(args.model)), num_threads=args.threads, max_model_len=512)
+    prompt = [random.randrange(0, llm.config["vocab"]) for _ in range(64)]
+    runs = forms(llm, prompt)
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(args.rounds + 1):  # the first round warms the cache and is dropped
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            rates[name].append(TOKENS / (time.perf_counter() - start))
+    print("| form | generated tokens/s (median) | / plain |")
+    print("|---|--:|--:|")
+    plain = statistics.median(rates["plain"][1:])
+    for name, values in rates.items():
+        rate = statistics.median(values[1:])
+        print(f"| {name} | {rate:.1f} | {rate / plain:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
