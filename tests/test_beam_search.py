@@ -1,5 +1,6 @@
-"""``LLM.beam_search`` (vLLM's): width 1 is greedy decoding; wider beams match a plain reference beam
-search over the engine's logprobs computed without the prefix cache (the same bits), each beam's
+"""``LLM.beam_search`` (vLLM's): width 1 is greedy decoding; the native runner's forked beams match a
+reference that recomputes every beam from its tokens (and leave nothing behind), the engine's
+one-token beams a reference over uncached requests (the same bits), each beam's
 logprobs are the teacher-forced ones of its tokens, beams come best first by vLLM's length-penalized
 score, stop tokens complete a beam (``"stop"``, its text without the token), and bad parameters are
 clear errors."""
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 import oxibonsai as ob
+from oxibonsai.beam_search import EngineBeams, beam_search, top_logprobs
 
 from scripted_model import write_scripted_model
 
@@ -20,8 +22,11 @@ def random_prompts(rng: np.random.Generator, k: int) -> list[list[int]]:
     return [[int(t) for t in rng.integers(0, 800, int(n))] for n in rng.integers(3, 40, k)]
 
 
-def test_width_one_is_greedy(tiny_model, rng):
-    llm = ob.LLM(tiny_model)
+@pytest.mark.parametrize("runner", ["native", "torch"])
+def test_width_one_is_greedy(tiny_model, rng, runner):
+    if runner == "torch":
+        pytest.importorskip("torch")
+    llm = ob.LLM(tiny_model) if runner == "native" else ob.LLM(tiny_model, runner="torch", device="cpu")
     prompts = random_prompts(rng, 3)
     beams = llm.beam_search(prompts, ob.BeamSearchParams(beam_width=1, max_tokens=10, ignore_eos=True))
     greedy = llm.generate(prompts, ob.SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
@@ -30,8 +35,8 @@ def test_width_one_is_greedy(tiny_model, rng):
         assert beam.tokens == prompt + want.outputs[0].token_ids and beam.finish_reason == "length"
 
 
-def reference(llm: ob.LLM, prompt: list[int], width: int, steps: int) -> list[tuple[float, list[int]]]:
-    """Textbook beam search (no stop tokens, no length penalty) over the top 2 * width logprobs."""
+def engine_reference(llm: ob.LLM, prompt: list[int], width: int, steps: int) -> list[tuple[float, list[int]]]:
+    """Textbook beam search (no stop tokens, no length penalty) over the engine's top 2 * width logprobs."""
     beams = [(0.0, list(prompt))]
     one = ob.SamplingParams(max_tokens=1, temperature=0, logprobs=2 * width)
     for _ in range(steps):
@@ -45,15 +50,49 @@ def reference(llm: ob.LLM, prompt: list[int], width: int, steps: int) -> list[tu
     return beams
 
 
-def test_wider_beams_match_a_reference_without_the_cache(tiny_model, rng):
+def logits_reference(llm: ob.LLM, prompt: list[int], width: int, steps: int) -> list[tuple[float, list[int]]]:
+    """The same over ``top_logprobs`` of each beam's logits computed from scratch (``LLM.logits``)."""
+    beams = [(0.0, list(prompt))]
+    for _ in range(steps):
+        pool = [
+            (cum + logprob, -i, -token, [*tokens, token])
+            for i, (cum, tokens) in enumerate(beams)
+            for token, logprob in top_logprobs(llm.logits(tokens)[-1], 2 * width)
+        ]
+        beams = [(cum, tokens) for cum, _, _, tokens in sorted(pool, reverse=True)[:width]]
+    return beams
+
+
+def test_forked_beams_match_a_reference_from_scratch(tiny_model, rng):
+    """The native runner's beams (forked KV sequences) give exactly what recomputing every beam from
+    its tokens gives, and leave no sequence or block behind."""
+    llm = ob.LLM(tiny_model)
+    prompts = random_prompts(rng, 2)
+    width = int(rng.integers(2, 6))
+    params = ob.BeamSearchParams(beam_width=width, max_tokens=int(rng.integers(3, 24)), ignore_eos=True,
+                                 length_penalty=0.0)  # fmt: skip
+    for prompt, out in zip(prompts, llm.beam_search(prompts, params), strict=True):
+        want = logits_reference(llm, prompt, width, params.max_tokens)
+        assert [(b.cum_logprob, b.tokens) for b in out.sequences] == want
+    model = llm._runner._model
+    assert model.num_sequences == 0 and model.num_available_blocks == model.num_blocks
+
+
+def test_engine_beams_match_a_reference_without_the_cache(tiny_model, rng):
+    """Beams as one-token engine requests (what the torch runner runs) give what a plain beam search
+    over uncached requests gives."""
     llm = ob.LLM(tiny_model)
     uncached = ob.LLM(tiny_model, enable_prefix_caching=False)
-    prompts = random_prompts(rng, 2)
+    (prompt,) = random_prompts(rng, 1)
     width = int(rng.integers(2, 5))
     params = ob.BeamSearchParams(beam_width=width, max_tokens=6, ignore_eos=True, length_penalty=0.0)
-    for prompt, out in zip(prompts, llm.beam_search(prompts, params), strict=True):
-        want = reference(uncached, prompt, width, 6)
-        assert [(b.cum_logprob, b.tokens) for b in out.sequences] == want
+
+    def step(prompts: list[list[int]], one: ob.SamplingParams) -> list[ob.RequestOutput]:
+        return llm.generate([{"prompt_token_ids": p} for p in prompts], one, use_tqdm=False)
+
+    stop = set(llm.tokenizer.stop_token_ids)
+    (out,) = beam_search(lambda: EngineBeams(step, width), [prompt], params, stop, llm.tokenizer.decode)
+    assert [(b.cum_logprob, b.tokens) for b in out.sequences] == engine_reference(uncached, prompt, width, 6)
 
 
 def test_logprobs_are_teacher_forced_and_beams_come_best_first(tiny_model, rng):

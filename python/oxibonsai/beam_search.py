@@ -1,13 +1,13 @@
 """Beam search (vLLM's ``LLM.beam_search`` and ``BeamSearchParams``): the ``beam_width`` most likely
 continuations of each prompt by cumulative log-probability, scored with a length penalty.
 
-Each step asks the engine for one token of every live beam of every prompt, with the ``2 *
-beam_width`` top raw logprobs (the beams run as one batch; each is a prompt that the prefix cache
-finds computed up to its last full block, so a step recomputes at most a block and a token per beam).
-Every beam's candidates are pooled per prompt: one that ends on a stop token (unless ``ignore_eos``)
-is complete, the ``beam_width`` best of the others by cumulative logprob live on (ties to the earlier
-beam, then the lower id). After ``max_tokens`` steps the live beams are complete too, and the
-``beam_width`` best of all complete ones by score are returned, best first.
+Each step takes the ``2 * beam_width`` best next tokens of every live beam. Every beam's candidates
+are pooled per prompt: one that ends on a stop token (unless ``ignore_eos``) is complete, the
+``beam_width`` best of the others by cumulative logprob live on (ties to the earlier beam, then the
+lower id). After ``max_tokens`` steps the live beams are complete too, and the ``beam_width`` best of
+all complete ones by score are returned, best first. On the native runner the beams live on KV
+sequences that fork as beams branch (``NativeBeams``: one batched decode per step); elsewhere they
+run as one-token engine requests over the prefix cache (``EngineBeams``).
 
 The score is vLLM's: ``cum_logprob / length ** length_penalty``, the length counting the prompt and
 the generated tokens but not a final stop token. ``BeamSearchSequence.tokens`` holds the prompt and
@@ -18,6 +18,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from oxibonsai.outputs import RequestOutput
 from oxibonsai.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -67,6 +70,98 @@ class BeamSearchOutput:
 
 
 StepFn = Callable[[list[list[int]], SamplingParams], list[RequestOutput]]
+Candidates = list[tuple[int, float]]  # (token, raw logprob) pairs of one beam's next token
+
+
+class EngineBeams:
+    """Beams run as one-token requests of the engine (``step``: ``LLM.generate``): each step is a batch
+    of every live beam's tokens, with the ``2 * beam_width`` top raw logprobs; the prefix cache holds
+    their full blocks, so each recomputes at most a block and a token. Any runner."""
+
+    def __init__(self, step: StepFn, width: int) -> None:
+        self._step = step
+        self._one_token = SamplingParams(max_tokens=1, temperature=0, logprobs=2 * width, ignore_eos=True)
+
+    def candidates(self, beams: list[BeamSearchSequence]) -> list[Candidates]:
+        outs = self._step([beam.tokens for beam in beams], self._one_token)
+        return [
+            [(token, entry.logprob) for token, entry in (out.outputs[0].logprobs or [{}])[0].items()]
+            for out in outs
+        ]
+
+    def advance(self, parents: list[int], tokens: list[int]) -> None:
+        """Nothing to keep: the next step starts from the beams' tokens."""
+
+    def close(self) -> None:
+        pass
+
+
+class NativeBeams:
+    """Beams on sequences of the native model's KV cache: a beam that branches forks its parent's
+    sequence (``Model.fork_sequence``: cached blocks shared, the partial one copied), so each step is
+    one batched decode of every live beam; logprobs are the float64 log-softmax of its logits row."""
+
+    def __init__(self, model: Any, prompts: Sequence[list[int]], width: int) -> None:
+        self._model = model
+        self._top = 2 * width
+        self._seqs: list[int] = []
+        items = []
+        try:
+            for prompt in prompts:
+                seq, cached = model.add_sequence_cached(prompt)
+                self._seqs.append(seq)
+                items.append((seq, prompt[cached:], "last"))
+            self._rows = model.step(items)
+        except BaseException:
+            self.close()
+            raise
+
+    def candidates(self, beams: list[BeamSearchSequence]) -> list[Candidates]:
+        assert len(beams) == len(self._rows)
+        return [top_logprobs(row, self._top) for row in self._rows]
+
+    def advance(self, parents: list[int], tokens: list[int]) -> None:
+        """The live beams are now ``parents[i]``'s sequence plus ``tokens[i]``: forks for a parent's
+        second and later children (before the parent steps on), frees for parents left childless,
+        then one step of every beam's new token. A failure leaves every sequence to ``close``."""
+        seqs: list[int] = []
+        forks: list[int] = []
+        try:
+            for parent in parents:
+                if parent in parents[: len(seqs)]:
+                    forks.append(self._model.fork_sequence(self._seqs[parent]))
+                    seqs.append(forks[-1])
+                else:
+                    seqs.append(self._seqs[parent])
+        except BaseException:
+            for seq in forks:
+                self._model.free_sequence(seq)
+            raise
+        kept = set(parents)
+        for i, seq in enumerate(self._seqs):
+            if i not in kept:
+                self._model.free_sequence(seq)
+        self._seqs = seqs
+        items = [(seq, [token], "last") for seq, token in zip(seqs, tokens, strict=True)]
+        self._rows = self._model.step(items)
+
+    def close(self) -> None:
+        for seq in self._seqs:
+            self._model.free_sequence(seq)
+        self._seqs = []
+
+
+def top_logprobs(row: np.ndarray, k: int) -> Candidates:
+    """The ``k`` largest log-softmax values of a logits row (float64), best first, ties to the lower id."""
+    x = row.astype(np.float64)
+    peak = x.max()
+    logp = x - (peak + np.log(np.exp(x - peak).sum()))
+    k = min(k, len(logp))
+    ids = np.argpartition(-logp, k - 1)[:k]
+    return sorted(((int(i), float(logp[i])) for i in ids), key=lambda c: (-c[1], c[0]))
+
+
+Beams = EngineBeams | NativeBeams
 
 
 def score(beam: BeamSearchSequence, stop_ids: set[int], length_penalty: float) -> float:
@@ -77,38 +172,46 @@ def score(beam: BeamSearchSequence, stop_ids: set[int], length_penalty: float) -
 
 
 def beam_search(
-    step: StepFn,
+    beams_of: Callable[[], Beams],
     prompts: Sequence[list[int]],
     params: BeamSearchParams,
     stop_ids: set[int],
     decode: Callable[[list[int]], str],
 ) -> list[BeamSearchOutput]:
-    """Beam search over ``step`` (one token of each given prompt, with top logprobs: ``LLM.generate``)."""
-    one_token = SamplingParams(max_tokens=1, temperature=0, logprobs=2 * params.beam_width, ignore_eos=True)
+    """Beam search over the beams ``beams_of`` starts (``EngineBeams`` or ``NativeBeams``)."""
     live = [[BeamSearchSequence(tokens=list(p))] for p in prompts]
     done: list[list[BeamSearchSequence]] = [[] for _ in prompts]
-    for _ in range(params.max_tokens):
-        batch = [beam for beams in live for beam in beams]
-        if not batch:
-            break
-        outs = iter(step([beam.tokens for beam in batch], one_token))
-        for k, beams in enumerate(live):
-            candidates = []
-            for i, beam in enumerate(beams):
-                top = next(outs).outputs[0].logprobs
-                assert top, "each step asks for logprobs"
-                for token, entry in top[0].items():
-                    candidates.append((beam.cum_logprob + entry.logprob, i, token, entry.logprob))
-            candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
-            live[k] = []
-            for cum, i, token, logprob in candidates:
-                grown = _grown(beams[i], token, logprob, cum)
-                if token in stop_ids and not params.ignore_eos:
-                    done[k].append(_finished(grown, "stop", len(prompts[k]), stop_ids, decode))
-                elif len(live[k]) < params.beam_width:
-                    live[k].append(grown)
-            # Completed beams past the best beam_width can never be returned: keep the pool small.
-            done[k] = _best(done[k], params, stop_ids)
+    runner = beams_of()
+    try:
+        for t in range(params.max_tokens):
+            flat = [beam for beams in live for beam in beams]
+            if not flat:
+                break
+            candidates = iter(runner.candidates(flat))
+            parents, tokens, offset = [], [], 0
+            for k, beams in enumerate(live):
+                pool = [
+                    (beam.cum_logprob + logprob, i, token, logprob)
+                    for i, beam in enumerate(beams)
+                    for token, logprob in next(candidates)
+                ]
+                pool.sort(key=lambda c: (-c[0], c[1], c[2]))
+                live[k] = []
+                for cum, i, token, logprob in pool:
+                    grown = _grown(beams[i], token, logprob, cum)
+                    if token in stop_ids and not params.ignore_eos:
+                        done[k].append(_finished(grown, "stop", len(prompts[k]), stop_ids, decode))
+                    elif len(live[k]) < params.beam_width:
+                        live[k].append(grown)
+                        parents.append(offset + i)
+                        tokens.append(token)
+                offset += len(beams)
+                # Completed beams past the best beam_width can never be returned: keep the pool small.
+                done[k] = _best(done[k], params, stop_ids)
+            if t + 1 < params.max_tokens and tokens:
+                runner.advance(parents, tokens)
+    finally:
+        runner.close()
     outputs = []
     for k, beams in enumerate(live):
         complete = done[k] + [_finished(b, "length", len(prompts[k]), stop_ids, decode) for b in beams]

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from oxibonsai import _core
-from oxibonsai.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
+from oxibonsai.beam_search import BeamSearchOutput, BeamSearchParams, EngineBeams, NativeBeams, beam_search
 from oxibonsai.embedding import check_pooling, model_pooling, pooled
 from oxibonsai.engine import Engine, SchedulerConfig
 from oxibonsai.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
@@ -337,8 +337,13 @@ class LLM:
         def step(prompts: list[list[int]], one_token: SamplingParams) -> list[RequestOutput]:
             return self.generate([{"prompt_token_ids": p} for p in prompts], one_token, use_tqdm=False)
 
+        def beams() -> EngineBeams | NativeBeams:
+            if isinstance(self._runner, NativeRunner):
+                return NativeBeams(self._runner._model, token_lists, params.beam_width)
+            return EngineBeams(step, params.beam_width)
+
         stop_ids = set(self.tokenizer.stop_token_ids)
-        return beam_search(step, token_lists, params, stop_ids, self.tokenizer.decode)
+        return beam_search(beams, token_lists, params, stop_ids, self.tokenizer.decode)
 
     def chat(
         self,

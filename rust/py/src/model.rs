@@ -250,6 +250,11 @@ impl Model {
         self.lock().table_mut().reset_prefix_cache()
     }
 
+    /// A new sequence holding the KV of sequence `seq` (its cached blocks shared, the rest copied).
+    fn fork_sequence(&self, seq: u64) -> PyResult<u64> {
+        self.lock().fork_sequence(seq).map_err(to_py)
+    }
+
     /// Ends a sequence and frees its KV blocks.
     fn free_sequence(&self, seq: u64) -> PyResult<()> {
         self.lock().table_mut().free_sequence(seq).map_err(to_py)

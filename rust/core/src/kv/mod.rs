@@ -11,6 +11,8 @@ pub mod blocks;
 pub mod cache;
 pub mod copies;
 pub mod elem;
+#[cfg(test)]
+mod fork_tests;
 pub mod hash;
 pub mod host_tier;
 pub mod idle;

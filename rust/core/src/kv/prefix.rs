@@ -325,6 +325,17 @@ impl PrefixCache {
         Ok(blocks.len())
     }
 
+    /// One more reference on the cached block `block`, which a sequence already holds (a fork of the
+    /// sequence shares it); given back with [`release`](Self::release).
+    pub fn share(&mut self, block: u32) -> Result<()> {
+        if block as usize >= self.capacity() || !self.is_cached(block) || self.users(block) == 0 {
+            return Err(Error::Value(format!("block {block} is not a cached block in use")));
+        }
+        self.tick += 1;
+        self.take(block);
+        Ok(())
+    }
+
     /// Gives back one reference on `block`. A cached block with no user left becomes idle (evictable
     /// once it is a leaf); any other block with no reference left is free again.
     pub fn release(&mut self, block: u32) -> Result<()> {

@@ -89,6 +89,28 @@ impl Sequence {
     }
 }
 
+impl Sequence {
+    /// Leading blocks of the sequence that sit in the prefix cache (a fork shares them).
+    pub fn cached_blocks(&self) -> usize {
+        self.chain.as_ref().map_or(0, |c| c.cached_blocks)
+    }
+
+    /// This sequence's bookkeeping over `block_table` (its cached blocks first, then copies of the
+    /// rest): the same length, token ids and cached chain, with room to grow.
+    pub fn forked(&self, block_table: Vec<u32>) -> Sequence {
+        let chain = self.chain.as_ref().map(|c| {
+            Box::new(CachedChain {
+                salt: c.salt.clone(),
+                tokens: with_room(&c.tokens, GENERATION_ROOM),
+                last_key: c.last_key,
+                cached_blocks: c.cached_blocks,
+                stopped: c.stopped,
+            })
+        });
+        Sequence { len: self.len, block_table, chain }
+    }
+}
+
 /// A block table starting with `blocks`, with room for a prompt of `prompt_len` tokens and
 /// [`GENERATION_ROOM`] generated ones: no regrowth before then.
 fn table_for_prompt(prompt_len: usize, mut blocks: Vec<u32>) -> Vec<u32> {

@@ -186,6 +186,32 @@ impl SequenceTable {
         self.seqs.insert(seq)
     }
 
+    /// A new sequence holding the KV `parent` holds, for a beam that branches off it: the cached full
+    /// blocks are shared, each other block (the last, partial one; full ones the cache refused) gets
+    /// a fresh block, whose contents the caller copies from the returned `(from, to)` pairs before
+    /// either sequence is stepped again. All or nothing: an error (unknown parent, too few blocks)
+    /// changes nothing.
+    pub fn fork(&mut self, parent: u64) -> Result<(u64, Vec<(u32, u32)>)> {
+        let p = self.get(parent)?;
+        let held = blocks_for(p.len);
+        let shared = if self.prefix_caching { p.cached_blocks().min(held) } else { 0 };
+        let (mut table, sources) = (p.block_table[..shared].to_vec(), p.block_table[shared..held].to_vec());
+        if sources.len() > self.blocks.num_available() {
+            return Err(self.full(sources.len()));
+        }
+        for &block in &table {
+            self.blocks.share(block)?;
+        }
+        let mut copies = Vec::with_capacity(sources.len());
+        for from in sources {
+            let to = self.blocks.allocate().expect("counted above");
+            table.push(to);
+            copies.push((from, to));
+        }
+        let child = self.get(parent)?.forked(table);
+        Ok((self.insert_sequence(child), copies))
+    }
+
     /// Ends a sequence and gives back its blocks (cached ones stay cached, idle, until evicted).
     pub fn free_sequence(&mut self, seq: u64) -> Result<()> {
         let s = self.seqs.remove(seq).ok_or_else(|| unknown(seq))?;

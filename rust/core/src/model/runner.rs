@@ -164,6 +164,22 @@ impl ModelRunner {
         self.kv.read_block(block as usize, out);
     }
 
+    /// A new sequence holding `parent`'s KV ([`SequenceTable::fork`], with the copies made): a beam
+    /// that branches off `parent` steps on from the same state without recomputing it.
+    pub fn fork_sequence(&mut self, parent: u64) -> Result<u64> {
+        let (child, copies) = self.table.fork(parent)?;
+        let mut bytes = Vec::new();
+        for (from, to) in copies {
+            bytes.clear();
+            self.kv.read_block(from as usize, &mut bytes);
+            if let Err(error) = self.kv.write_block(to as usize, &bytes) {
+                self.table.free_sequence(child)?;
+                return Err(error);
+            }
+        }
+        Ok(child)
+    }
+
     /// The KV store and the sequence table together: what restoring a cached block writes.
     pub fn table_and_blocks(&mut self) -> (&mut SequenceTable, impl FnMut(u32, &[u8]) -> Result<()> + '_) {
         let kv = &mut self.kv;
