@@ -139,3 +139,22 @@ def test_bad_parameters_are_clear_errors(tiny_model):
     llm = ob.LLM(tiny_model, max_model_len=64)
     with pytest.raises(ValueError, match="exceed the context"):
         llm.beam_search([[1] * 60], ob.BeamSearchParams(beam_width=2, max_tokens=8))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "int8"])
+def test_a_forked_sequence_steps_as_its_tokens_from_scratch(tiny_model, rng, dtype):
+    """``Model.fork_sequence`` on every KV dtype (int8's scales copied too): the fork and its parent,
+    stepped on with different tokens, give the logits of their whole token lists computed afresh."""
+    llm = ob.LLM(tiny_model, kv_cache_dtype=dtype)
+    model = llm._runner._model
+    (prompt,) = random_prompts(rng, 1)
+    seq, cached = model.add_sequence_cached(prompt)
+    model.step([(seq, prompt[cached:], "last")])
+    fork = model.fork_sequence(seq)
+    a, b = [int(t) for t in rng.integers(0, 800, 2)]
+    rows = model.step([(seq, [a], "last"), (fork, [b], "last")])
+    np.testing.assert_array_equal(rows[0], llm.logits([*prompt, a])[-1])
+    np.testing.assert_array_equal(rows[1], llm.logits([*prompt, b])[-1])
+    model.free_sequence(seq)
+    model.free_sequence(fork)
+    assert model.num_available_blocks == model.num_blocks
