@@ -32,6 +32,16 @@ def asgi_client(app: Any) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver", timeout=60)
 
 
+def post(app: Any, path: str, body: dict[str, Any]) -> Any:
+    """One JSON POST to the in-process app; the response."""
+
+    async def go() -> Any:
+        async with asgi_client(app) as c:
+            return await c.post(path, json=body)
+
+    return run(go())
+
+
 def app_for(engine: ob.AsyncLLM, **config: Any) -> Any:
     config.setdefault("served_model_name", "bonsai")
     return build_app(engine, ServerConfig(**config))

@@ -5,13 +5,11 @@ combinations are clear errors."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 import oxibonsai as ob
 
-from server_support import asgi_client, run
+from server_support import post
 
 PREFILL = [
     {"role": "system", "content": "Answer briefly."},
@@ -42,14 +40,6 @@ def test_chat_continues_the_message():
     got = llm.chat(PREFILL, params, add_generation_prompt=False, continue_final_message=True)[0]
     assert got.prompt_token_ids == want.prompt_token_ids
     assert got.outputs[0].token_ids == want.outputs[0].token_ids
-
-
-def post(app: Any, path: str, body: dict[str, Any]) -> Any:
-    async def go() -> Any:
-        async with asgi_client(app) as c:
-            return await c.post(path, json=body)
-
-    return run(go())
 
 
 def test_the_endpoints_continue_the_message(default_app, default_engine):

@@ -13,7 +13,7 @@ import pytest
 
 import oxibonsai as ob
 
-from server_support import app_for, asgi_client, run, sse_payloads
+from server_support import app_for, asgi_client, post, run, sse_payloads
 
 pytest.importorskip("fastapi")
 
@@ -28,14 +28,6 @@ def engine() -> Iterator[ob.AsyncLLM]:
 @pytest.fixture(scope="module")
 def app(engine: ob.AsyncLLM) -> Any:
     return app_for(engine)
-
-
-def post(app: Any, path: str, body: dict[str, Any]) -> Any:
-    async def go() -> Any:
-        async with asgi_client(app) as c:
-            return await c.post(path, json=body)
-
-    return run(go())
 
 
 def get(app: Any, path: str) -> Any:

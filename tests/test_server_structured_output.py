@@ -15,7 +15,7 @@ import pytest
 import oxibonsai as ob
 from oxibonsai.structured_output import StructuredOutputsParams
 
-from server_support import asgi_client, run, sse_payloads
+from server_support import asgi_client, post, run, sse_payloads
 
 pytest.importorskip("fastapi")
 
@@ -30,14 +30,6 @@ SCHEMA = {
 @pytest.fixture(scope="module")
 def reference() -> ob.LLM:
     return ob.LLM(None)
-
-
-def post(app: Any, path: str, body: dict[str, Any]) -> Any:
-    async def go() -> Any:
-        async with asgi_client(app) as c:
-            return await c.post(path, json=body)
-
-    return run(go())
 
 
 def streamed_text(app: Any, path: str, body: dict[str, Any], key: str) -> str:

@@ -21,7 +21,7 @@ from oxibonsai import structured_output
 from oxibonsai.structured_output import StructuredOutputsParams
 
 from scripted_model import write_scripted_model
-from server_support import app_for, asgi_client, run
+from server_support import app_for, post
 
 THOUGHTS = ["alpha", "beta", "gamma", "delta"]
 SCRIPT = ["<think>", *THOUGHTS, "</think>", "\n\n", '{"ok": true}', "<|im_end|>"]
@@ -120,14 +120,6 @@ def test_bad_budgets_are_clear_errors(model, monkeypatch):
     with pytest.raises(ValueError, match="no <think> / </think> tokens"):
         llm.generate([[1, 2, 3]], greedy(4))
     assert not llm._engine.has_unfinished()
-
-
-def post(app: Any, path: str, body: dict[str, Any]) -> Any:
-    async def go() -> Any:
-        async with asgi_client(app) as c:
-            return await c.post(path, json=body)
-
-    return run(go())
 
 
 def test_the_chat_and_messages_endpoints_take_the_budget(model):

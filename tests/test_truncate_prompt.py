@@ -13,7 +13,7 @@ import pytest
 
 import oxibonsai as ob
 
-from server_support import app_for, asgi_client, run
+from server_support import app_for, post
 
 
 def random_ids(rng: np.random.Generator, n: int) -> list[int]:
@@ -59,14 +59,6 @@ def test_async_generate_cuts_the_prompt(tiny_model, rng):
         assert last.outputs[0].token_ids == want.outputs[0].token_ids
     finally:
         engine.shutdown()
-
-
-def post(app: Any, path: str, body: dict[str, Any]) -> Any:
-    async def go() -> Any:
-        async with asgi_client(app) as c:
-            return await c.post(path, json=body)
-
-    return run(go())
 
 
 def test_the_endpoints_cut_the_prompt(tiny_model, rng):
