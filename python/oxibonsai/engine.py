@@ -656,9 +656,10 @@ def _bans_follow_output(r: _Request) -> bool:
 
 def _follows_output(r: _Request) -> bool:
     """Whether the request's next row depends on the token in flight: a grammar's mask, a bad word's
-    ban, a thinking budget that may force ``</think>``, or logits processors (which read the output)."""
+    ban, or a thinking budget that may force ``</think>``. (Logits processors read the output too, but
+    they run only where steps are never planned ahead: host sampling.)"""
     budget = r.budget is not None and r.budget.watching
-    return r.grammar is not None or _bans_follow_output(r) or budget or bool(r.params.logits_processors)
+    return r.grammar is not None or _bans_follow_output(r) or budget
 
 
 def _new_row(r: _Request, banned: list[int], allowed: np.ndarray | None = None) -> SampleRow:

@@ -324,8 +324,9 @@ class LLM:
         self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams
     ) -> list[BeamSearchOutput]:
         """vLLM's ``LLM.beam_search``: each prompt's ``beam_width`` most likely continuations
-        (``oxibonsai.beam_search``), run as batched one-token steps over the prefix cache; a prompt
-        whose beams could outgrow the context is a ``ValueError`` before any work."""
+        (``oxibonsai.beam_search``): on the native runner on forked KV sequences, elsewhere as
+        one-token requests over the prefix cache; a prompt whose beams could outgrow the context is a
+        ``ValueError`` before any work."""
         token_lists = [self._tokenize(p)[1] for p in self._prompt_list(prompts)]
         for ids in token_lists:
             if len(ids) + params.max_tokens > self.max_model_len:

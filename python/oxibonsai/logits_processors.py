@@ -17,12 +17,16 @@ other requests of the step go on."""
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 LogitsProcessor = Callable[..., Any]
+# Each processor's arity, read from its signature once (not per token); weak, so a request's lambda
+# goes with the request.
+_ARITIES: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def checked_processors(value: object) -> list[LogitsProcessor] | None:
@@ -40,6 +44,10 @@ def checked_processors(value: object) -> list[LogitsProcessor] | None:
 
 def _arity(fn: LogitsProcessor, name: str = "a logits processor") -> int:
     try:
+        return _ARITIES[fn]
+    except (KeyError, TypeError):  # not seen yet, or not weakly referenceable
+        pass
+    try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         raise TypeError(f"{name}: its signature cannot be read") from None
@@ -49,6 +57,10 @@ def _arity(fn: LogitsProcessor, name: str = "a logits processor") -> int:
             f"{name} must take (output_token_ids, logits) or (prompt_token_ids, output_token_ids, "
             f"logits), got {len(positional)} positional parameters"
         )
+    try:
+        _ARITIES[fn] = len(positional)
+    except TypeError:
+        pass
     return len(positional)
 
 

@@ -131,13 +131,21 @@ def _bad_words(value: object) -> list[str] | None:
     return list(value) or None
 
 
+def _truncate_prompt_tokens(value: object) -> int | None:
+    if value is None:
+        return None
+    keep = _as_int("truncate_prompt_tokens", value)
+    if keep < 1 and keep != -1:
+        raise _out_of_range("truncate_prompt_tokens", "-1, >= 1 or None", keep)
+    return keep
+
+
 def truncated(prompt_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
     """``prompt_ids`` cut to their last ``keep`` (vLLM's ``truncate_prompt_tokens``: None keeps all, -1
     keeps ``max_model_len``); the same list when nothing is cut."""
+    keep = _truncate_prompt_tokens(keep)
     if keep is None:
         return prompt_ids
-    if keep < 1 and keep != -1:
-        raise _out_of_range("truncate_prompt_tokens", "-1, >= 1 or None", keep)
     keep = max_model_len if keep == -1 else keep
     return prompt_ids[-keep:] if len(prompt_ids) > keep else prompt_ids
 
@@ -229,10 +237,7 @@ class SamplingParams:
             raise _out_of_range("min_tokens", ">= 0", self.min_tokens)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise _out_of_range("min_tokens", f"<= max_tokens ({self.max_tokens})", self.min_tokens)
-        if self.truncate_prompt_tokens is not None:
-            self.truncate_prompt_tokens = _as_int("truncate_prompt_tokens", self.truncate_prompt_tokens)
-            if self.truncate_prompt_tokens < 1 and self.truncate_prompt_tokens != -1:
-                raise _out_of_range("truncate_prompt_tokens", "-1, >= 1 or None", self.truncate_prompt_tokens)
+        self.truncate_prompt_tokens = _truncate_prompt_tokens(self.truncate_prompt_tokens)
 
     def _check_sampling(self) -> None:
         self.temperature = _float_in(
