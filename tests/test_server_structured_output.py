@@ -96,6 +96,36 @@ def test_completions_json_object_and_the_structured_outputs_extension(default_ap
         assert re.fullmatch("[0-9]{2}-[a-z]{3}", regex["choices"][0]["text"])
 
 
+def test_structural_tags_on_both_endpoints_are_the_engines_output(default_app, default_engine, reference):
+    """vLLM's ``structural_tag`` as a ``response_format`` (chat) and in ``structured_outputs`` as JSON
+    text (completions); a bias on ``<think>`` (token 3 of the default model) makes segments common."""
+    app, rng = default_app, random.Random()
+    small = {"type": "integer", "minimum": 0, "maximum": 99}
+    tags = {"structures": [{"begin": "<think>", "schema": small, "end": "</think>"}], "triggers": ["<think>"]}
+    spec = StructuredOutputsParams(structural_tag=tags)
+    seed = rng.randrange(2**32)
+    common = {"max_tokens": 30, "temperature": 0.9, "seed": seed, "logit_bias": {"3": 30}}
+    params = ob.SamplingParams(
+        max_tokens=30, temperature=0.9, seed=seed, logit_bias={3: 30}, structured_outputs=spec
+    )
+    messages = [{"role": "user", "content": prompt_words(rng)}]
+    chat = {"messages": messages, **common, "response_format": {"type": "structural_tag", **tags}}
+    prompt = prompt_words(rng)
+    completion = {"prompt": prompt, **common, "structured_outputs": {"structural_tag": json.dumps(tags)}}
+    for path, body, text, key in (
+        ("/v1/chat/completions", chat, default_engine.chat_prompt(messages), "delta"),
+        ("/v1/completions", completion, prompt, "text"),
+    ):
+        r = post(app, path, body)
+        assert r.status_code == 200, r.text
+        want = reference.generate([text], params)[0].outputs[0].text
+        choice = r.json()["choices"][0]
+        assert (choice["message"]["content"] if key == "delta" else choice["text"]) == want
+        assert streamed_text(app, path, body, key) == want
+        segments = re.findall("<think>(.*?)</think>", want, flags=re.S)
+        assert segments and all(0 <= int(v) <= 99 for v in segments), want
+
+
 @pytest.mark.parametrize(
     ("fields", "contains"),
     [
@@ -104,7 +134,9 @@ def test_completions_json_object_and_the_structured_outputs_extension(default_ap
             "not both",
         ),
         ({"response_format": {"type": "json_schema"}}, "json_schema.schema"),
-        ({"response_format": {"type": "structural_tag"}}, "response_format"),
+        ({"response_format": {"type": "structural_tag"}}, "triggers"),
+        ({"response_format": {"type": "structural_tag", "format": {"type": "any_text"}}}, "'format' form"),
+        ({"structured_outputs": {"structural_tag": '{"triggers": ["<a"]}'}}, "structures"),
         ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "exactly one of"),
         ({"structured_outputs": {}}, "exactly one of"),
         ({"structured_outputs": {"regexp": "a"}}, "regexp"),

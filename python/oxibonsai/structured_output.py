@@ -32,12 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from oxibonsai.structural_tag import structural_tag_grammar, structural_tag_spec
+
 if TYPE_CHECKING:
     import llguidance
 
     from oxibonsai.tokenizer import Tokenizer
 
-_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 #: The reasoning parsers and the texts of the tokens around their reasoning (vLLM's parser names).
 REASONING_TOKENS = {"qwen3": ("<think>", "</think>")}
 #: Compiled grammars kept per engine (each is a matcher at its start, copied per request).
@@ -56,7 +58,9 @@ class StructuredOutputsParams:
     - ``regex``: a regular expression the whole output matches;
     - ``choice``: a list of strings, one of which the output is;
     - ``grammar``: a context-free grammar, in Lark syntax or llama.cpp's GBNF;
-    - ``json_object``: ``True`` for any JSON object (OpenAI's ``response_format`` ``json_object``).
+    - ``json_object``: ``True`` for any JSON object (OpenAI's ``response_format`` ``json_object``);
+    - ``structural_tag``: free text whose tagged segments follow JSON schemas (vLLM's form with
+      ``structures`` and ``triggers``, a dict or its JSON text; see ``oxibonsai.structural_tag``).
 
     ``disable_any_whitespace`` allows no whitespace between JSON tokens (compact JSON; small models
     otherwise can loop on whitespace). Values are checked when built; the grammar itself is compiled
@@ -67,6 +71,7 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: str | dict[str, Any] | None = None
     disable_any_whitespace: bool = False
 
     def __post_init__(self) -> None:
@@ -90,6 +95,12 @@ class StructuredOutputsParams:
             if bad is not None:
                 raise TypeError(f"choice must hold non-empty strings, got {bad!r}")
             object.__setattr__(self, "choice", list(self.choice))
+        if self.structural_tag is not None:
+            if not isinstance(self.structural_tag, (str, dict)):
+                raise TypeError(
+                    f"structural_tag must be a dict or its JSON text, got {_type_name(self.structural_tag)}"
+                )
+            structural_tag_spec(self.structural_tag)
         if self.json_object is not None and not isinstance(self.json_object, bool):
             raise TypeError(f"json_object must be a bool, got {_type_name(self.json_object)}")
         if not isinstance(self.disable_any_whitespace, bool):
@@ -111,8 +122,12 @@ def _llguidance() -> Any:
     return llguidance
 
 
-def _grammar_text(llg: Any, spec: StructuredOutputsParams) -> str:
+def _grammar_text(llg: Any, spec: StructuredOutputsParams, tokenizer: Tokenizer) -> str:
     """The llguidance grammar of ``spec``; ValueError for a specification that is not valid text."""
+    if spec.structural_tag is not None:
+        return structural_tag_grammar(
+            spec.structural_tag, tokenizer.added_tokens, whitespace_flexible=not spec.disable_any_whitespace
+        )
     options = {"whitespace_flexible": not spec.disable_any_whitespace}
     if spec.json is not None or spec.json_object:
         schema = {"type": "object"} if spec.json_object else spec.json
@@ -199,7 +214,7 @@ class GrammarCompiler:
             return template
         llg = _llguidance()
         matcher: llguidance.LLMatcher = llg.LLMatcher(
-            self._tokenizer_for_grammars(), _grammar_text(llg, spec), log_level=0
+            self._tokenizer_for_grammars(), _grammar_text(llg, spec, self._tokenizer), log_level=0
         )
         if matcher.is_error():
             raise ValueError(f"invalid structured output specification: {matcher.get_error()}")

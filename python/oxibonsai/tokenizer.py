@@ -12,6 +12,7 @@ This module owns text <-> ids; it never touches the model, sampling or stop stri
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Literal, SupportsIndex, overload
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
@@ -63,6 +64,7 @@ class Tokenizer:
         control = [i for i in added if kinds[i] == TOKEN_CONTROL]
         self._pieces = TokenPieces(vocab.tokens, added, control)
         self._special_token_ids = frozenset(control)
+        self._added_token_ids = MappingProxyType({text: i for i, text in added.items()})
         self._stop_token_ids = frozenset(self._find_stop_ids())
         self._chat_template: ChatTemplate | None = None
 
@@ -147,6 +149,11 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         """The id of a vocabulary spelling, or None."""
         return self._vocab.token_ids.get(token)
+
+    @property
+    def added_tokens(self) -> Mapping[str, int]:
+        """The added tokens (control and user-defined: matched whole when encoding) by spelling."""
+        return self._added_token_ids
 
     def _template(self) -> ChatTemplate:
         if self._chat_template is None:

@@ -4,14 +4,15 @@ Validation happens here, at the edge: bodies are parsed as strict JSON (``model_
 UTF-8, lone surrogates, ``"10"`` for an int and ``1.5`` for a count are all rejected), every range is a
 field constraint so a 400 names its field, and unknown fields are ignored as OpenAI's API does.
 Structured output comes as OpenAI's ``response_format`` (``json_object``, or ``json_schema`` with its
-``schema``) or vLLM's ``structured_outputs`` extension (``json``, ``regex``, ``choice``, ``grammar``,
-``json_object``), on both endpoints; giving both is a 400, as is a specification that does not compile
-(raised when the request is submitted). ``tool_choice`` ``"required"`` or a named function is forced
-the same way (``forced_tools``). Features the engine does not have (request chat templates,
-``suffix``) are refused with a 400 rather than silently ignored. ``logit_bias``
-keys are token ids as decimal strings (OpenAI's form), at most ``MAX_LOGIT_BIAS_ENTRIES`` of them.
-vLLM's ``allowed_token_ids`` and ``bad_words`` (at most ``MAX_BAD_WORDS``) are taken on both endpoints.
-``sampling_params`` turns a validated request into the engine's ``SamplingParams``."""
+``schema``, or vLLM's ``structural_tag``) or vLLM's ``structured_outputs`` extension (``json``,
+``regex``, ``choice``, ``grammar``, ``json_object``, ``structural_tag``), on both endpoints; giving both
+is a 400, as is a specification that does not compile (raised when the request is submitted).
+``tool_choice`` ``"required"`` or a named function is forced the same way (``forced_tools``). Features
+the engine does not have (request chat templates, ``suffix``) are refused with a 400 rather than
+silently ignored. ``logit_bias`` keys are token ids as decimal strings (OpenAI's form), at most
+``MAX_LOGIT_BIAS_ENTRIES`` of them. vLLM's ``allowed_token_ids`` and ``bad_words`` (at most
+``MAX_BAD_WORDS``) are taken on both endpoints. ``sampling_params`` turns a validated request into the
+engine's ``SamplingParams``."""
 
 from __future__ import annotations
 
@@ -75,8 +76,14 @@ class JsonSchemaFormat(_Strict):
 
 
 class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
+    """OpenAI's ``response_format``, and vLLM's ``structural_tag`` form of it (``structures`` and
+    ``triggers``; xgrammar's ``format`` form is refused by name)."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    structures: list[Any] | None = None
+    triggers: list[Any] | None = None
+    format: Any = None
 
     @model_validator(mode="after")
     def _check_schema(self) -> ResponseFormat:
@@ -90,6 +97,9 @@ class ResponseFormat(_Strict):
         if self.type == "json_schema":
             assert self.json_schema is not None
             return StructuredOutputsParams(json=self.json_schema.json_schema)
+        if self.type == "structural_tag":
+            fields = self.model_dump(include={"structures", "triggers", "format"}, exclude_none=True)
+            return StructuredOutputsParams(structural_tag=fields)
         return None
 
 
@@ -103,6 +113,7 @@ class StructuredOutputsField(_Strict):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
     disable_any_whitespace: bool = False
 
     def structured(self) -> StructuredOutputsParams:

@@ -1,0 +1,138 @@
+"""Structural tags: free text in which each tagged segment must follow its own JSON schema (vLLM's
+``structural_tag``, the form with ``structures`` and ``triggers``).
+
+A specification is ``{"structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}``. The model
+writes whatever it likes until it emits a trigger; from there the output must continue one of the
+structures whose ``begin`` starts with that trigger, then a JSON value its ``schema`` allows, then its
+``end``, after which free text resumes. This is how tool calls in running text are constrained:
+``{"begin": "<tool_call>", "schema": {...}, "end": "</tool_call>"}`` with the trigger
+``"<tool_call>"``.
+
+This module owns checking such a specification and turning it into an llguidance (Lark) grammar. A
+trigger that is one added token of the vocabulary (Qwen3's ``<tool_call>``) is matched as that token;
+any other trigger as text, however it is split into tokens (a lazy lexeme: the shortest text ending
+with it). An added token's spelling inside a ``begin`` or ``end`` is asked for as that token too. Each
+``begin`` must start with one of the triggers. Outside the tagged segments the text is free, but
+holds no added tokens (a stop token ends it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def structural_tag_spec(value: str | dict[str, Any]) -> dict[str, Any]:
+    """``value`` (a dict or its JSON text) as a checked specification; ValueError naming the part
+    that is wrong."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"structural_tag is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"structural_tag must be a JSON object, got {type(value).__name__}")
+    if "format" in value:
+        raise ValueError(
+            "structural_tag: the 'format' form (xgrammar's) is not supported; "
+            "give 'structures' and 'triggers'"
+        )
+    unknown = sorted(set(value) - {"type", "structures", "triggers"})
+    if unknown:
+        raise ValueError(f"structural_tag: unknown field {unknown[0]!r}")
+    if value.get("type", "structural_tag") != "structural_tag":
+        raise ValueError(f"structural_tag: type must be 'structural_tag', got {value['type']!r}")
+    triggers = _triggers(value.get("triggers"))
+    structures = value.get("structures")
+    if not isinstance(structures, list) or not structures:
+        raise ValueError("structural_tag needs 'structures', a non-empty list")
+    return {"structures": [_structure(s, triggers) for s in structures], "triggers": triggers}
+
+
+def _triggers(value: Any) -> list[str]:
+    if not isinstance(value, list) or not value:
+        raise ValueError("structural_tag needs 'triggers', a non-empty list of strings")
+    bad = next((t for t in value if not isinstance(t, str) or not t), None)
+    if bad is not None:
+        raise ValueError(f"structural_tag: a trigger must be a non-empty string, got {bad!r}")
+    return list(value)
+
+
+def _structure(value: Any, triggers: list[str]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"structural_tag: a structure must be an object, got {type(value).__name__}")
+    unknown = sorted(set(value) - {"begin", "schema", "end"})
+    if unknown:
+        raise ValueError(f"structural_tag: unknown structure field {unknown[0]!r}")
+    begin, end, schema = value.get("begin"), value.get("end", ""), value.get("schema")
+    if not isinstance(begin, str) or not begin:
+        raise ValueError("structural_tag: a structure's 'begin' must be a non-empty string")
+    if not isinstance(end, str):
+        raise ValueError("structural_tag: a structure's 'end' must be a string")
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"structural_tag: schema of {begin!r} is not valid JSON: {error}") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"structural_tag: the structure {begin!r} needs 'schema', a JSON schema object")
+    trigger = next((t for t in triggers if begin.startswith(t)), None)
+    if trigger is None:
+        raise ValueError(f"structural_tag: the begin {begin!r} starts with none of the triggers {triggers}")
+    return {"begin": begin, "schema": schema, "end": end, "trigger": trigger}
+
+
+def structural_tag_grammar(
+    value: str | dict[str, Any], added_tokens: Mapping[str, int], *, whitespace_flexible: bool = True
+) -> str:
+    """The llguidance (Lark) grammar of the specification ``value``. ``added_tokens`` are the
+    vocabulary's added tokens by spelling: where a trigger, begin or end spells one, the grammar asks
+    for that token (the model's own ``<tool_call>``), not for its text in ordinary pieces. Without
+    ``whitespace_flexible`` the JSON in the segments is compact."""
+    spec = structural_tag_spec(value)
+    literal = _literal_writer(added_tokens)
+    rules = []
+    for i, s in enumerate(spec["structures"]):
+        trigger, rest = s["trigger"], s["begin"][len(s["trigger"]) :]
+        if trigger not in added_tokens and literal(trigger) != json.dumps(trigger):
+            raise ValueError(
+                f"structural_tag: the trigger {trigger!r} holds an added token; a trigger is one added "
+                "token or text without any"
+            )
+        schema = {
+            **s["schema"],
+            "x-guidance": {**s["schema"].get("x-guidance", {}), "whitespace_flexible": whitespace_flexible},
+        }
+        body = f"{literal(rest)} %json {json.dumps(schema)} {literal(s['end'])}"
+        if trigger in added_tokens:
+            # Free text cannot hold an added token, so the text ends where the trigger token comes.
+            rules.append(f"tag_{i}: TEXT <[{added_tokens[trigger]}]> {body}")
+        else:
+            # A lazy lexeme: the shortest text that ends with the trigger.
+            rules += [f"tag_{i}_opens[lazy]: TEXT {json.dumps(trigger)}", f"tag_{i}: tag_{i}_opens {body}"]
+    tags = " | ".join(f"tag_{i}" for i in range(len(spec["structures"])))
+    return "\n".join(["%llguidance {}", f"start: ({tags})* TEXT", "TEXT: /(.|\\n)*/", *rules]) + "\n"
+
+
+def _literal_writer(added_tokens: Mapping[str, int]) -> Callable[[str], str]:
+    """A function writing a text as grammar literals: quoted text, with each added token's spelling
+    in it as that token."""
+    spellings = sorted(added_tokens, key=len, reverse=True)
+    pattern = re.compile("|".join(re.escape(t) for t in spellings)) if spellings else None
+
+    def literal(text: str) -> str:
+        if pattern is None:
+            return json.dumps(text) if text else ""
+        parts, start = [], 0
+        for match in pattern.finditer(text):
+            if match.start() > start:
+                parts.append(json.dumps(text[start : match.start()]))
+            parts.append(f"<[{added_tokens[match.group()]}]>")
+            start = match.end()
+        if start < len(text):
+            parts.append(json.dumps(text[start:]))
+        return " ".join(parts)
+
+    return literal
