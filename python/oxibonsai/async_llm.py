@@ -29,8 +29,10 @@ from types import TracebackType
 from typing import Any
 
 from oxibonsai._core import OxiBonsaiError, QueueFull
+from oxibonsai.async_beam_search import AsyncEngineBeams
 from oxibonsai.async_embed import EmbedJob
 from oxibonsai.async_samples import SampleGroupStream
+from oxibonsai.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, check_fits
 from oxibonsai.llm import LLM, Message, PromptType, _cache_salt
 from oxibonsai.metrics import EngineMetrics
 from oxibonsai.outputs import CompletionOutput, EmbeddingRequestOutput, RequestMetrics, RequestOutput
@@ -479,6 +481,28 @@ class AsyncLLM:
             with self._work:
                 self._work.notify()
             raise
+
+    async def beam_search(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: BeamSearchParams,
+        *,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> list[BeamSearchOutput]:
+        """``LLM.beam_search`` as concurrent one-token requests of this engine (``async_beam_search``),
+        batched with whatever else runs; the same beams as ``LLM.beam_search``'s engine form. A prompt
+        whose beams could outgrow the context is a ``ValueError`` before any work; cancelling the call
+        aborts its requests."""
+        inputs = [(p, self._llm._tokenize(p)[1]) for p in self._llm._prompt_list(prompts)]
+        token_lists = [ids for _, ids in inputs]
+        check_fits(token_lists, params, self.max_model_len)
+        stop_ids = set(self.tokenizer.stop_token_ids)
+        search = BeamSearch(token_lists, params, stop_ids, self.tokenizer.decode)
+        salts = [_cache_salt(p) for p, _ in inputs]
+        beams = AsyncEngineBeams(self.generate, search, salts, request_id=request_id, priority=priority)
+        await beams.run()
+        return search.outputs()
 
     def cache_stats(self) -> dict[str, Any]:
         with self._control():

@@ -73,6 +73,26 @@ StepFn = Callable[[list[list[int]], SamplingParams], list[RequestOutput]]
 Candidates = list[tuple[int, float]]  # (token, raw logprob) pairs of one beam's next token
 
 
+def one_token_params(width: int) -> SamplingParams:
+    """A beam's step as an engine request: one token, with the ``2 * width`` top raw logprobs."""
+    return SamplingParams(max_tokens=1, temperature=0, logprobs=2 * width, ignore_eos=True)
+
+
+def candidates_of(out: RequestOutput) -> Candidates:
+    """The (token, raw logprob) candidates of a one-token request's output."""
+    return [(token, entry.logprob) for token, entry in (out.outputs[0].logprobs or [{}])[0].items()]
+
+
+def check_fits(prompts: Sequence[list[int]], params: BeamSearchParams, max_model_len: int) -> None:
+    """ValueError for a prompt whose beams could outgrow the context."""
+    for ids in prompts:
+        if len(ids) + params.max_tokens > max_model_len:
+            raise ValueError(
+                f"a prompt of {len(ids)} tokens and max_tokens={params.max_tokens} exceed the context "
+                f"(max_model_len={max_model_len})"
+            )
+
+
 class EngineBeams:
     """Beams run as one-token requests of the engine (``step``: ``LLM.generate``): each step is a batch
     of every live beam's tokens, with the ``2 * beam_width`` top raw logprobs; the prefix cache holds
@@ -80,14 +100,10 @@ class EngineBeams:
 
     def __init__(self, step: StepFn, width: int) -> None:
         self._step = step
-        self._one_token = SamplingParams(max_tokens=1, temperature=0, logprobs=2 * width, ignore_eos=True)
+        self._one_token = one_token_params(width)
 
     def candidates(self, beams: list[BeamSearchSequence]) -> list[Candidates]:
-        outs = self._step([beam.tokens for beam in beams], self._one_token)
-        return [
-            [(token, entry.logprob) for token, entry in (out.outputs[0].logprobs or [{}])[0].items()]
-            for out in outs
-        ]
+        return [candidates_of(out) for out in self._step([beam.tokens for beam in beams], self._one_token)]
 
     def advance(self, parents: list[int], tokens: list[int]) -> None:
         """Nothing to keep: the next step starts from the beams' tokens."""
@@ -171,6 +187,88 @@ def score(beam: BeamSearchSequence, stop_ids: set[int], length_penalty: float) -
     return beam.cum_logprob / (max(length, 1) ** length_penalty)
 
 
+class BeamSearch:
+    """The search's state over steps: ``beams`` are the live beams (every prompt's, in order), ``step``
+    takes each one's candidate next tokens and says which beams live on, ``outputs`` ranks the end."""
+
+    def __init__(
+        self,
+        prompts: Sequence[list[int]],
+        params: BeamSearchParams,
+        stop_ids: set[int],
+        decode: Callable[[list[int]], str],
+    ) -> None:
+        self._prompts = [list(p) for p in prompts]
+        self._params = params
+        self._stop_ids = stop_ids
+        self._decode = decode
+        self._live = [[BeamSearchSequence(tokens=list(p))] for p in prompts]
+        self._done: list[list[BeamSearchSequence]] = [[] for _ in prompts]
+        self._steps = 0
+
+    @property
+    def beams(self) -> list[BeamSearchSequence]:
+        return [beam for beams in self._live for beam in beams]
+
+    @property
+    def owners(self) -> list[int]:
+        """The prompt index of each beam of ``beams``."""
+        return [k for k, beams in enumerate(self._live) for _ in beams]
+
+    @property
+    def width(self) -> int:
+        return self._params.beam_width
+
+    @property
+    def finished(self) -> bool:
+        return self._steps >= self._params.max_tokens or not any(self._live)
+
+    def step(self, candidates: list[Candidates]) -> tuple[list[int], list[int]]:
+        """Grows the beams by ``candidates`` (one list per beam of ``beams``); the live beams' parents
+        (indices into the old ``beams``) and new tokens."""
+        assert len(candidates) == len(self.beams) and not self.finished
+        per_beam = iter(candidates)
+        parents: list[int] = []
+        tokens: list[int] = []
+        offset = 0
+        for k, beams in enumerate(self._live):
+            pool = [
+                (beam.cum_logprob + logprob, i, token, logprob)
+                for i, beam in enumerate(beams)
+                for token, logprob in next(per_beam)
+            ]
+            pool.sort(key=lambda c: (-c[0], c[1], c[2]))
+            self._live[k] = []
+            for cum, i, token, logprob in pool:
+                grown = _grown(beams[i], token, logprob, cum)
+                if token in self._stop_ids and not self._params.ignore_eos:
+                    self._done[k].append(self._finished(grown, "stop", k))
+                elif len(self._live[k]) < self._params.beam_width:
+                    self._live[k].append(grown)
+                    parents.append(offset + i)
+                    tokens.append(token)
+            offset += len(beams)
+            # Completed beams past the best beam_width can never be returned: keep the pool small.
+            self._done[k] = _best(self._done[k], self._params, self._stop_ids)
+        self._steps += 1
+        return parents, tokens
+
+    def outputs(self) -> list[BeamSearchOutput]:
+        """Every prompt's ``beam_width`` best complete beams (the live ones complete by length)."""
+        outputs = []
+        for k, beams in enumerate(self._live):
+            complete = self._done[k] + [self._finished(b, "length", k) for b in beams]
+            outputs.append(BeamSearchOutput(_best(complete, self._params, self._stop_ids)))
+        return outputs
+
+    def _finished(self, beam: BeamSearchSequence, reason: str, k: int) -> BeamSearchSequence:
+        generated = beam.tokens[len(self._prompts[k]) :]
+        if reason == "stop" and generated and generated[-1] in self._stop_ids:
+            generated = generated[:-1]
+        beam.text, beam.finish_reason = self._decode(generated), reason
+        return beam
+
+
 def beam_search(
     beams_of: Callable[[], Beams],
     prompts: Sequence[list[int]],
@@ -179,63 +277,21 @@ def beam_search(
     decode: Callable[[list[int]], str],
 ) -> list[BeamSearchOutput]:
     """Beam search over the beams ``beams_of`` starts (``EngineBeams`` or ``NativeBeams``)."""
-    live = [[BeamSearchSequence(tokens=list(p))] for p in prompts]
-    done: list[list[BeamSearchSequence]] = [[] for _ in prompts]
+    search = BeamSearch(prompts, params, stop_ids, decode)
     runner = beams_of()
     try:
-        for t in range(params.max_tokens):
-            flat = [beam for beams in live for beam in beams]
-            if not flat:
-                break
-            candidates = iter(runner.candidates(flat))
-            parents, tokens, offset = [], [], 0
-            for k, beams in enumerate(live):
-                pool = [
-                    (beam.cum_logprob + logprob, i, token, logprob)
-                    for i, beam in enumerate(beams)
-                    for token, logprob in next(candidates)
-                ]
-                pool.sort(key=lambda c: (-c[0], c[1], c[2]))
-                live[k] = []
-                for cum, i, token, logprob in pool:
-                    grown = _grown(beams[i], token, logprob, cum)
-                    if token in stop_ids and not params.ignore_eos:
-                        done[k].append(_finished(grown, "stop", len(prompts[k]), stop_ids, decode))
-                    elif len(live[k]) < params.beam_width:
-                        live[k].append(grown)
-                        parents.append(offset + i)
-                        tokens.append(token)
-                offset += len(beams)
-                # Completed beams past the best beam_width can never be returned: keep the pool small.
-                done[k] = _best(done[k], params, stop_ids)
-            if t + 1 < params.max_tokens and tokens:
+        while not search.finished:
+            parents, tokens = search.step(runner.candidates(search.beams))
+            if not search.finished:
                 runner.advance(parents, tokens)
     finally:
         runner.close()
-    outputs = []
-    for k, beams in enumerate(live):
-        complete = done[k] + [_finished(b, "length", len(prompts[k]), stop_ids, decode) for b in beams]
-        outputs.append(BeamSearchOutput(_best(complete, params, stop_ids)))
-    return outputs
+    return search.outputs()
 
 
 def _grown(beam: BeamSearchSequence, token: int, logprob: float, cum: float) -> BeamSearchSequence:
     tokens, logprobs = [*beam.tokens, token], [*beam.logprobs, logprob]
     return BeamSearchSequence(tokens=tokens, logprobs=logprobs, cum_logprob=cum)
-
-
-def _finished(
-    beam: BeamSearchSequence,
-    reason: str,
-    prompt_len: int,
-    stop_ids: set[int],
-    decode: Callable[[list[int]], str],
-) -> BeamSearchSequence:
-    generated = beam.tokens[prompt_len:]
-    if reason == "stop" and generated and generated[-1] in stop_ids:
-        generated = generated[:-1]
-    beam.text, beam.finish_reason = decode(generated), reason
-    return beam
 
 
 def _best(

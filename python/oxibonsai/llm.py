@@ -15,7 +15,14 @@ from typing import Any
 import numpy as np
 
 from oxibonsai import _core
-from oxibonsai.beam_search import BeamSearchOutput, BeamSearchParams, EngineBeams, NativeBeams, beam_search
+from oxibonsai.beam_search import (
+    BeamSearchOutput,
+    BeamSearchParams,
+    EngineBeams,
+    NativeBeams,
+    beam_search,
+    check_fits,
+)
 from oxibonsai.embedding import check_pooling, model_pooling, pooled
 from oxibonsai.engine import Engine, SchedulerConfig
 from oxibonsai.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
@@ -328,12 +335,7 @@ class LLM:
         one-token requests over the prefix cache; a prompt whose beams could outgrow the context is a
         ``ValueError`` before any work."""
         token_lists = [self._tokenize(p)[1] for p in self._prompt_list(prompts)]
-        for ids in token_lists:
-            if len(ids) + params.max_tokens > self.max_model_len:
-                raise ValueError(
-                    f"a prompt of {len(ids)} tokens and max_tokens={params.max_tokens} exceed the context "
-                    f"(max_model_len={self.max_model_len})"
-                )
+        check_fits(token_lists, params, self.max_model_len)
 
         def step(prompts: list[list[int]], one_token: SamplingParams) -> list[RequestOutput]:
             return self.generate([{"prompt_token_ids": p} for p in prompts], one_token, use_tqdm=False)
