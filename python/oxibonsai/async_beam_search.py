@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from oxibonsai.beam_search import BeamSearch, Candidates, candidates_of, one_token_params
+from oxibonsai.beam_search import BeamSearch, candidates_of, one_token_params
 from oxibonsai.outputs import RequestOutput
 
 
