@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from oxibonsai.async_llm import AsyncLLM
 from oxibonsai.server.anthropic_protocol import MessagesRequest
+from oxibonsai.server.beam_samples import BeamSamples
 from oxibonsai.server.config import ServerConfig
 from oxibonsai.server.errors import APIError, error_from_exception, not_found_model
 from oxibonsai.server.generation import Samples
@@ -271,7 +272,7 @@ async def _generate(request: Request, state: ServerState, serving: Any, req: Any
     state.in_flight += 1
     released = False
 
-    async def release(samples: Samples | None = None) -> None:
+    async def release(samples: Samples | BeamSamples | None = None) -> None:
         nonlocal released
         if samples is not None:
             await samples.aclose()
@@ -280,7 +281,7 @@ async def _generate(request: Request, state: ServerState, serving: Any, req: Any
             state.in_flight -= 1
 
     try:
-        samples: Samples = await serving.start(req)
+        samples: Samples | BeamSamples = await serving.start(req)
     except BaseException:
         await release()
         raise

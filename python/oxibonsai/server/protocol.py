@@ -16,10 +16,11 @@ engine's ``SamplingParams``."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from oxibonsai.beam_search import MAX_BEAM_WIDTH, BeamSearchParams
 from oxibonsai.sampling_params import MAX_LOGPROBS, SamplingParams
 from oxibonsai.server.forced_tools import forced_calls_grammar
 from oxibonsai.structured_output import StructuredOutputsParams
@@ -156,6 +157,16 @@ class _SamplingFields(_Strict):
     bad_words: list[BadWord] | None = Field(default=None, max_length=MAX_BAD_WORDS)
     thinking_token_budget: Count | None = None
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    use_beam_search: bool = False
+    length_penalty: float = Field(default=1.0, allow_inf_nan=False)
+
+    # What beam search does not take (left at their defaults with use_beam_search); temperature and
+    # seed are accepted and change nothing, as in vLLM (beams rank raw logprobs).
+    BEAM_SEARCH_REFUSES: ClassVar[tuple[str, ...]] = (
+        "stop", "stop_token_ids", "min_tokens", "include_stop_str_in_output", "skip_special_tokens",
+        "logit_bias", "allowed_token_ids", "bad_words", "prompt_logprobs", "thinking_token_budget",
+        "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+    )  # fmt: skip
 
     @field_validator("stop")
     @classmethod
@@ -207,6 +218,28 @@ class _SamplingFields(_Strict):
             self._structured = self.structured_outputs.structured()
         return self
 
+    def beam_search_params(self, max_tokens: int) -> BeamSearchParams:
+        """vLLM's ``use_beam_search``: ``n`` beams (at most ``MAX_BEAM_WIDTH``), ``length_penalty``;
+        ValueError naming a field beam search does not take."""
+        if self.n > MAX_BEAM_WIDTH:
+            raise ValueError(
+                f"n is the beam width with use_beam_search: at most {MAX_BEAM_WIDTH}, got {self.n}"
+            )
+        fields = type(self).model_fields
+        for name in self.BEAM_SEARCH_REFUSES:
+            if getattr(self, name) != fields[name].default:
+                raise ValueError(f"{name} is not supported with use_beam_search")
+        if self._structured is not None:
+            raise ValueError(
+                "structured output (and a forced tool_choice) is not supported with use_beam_search"
+            )
+        return BeamSearchParams(
+            beam_width=self.n,
+            max_tokens=max_tokens,
+            ignore_eos=self.ignore_eos,
+            length_penalty=self.length_penalty,
+        )
+
     def include_usage(self, force: bool) -> bool:
         """Whether a stream ends with a usage chunk (asked for, or forced by the server)."""
         return force or (self.stream_options is not None and self.stream_options.include_usage)
@@ -250,6 +283,8 @@ PromptField = str | list[str] | list[TokenId] | list[list[TokenId]]
 
 class CompletionRequest(_SamplingFields):
     """``POST /v1/completions``."""
+
+    BEAM_SEARCH_REFUSES = (*_SamplingFields.BEAM_SEARCH_REFUSES, "logprobs", "echo")
 
     prompt: PromptField
     max_tokens: int | None = Field(default=16, ge=0)
@@ -370,6 +405,8 @@ class Tool(_Strict):
 
 class ChatCompletionRequest(_SamplingFields):
     """``POST /v1/chat/completions``."""
+
+    BEAM_SEARCH_REFUSES = (*_SamplingFields.BEAM_SEARCH_REFUSES, "logprobs", "top_logprobs")
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)

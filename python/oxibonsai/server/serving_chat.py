@@ -14,6 +14,7 @@ from typing import Any
 
 from oxibonsai.async_llm import AsyncLLM
 from oxibonsai.outputs import RequestOutput
+from oxibonsai.server.beam_samples import BeamSamples
 from oxibonsai.server.config import ServerConfig
 from oxibonsai.server.generation import Prompt, Samples, output_budget
 from oxibonsai.server.openai_format import (
@@ -74,10 +75,13 @@ class ChatServing:
         self._engine = engine
         self._config = config
 
-    async def start(self, req: ChatCompletionRequest) -> Samples:
+    async def start(self, req: ChatCompletionRequest) -> Samples | BeamSamples:
         prompt = await asyncio.to_thread(render_chat, self._engine, req)
         prompt = prompt.truncated(req.truncate_prompt_tokens, self._engine.max_model_len)
         budget = output_budget(self._engine.max_model_len, len(prompt.token_ids), req.requested_max_tokens())
+        if req.use_beam_search:
+            beams = req.beam_search_params(budget)
+            return await BeamSamples.start(self._engine, [prompt], beams, priority=req.priority)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = req.sampling_params(budget, logprobs, req.prompt_logprobs)
         return await Samples.start(self._engine, [(prompt, params)], req.n, priority=req.priority)
@@ -110,7 +114,9 @@ class ChatServing:
             "stop_reason": completion.stop_reason,
         }
 
-    async def full_response(self, req: ChatCompletionRequest, samples: Samples) -> dict[str, Any]:
+    async def full_response(
+        self, req: ChatCompletionRequest, samples: Samples | BeamSamples
+    ) -> dict[str, Any]:
         finals = await samples.final_outputs()
         model = self._config.served_model_name
         response = full_response(
@@ -122,7 +128,9 @@ class ChatServing:
             )
         return response
 
-    async def stream(self, req: ChatCompletionRequest, samples: Samples) -> AsyncIterator[bytes]:
+    async def stream(
+        self, req: ChatCompletionRequest, samples: Samples | BeamSamples
+    ) -> AsyncIterator[bytes]:
         """SSE chunks: each choice's first chunk carries the role, then content and tool-call deltas,
         ``finish_reason`` on its last; a usage chunk when asked; ``[DONE]``."""
         stream = ChatStream(self, req)

@@ -12,6 +12,7 @@ from typing import Any
 
 from oxibonsai.async_llm import AsyncLLM
 from oxibonsai.outputs import RequestOutput
+from oxibonsai.server.beam_samples import BeamSamples
 from oxibonsai.server.config import ServerConfig
 from oxibonsai.server.errors import APIError
 from oxibonsai.server.generation import Prompt, Samples, output_budget
@@ -36,7 +37,7 @@ class CompletionServing:
         self._engine = engine
         self._config = config
 
-    async def start(self, req: CompletionRequest) -> Samples:
+    async def start(self, req: CompletionRequest) -> Samples | BeamSamples:
         """Tokenizes (in a worker thread), checks lengths and submits every sample; raises before any
         response is sent."""
         if req.max_tokens == 0 and not req.echo:
@@ -48,8 +49,14 @@ class CompletionServing:
             prompt = prompt.truncated(req.truncate_prompt_tokens, self._engine.max_model_len)
             requested = 1 if req.echo_only else req.max_tokens
             budget = output_budget(self._engine.max_model_len, len(prompt.token_ids), requested)
-            jobs.append((prompt, req.sampling_params(budget, req.logprobs, req.scored_prompt_logprobs)))
-        return await Samples.start(self._engine, jobs, req.n, priority=req.priority)
+            jobs.append((prompt, budget))
+        if req.use_beam_search:
+            beams = req.beam_search_params(min(budget for _, budget in jobs))
+            return await BeamSamples.start(self._engine, [p for p, _ in jobs], beams, priority=req.priority)
+        params = [
+            (p, req.sampling_params(budget, req.logprobs, req.scored_prompt_logprobs)) for p, budget in jobs
+        ]
+        return await Samples.start(self._engine, params, req.n, priority=req.priority)
 
     def _prompts(self, req: CompletionRequest) -> list[Prompt]:
         tokenizer = self._engine.tokenizer
@@ -102,14 +109,14 @@ class CompletionServing:
             )
         return choice
 
-    async def full_response(self, req: CompletionRequest, samples: Samples) -> dict[str, Any]:
+    async def full_response(self, req: CompletionRequest, samples: Samples | BeamSamples) -> dict[str, Any]:
         finals = await samples.final_outputs()
         model = self._config.served_model_name
         return full_response(
             "cmpl", "text_completion", model, req.n, finals, lambda i, out: self._choice(req, i, out)
         )
 
-    async def stream(self, req: CompletionRequest, samples: Samples) -> AsyncIterator[bytes]:
+    async def stream(self, req: CompletionRequest, samples: Samples | BeamSamples) -> AsyncIterator[bytes]:
         """SSE chunks: text deltas per choice (the prompt first with ``echo``), ``finish_reason`` on a
         choice's last chunk, a usage chunk when asked, then ``[DONE]``; an engine error after the
         header becomes one error event."""
