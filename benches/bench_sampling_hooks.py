@@ -2,8 +2,9 @@
 generated ones (Bonsai-1.7B-shaped random model, 2 threads, the prompt from the prefix cache after the
 first round): plain greedy decoding; greedy with a no-op logits processor (a copy of each 151,936-wide
 row and a Python call); with a thinking budget (counting only, and only where the vocabulary has
-``<think>``: the random file's has not); and beam search at widths 1 and 4 (one-token steps over the
-prefix cache). Prints the median over ``--rounds`` of each form's generated tokens per second, the
+``<think>``: the random file's has not); and beam search at widths 1 and 4, on forked KV sequences
+(``LLM.beam_search``) and as concurrent one-token requests (``AsyncLLM.beam_search``, the server's
+``use_beam_search``) over the prefix cache. Prints the median over ``--rounds`` of each form's generated tokens per second, the
 forms alternated per round.
 
     python benches/bench_sampling_hooks.py [--rounds 5] [--threads 2] [--model PATH]
@@ -12,6 +13,7 @@ forms alternated per round.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
 import statistics
 import time
@@ -25,7 +27,7 @@ import oxibonsai as ob
 TOKENS = 32
 
 
-def forms(llm: ob.LLM, prompt: list[int]) -> dict[str, Callable[[], object]]:
+def forms(llm: ob.LLM, engine: ob.AsyncLLM, prompt: list[int]) -> dict[str, Callable[[], object]]:
     greedy = {"max_tokens": TOKENS, "temperature": 0, "ignore_eos": True}
 
     def no_op(output_ids: list[int], logits: object) -> None:
@@ -41,8 +43,13 @@ def forms(llm: ob.LLM, prompt: list[int]) -> dict[str, Callable[[], object]]:
     runs = {"plain": generate(), "logits processor (no-op)": generate(logits_processors=[no_op])}
     if llm.tokenizer.token_to_id("</think>") is not None:  # the random file's vocabulary has none
         runs["thinking budget"] = generate(thinking_token_budget=8)
-    runs["beam search, width 1"] = beams(1)
-    runs["beam search, width 4"] = beams(4)
+    def async_beams(width: int) -> Callable[[], object]:
+        params = ob.BeamSearchParams(beam_width=width, max_tokens=TOKENS, ignore_eos=True)
+        return lambda: asyncio.run(engine.beam_search([prompt], params))
+
+    for width in (1, 4):
+        runs[f"beam search, width {width}"] = beams(width)
+        runs[f"AsyncLLM beam search, width {width}"] = async_beams(width)
     return runs
 
 
@@ -54,9 +61,11 @@ def main() -> None:
     args = p.parse_args()
     for line in machine_lines():
         print(line)
-    llm = ob.LLM(str(untied_model_path(args.model)), num_threads=args.threads, max_model_len=512)
+    path = str(untied_model_path(args.model))
+    llm = ob.LLM(path, num_threads=args.threads, max_model_len=512)
+    engine = ob.AsyncLLM(path, num_threads=args.threads, max_model_len=512)  # idle between its runs
     prompt = [random.randrange(0, llm.config["vocab"]) for _ in range(64)]
-    runs = forms(llm, prompt)
+    runs = forms(llm, engine, prompt)
     rates: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.rounds + 1):  # the first round warms the cache and is dropped
         for name, run in runs.items():
@@ -69,6 +78,7 @@ def main() -> None:
     for name, values in rates.items():
         rate = statistics.median(values[1:])
         print(f"| {name} | {rate:.1f} | {rate / plain:.3f} |")
+    engine.shutdown()
 
 
 if __name__ == "__main__":
