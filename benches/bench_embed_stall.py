@@ -4,7 +4,8 @@ has 8, a ``--embed-len``-token prompt is embedded. Prints, per way of embedding,
 and the request's longest gap between two tokens while the embedding ran (and its median gap then):
 
 - ``whole``: the whole prefill under the engine lock between two steps (what ``AsyncLLM.embed`` did
-  before ``async_embed``; run here as that code ran, ``LLM.embed`` inside ``AsyncLLM._control``);
+  before its loop jobs, ``async_jobs``; run here as that code ran, ``LLM.embed`` inside
+  ``AsyncLLM._control``);
 - ``chunked``: ``AsyncLLM.embed`` now, ``max_num_batched_tokens`` tokens after each engine step.
 
 The two alternate for ``--rounds`` rounds on one engine; the best round of each is kept.

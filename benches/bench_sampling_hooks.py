@@ -2,9 +2,11 @@
 generated ones (Bonsai-1.7B-shaped random model, 2 threads, the prompt from the prefix cache after the
 first round): plain greedy decoding; greedy with a no-op logits processor (a copy of each 151,936-wide
 row and a Python call); with a thinking budget (counting only, and only where the vocabulary has
-``<think>``: the random file's has not); and beam search at widths 1 and 4, on forked KV sequences
-(``LLM.beam_search``) and as concurrent one-token requests (``AsyncLLM.beam_search``, the server's
-``use_beam_search``) over the prefix cache. Prints the median over ``--rounds`` of each form's generated tokens per second, the
+``<think>``: the random file's has not); and beam search at widths 1 and 4: on forked KV sequences
+(``LLM.beam_search``), the same run by ``AsyncLLM``'s step loop between engine steps
+(``AsyncLLM.beam_search``, the server's ``use_beam_search``), and as concurrent one-token requests of
+the ``AsyncLLM`` over the prefix cache (``AsyncEngineBeams``: the torch runner's and a remote
+engine's form). Prints the median over ``--rounds`` of each form's generated tokens per second, the
 forms alternated per round.
 
     python benches/bench_sampling_hooks.py [--rounds 5] [--threads 2] [--model PATH]
@@ -23,6 +25,8 @@ from pathlib import Path
 from bench_model import machine_lines, untied_model_path
 
 import oxibonsai as ob
+from oxibonsai.async_beam_search import AsyncEngineBeams
+from oxibonsai.beam_search import BeamSearch
 
 TOKENS = 32
 
@@ -47,9 +51,21 @@ def forms(llm: ob.LLM, engine: ob.AsyncLLM, prompt: list[int]) -> dict[str, Call
         params = ob.BeamSearchParams(beam_width=width, max_tokens=TOKENS, ignore_eos=True)
         return lambda: asyncio.run(engine.beam_search([prompt], params))
 
+    def request_beams(width: int) -> Callable[[], object]:
+        params = ob.BeamSearchParams(beam_width=width, max_tokens=TOKENS, ignore_eos=True)
+        stop, decode = set(llm.tokenizer.stop_token_ids), llm.tokenizer.decode
+
+        async def search() -> object:
+            state = BeamSearch([prompt], params, stop, decode)
+            await AsyncEngineBeams(engine.generate, state, [None]).run()
+            return state.outputs()
+
+        return lambda: asyncio.run(search())
+
     for width in (1, 4):
         runs[f"beam search, width {width}"] = beams(width)
         runs[f"AsyncLLM beam search, width {width}"] = async_beams(width)
+        runs[f"one-token requests, width {width}"] = request_beams(width)
     return runs
 
 

@@ -15,6 +15,8 @@ import pytest
 
 import oxibonsai as ob
 
+from server_support import wait_until
+
 MAX_LEN = 256
 WORDS = ["the", "model", "returns", "a", "value", "of", "list", "string", "file", "open", "read", "def"]
 
@@ -278,6 +280,30 @@ def test_async_generate_raises_queue_full_at_once(rng):
             gate.allow(1000)
             for outs in await asyncio.gather(*(collect(s) for s in streams)):
                 assert outs[-1].finished
+
+    asyncio.run(main())
+
+
+def test_a_dropped_waiting_request_frees_its_queue_place_at_once(rng):
+    """With one request running and one waiting in the engine, ``max_waiting=1`` is full; once the
+    waiting one's consumer leaves, a new request is taken before any further step (the waiting count
+    is recounted at the drop, not at a next step)."""
+
+    async def main() -> None:
+        async with ob.AsyncLLM(max_model_len=MAX_LEN, max_num_seqs=1, max_waiting=1) as engine:
+            gate = StepGate(engine)
+            running = engine.generate(words(rng), greedy(50))
+            gate.allow(1)
+            await asyncio.to_thread(wait_until, lambda: engine.metrics()["num_running"] == 1)
+            waiting = engine.generate(words(rng), greedy(3))
+            with pytest.raises(ob.QueueFull):
+                engine.generate(words(rng), greedy(3))
+            gate.allow(1)  # admits the waiting one into the engine's queue
+            await asyncio.to_thread(wait_until, lambda: engine.metrics()["num_waiting"] == 1)
+            await waiting.aclose()
+            later = engine.generate(words(rng), greedy(2))
+            gate.allow(1000)
+            assert (await collect(later))[-1].finished and (await collect(running))[-1].finished
 
     asyncio.run(main())
 

@@ -137,10 +137,13 @@ def test_hidden_states_in_chunks_are_the_same_bits(tiny_model, rng):
 @contextlib.contextmanager
 def parked(engine: ob.AsyncLLM) -> Iterator[None]:
     """Holds the step loop before its next turn (as a caller waiting for the engine lock does), so
-    work submitted meanwhile joins the engine in the state it has now."""
+    work submitted meanwhile joins the engine in the state it has now. Waits for the turn under way
+    to end first (it could otherwise run a piece of what is submitted here after its step)."""
     with engine._work:
         engine._control_waiting += 1
     try:
+        with engine._lock:
+            pass
         yield
     finally:
         with engine._work:
@@ -150,9 +153,9 @@ def parked(engine: ob.AsyncLLM) -> Iterator[None]:
 
 async def embedding_queued(engine: ob.AsyncLLM, prompts: list[list[int]]) -> asyncio.Future[Any]:
     """``engine.embed(prompts)`` started, once its job is in the loop's queue."""
-    queued = len(engine._embeds)
+    queued = len(engine._jobs)
     job = asyncio.ensure_future(engine.embed(prompts))
-    while not job.done() and len(engine._embeds) == queued:
+    while not job.done() and len(engine._jobs) == queued:
         await asyncio.sleep(0.001)
     return job
 
@@ -169,7 +172,7 @@ def test_async_embed_runs_between_steps(tiny_model, rng):
     steps_beside: list[int] = []
 
     def counted_step() -> Any:
-        steps_beside.append(len(engine._embeds))
+        steps_beside.append(len(engine._jobs))
         return step()
 
     engine._engine.step = counted_step  # type: ignore[method-assign]

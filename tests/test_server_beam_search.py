@@ -1,20 +1,20 @@
 """vLLM's ``use_beam_search`` on ``/v1/completions`` and ``/v1/chat/completions`` (in process, the
 embedded default model): the ``n`` choices of each prompt are its beams, best first, exactly those of
-``LLM.beam_search``'s engine form; a stream carries each beam whole; usage counts the returned beams;
+``LLM.beam_search``; a stream carries each beam whole; usage counts the returned beams;
 fields beam search does not take, and ``n`` past the widest beam, are 400s naming them; a full
 queue is an overload answer and leaves nothing running."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
 import pytest
-from test_async_beam_search import engine_form
 
 import oxibonsai as ob
 
-from server_support import app_for, engine_idle, post, sse_payloads, wait_until
+from server_support import app_for, asgi_client, engine_idle, post, run, slow_steps, sse_payloads, wait_until
 
 pytest.importorskip("fastapi")
 
@@ -36,7 +36,7 @@ def beams(
     params = ob.BeamSearchParams(beam_width=n, max_tokens=max_tokens, length_penalty=penalty)
     return [
         (b.text, b.finish_reason, len(b.tokens) - len(ids))
-        for ids, out in zip(prompt_ids, engine_form(reference, prompt_ids, params), strict=True)
+        for ids, out in zip(prompt_ids, reference.beam_search(prompt_ids, params), strict=True)
         for b in out.sequences
     ]
 
@@ -107,18 +107,33 @@ def test_fields_beam_search_does_not_take_are_400(default_app, path, fields, nam
     assert name in r.json()["error"]["message"]
 
 
-def test_a_full_queue_is_an_overload_and_leaves_nothing(rng):
-    engine = ob.AsyncLLM(None, max_num_seqs=1, max_waiting=2)
+def test_a_full_queue_is_an_overload_and_leaves_nothing():
+    """One request runs (slowly) and one waits: ``max_waiting=1`` is full, so a beam search is refused
+    before its response starts; once they are gone it runs."""
+    engine = ob.AsyncLLM(None, max_num_seqs=1, max_waiting=1)
     try:
         app = app_for(engine)
-        r = post(
-            app, "/v1/completions", {"prompt": "hi there", "use_beam_search": True, "n": 4, "max_tokens": 4}
-        )
-        assert r.status_code in (429, 503), r.text
+        slow_steps(engine, 0.05)
+        long = ob.SamplingParams(max_tokens=200, ignore_eos=True)
+
+        async def go() -> tuple[int, int]:
+            streams = [engine.generate("hi", long)]
+            assert await asyncio.to_thread(wait_until, lambda: engine.metrics()["num_running"] == 1)
+            streams.append(engine.generate("there", long))
+            assert await asyncio.to_thread(wait_until, lambda: engine.metrics()["num_waiting"] == 1)
+            async with asgi_client(app) as c:
+                body = {"prompt": "hi there", "use_beam_search": True, "n": 4, "max_tokens": 4}
+                refused = (await c.post("/v1/completions", json=body)).status_code
+                streamed = await c.post("/v1/completions", json={**body, "stream": True})
+            for stream in streams:
+                await stream.aclose()
+            return refused, streamed.status_code
+
+        assert run(go()) in ((429, 429), (503, 503))
         assert wait_until(lambda: engine_idle(engine))
         ok = post(
-            app, "/v1/completions", {"prompt": "hi there", "use_beam_search": True, "n": 1, "max_tokens": 3}
+            app, "/v1/completions", {"prompt": "hi there", "use_beam_search": True, "n": 2, "max_tokens": 3}
         )
-        assert ok.status_code == 200 and len(ok.json()["choices"]) == 1
+        assert ok.status_code == 200 and len(ok.json()["choices"]) == 2
     finally:
         engine.shutdown()

@@ -30,12 +30,19 @@ from typing import Any
 
 from oxibonsai._core import OxiBonsaiError, QueueFull
 from oxibonsai.async_beam_search import AsyncEngineBeams
-from oxibonsai.async_embed import EmbedJob
+from oxibonsai.async_jobs import LoopJob
 from oxibonsai.async_samples import SampleGroupStream
-from oxibonsai.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, check_fits
+from oxibonsai.beam_search import (
+    BeamSearch,
+    BeamSearchOutput,
+    BeamSearchParams,
+    check_fits,
+    native_beam_steps,
+)
 from oxibonsai.llm import LLM, Message, PromptType, _cache_salt
 from oxibonsai.metrics import EngineMetrics
 from oxibonsai.outputs import CompletionOutput, EmbeddingRequestOutput, RequestMetrics, RequestOutput
+from oxibonsai.runner import NativeRunner
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.tokenizer import Tokenizer
 
@@ -152,7 +159,7 @@ class AsyncLLM:
         self._control_waiting = 0  # callers waiting for the lock; the loop lets them go first
         self._mailboxes: dict[str, _Mailbox] = {}
         self._dropped: deque[str] = deque()  # appended by finalizers without the lock
-        self._embeds: deque[EmbedJob] = deque()  # appended under _work's lock, run by the loop
+        self._jobs: deque[LoopJob] = deque()  # appended under _work's lock, run by the loop
         self._dead: BaseException | None = None
         self._closed = False
         self._metrics: EngineMetrics = self._engine.metrics
@@ -192,9 +199,7 @@ class AsyncLLM:
             self._check_alive()
             if rid in self._mailboxes:
                 raise ValueError(f"request_id {rid!r} is already in use")
-            waiting = self._waiting_after_step + len(self._inbox)
-            if self._max_waiting is not None and waiting >= self._max_waiting:
-                raise QueueFull(f"{waiting} requests are waiting (max_waiting={self._max_waiting})")
+            self._check_room()
             self._inbox.append(_Submission(rid, text, ids, params, salt, priority, arrival))
             self._mailboxes[rid] = mailbox
             self._work.notify()
@@ -272,7 +277,10 @@ class AsyncLLM:
             if queued is not None:
                 self._inbox.remove(queued)
                 return True
-        return bool(self._engine.abort(request_id)) if self._dead is None else False
+        if self._dead is not None or not self._engine.abort(request_id):
+            return False
+        self._waiting_after_step = self._engine.num_waiting  # no step may come to recount it
+        return True
 
     def _check_alive(self) -> None:
         if self._dead is not None:
@@ -302,32 +310,56 @@ class AsyncLLM:
             except BaseException as error:  # delivered to every consumer, not swallowed
                 self._fail(error)
                 return False
-            self._advance_embedding()
+            self._advance_job()
         return True
 
     def _has_work(self) -> bool:
-        return bool(self._engine.has_unfinished() or self._dropped or self._inbox or self._embeds)
+        return bool(self._engine.has_unfinished() or self._dropped or self._inbox or self._jobs)
 
-    def _advance_embedding(self) -> None:
-        """One chunk of the oldest embedding job, after the step (a job's error is its caller's only)."""
-        while self._embeds and self._embeds[0].cancelled:
-            self._embeds.popleft().close()
-        if not self._embeds:
+    def _advance_job(self) -> None:
+        """One piece of the job at the front, after the step, which then goes to the back (jobs take
+        turns); a job's error is its caller's only."""
+        while self._jobs and self._jobs[0].cancelled:
+            self._jobs.popleft().close()
+        if not self._jobs:
             return
-        job = self._embeds[0]
+        job = self._jobs.popleft()
         try:
             done = job.advance(self._engine.available_blocks(), engine_idle=self._engine.num_running == 0)
         except Exception as error:
-            self._embeds.popleft()
             job.fail(error)
             return
         if done:
-            self._embeds.popleft()
             job.resolve()
+        else:
+            self._jobs.append(job)
 
-    def _fail_embeddings(self, error: BaseException) -> None:
-        while self._embeds:
-            self._embeds.popleft().fail(error)
+    def _fail_jobs(self, error: BaseException) -> None:
+        while self._jobs:
+            self._jobs.popleft().fail(error)
+
+    def _check_room(self) -> None:
+        """QueueFull when ``max_waiting`` requests (or loop jobs, which count as requests) wait;
+        call under ``_work``'s lock."""
+        waiting = self._waiting_after_step + len(self._inbox) + len(self._jobs)
+        if self._max_waiting is not None and waiting >= self._max_waiting:
+            raise QueueFull(f"{waiting} requests are waiting (max_waiting={self._max_waiting})")
+
+    async def _run_job(self, job: LoopJob) -> list[Any]:
+        """Queues ``job`` for the step loop (QueueFull and EngineDeadError before its first wait) and
+        waits for its results; cancelling drops it (the loop closes it before its next piece)."""
+        with self._work:
+            self._check_alive()
+            self._check_room()
+            self._jobs.append(job)
+            self._work.notify()
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            job.cancelled = True
+            with self._work:
+                self._work.notify()
+            raise
 
     def _admit_inbox(self) -> None:
         """Moves the submitted requests into the engine, in arrival order."""
@@ -371,7 +403,7 @@ class AsyncLLM:
         for mailbox in self._mailboxes.values():
             mailbox.put(dead)
         self._mailboxes.clear()
-        self._fail_embeddings(dead)
+        self._fail_jobs(dead)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -389,7 +421,7 @@ class AsyncLLM:
                 for mailbox in self._mailboxes.values():
                     mailbox.put(_ABORTED)
                 self._mailboxes.clear()
-                self._fail_embeddings(EngineDeadError("the engine is shut down"))
+                self._fail_jobs(EngineDeadError("the engine is shut down"))
                 self._wake.notify_all()
         if threading.current_thread() is not self._thread:
             self._thread.join()
@@ -461,7 +493,7 @@ class AsyncLLM:
         truncate_prompt_tokens: int | None = None,
     ) -> list[EmbeddingRequestOutput]:
         """``LLM.embed`` run by the step loop a chunk at a time (``max_num_batched_tokens`` tokens of
-        one prompt between two engine steps, ``async_embed``), so running requests keep decoding; the
+        one prompt between two engine steps, ``async_jobs``), so running requests keep decoding; the
         same vectors as ``LLM.embed``. Invalid prompts raise before any work; cancelling the call
         drops the job and frees its blocks."""
         inputs = self._llm._embedding_inputs
@@ -469,18 +501,7 @@ class AsyncLLM:
         engine = self._engine
         chunk = engine.config.batched_tokens(engine.max_model_len)
         steps = [self._llm._embedding_steps(ids, pooling, normalize, chunk) for ids in prompt_ids]
-        job = EmbedJob(asyncio.get_running_loop(), steps)
-        with self._work:
-            self._check_alive()
-            self._embeds.append(job)
-            self._work.notify()
-        try:
-            return await job.future
-        except asyncio.CancelledError:
-            job.cancelled = True  # the loop closes it before its next chunk
-            with self._work:
-                self._work.notify()
-            raise
+        return await self._run_job(LoopJob(asyncio.get_running_loop(), steps, "embedding prompt"))
 
     async def beam_search(
         self,
@@ -490,16 +511,28 @@ class AsyncLLM:
         request_id: str | None = None,
         priority: int = 0,
     ) -> list[BeamSearchOutput]:
-        """``LLM.beam_search`` as concurrent one-token requests of this engine (``async_beam_search``),
-        batched with whatever else runs; the same beams as ``LLM.beam_search``'s engine form. A prompt
-        whose beams could outgrow the context is a ``ValueError`` before any work; cancelling the call
-        aborts its requests."""
-        inputs = [(p, self._llm._tokenize(p)[1]) for p in self._llm._prompt_list(prompts)]
-        token_lists = [ids for _, ids in inputs]
+        """``LLM.beam_search``, the same beams, batched with whatever else runs. On the native runner
+        the step loop runs it a piece at a time between engine steps, as ``embed`` (``async_jobs``:
+        prompt chunks of ``max_num_batched_tokens``, then one batched decode of the live beams, on
+        forked KV sequences); elsewhere its steps are concurrent one-token requests of this engine
+        (``async_beam_search``, vLLM's server form). Before its first wait it raises ``ValueError`` for
+        a prompt whose beams could outgrow the context, ``QueueFull`` where ``max_waiting`` requests
+        wait, ``EngineDeadError`` for an engine shut down or failed; cancelling the call frees what it
+        holds."""
+        batch = self._llm._prompt_list(prompts)
+        token_lists = [self._llm._tokenize(p)[1] for p in batch]
         check_fits(token_lists, params, self.max_model_len)
-        stop_ids = set(self.tokenizer.stop_token_ids)
-        search = BeamSearch(token_lists, params, stop_ids, self.tokenizer.decode)
-        salts = [_cache_salt(p) for p, _ in inputs]
+        stop_ids, decode = set(self.tokenizer.stop_token_ids), self.tokenizer.decode
+        salts = [_cache_salt(p) for p in batch]
+        runner = self._llm._runner
+        if isinstance(runner, NativeRunner):
+            chunk = self._engine.config.batched_tokens(self._engine.max_model_len)
+            steps = native_beam_steps(
+                runner._model, token_lists, params, stop_ids, decode, salts=salts, chunk_tokens=chunk
+            )
+            (outputs,) = await self._run_job(LoopJob(asyncio.get_running_loop(), [steps], "beam search"))
+            return outputs  # type: ignore[no-any-return]
+        search = BeamSearch(token_lists, params, stop_ids, decode)
         beams = AsyncEngineBeams(self.generate, search, salts, request_id=request_id, priority=priority)
         await beams.run()
         return search.outputs()

@@ -16,14 +16,17 @@ the generated ids, as vLLM's does; ``text`` decodes the generated ones (without 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from oxibonsai.outputs import RequestOutput
+from oxibonsai.runner import blocks_for
 from oxibonsai.sampling_params import MAX_LOGPROBS, SamplingParams
+
+T = TypeVar("T")
 
 MAX_BEAM_WIDTH = MAX_LOGPROBS // 2  # each beam's step asks for 2 * beam_width logprobs
 
@@ -115,22 +118,33 @@ class EngineBeams:
 class NativeBeams:
     """Beams on sequences of the native model's KV cache: a beam that branches forks its parent's
     sequence (``Model.fork_sequence``: cached blocks shared, the partial one copied), so each step is
-    one batched decode of every live beam; logprobs are the float64 log-softmax of its logits row."""
+    one batched decode of every live beam; logprobs are the float64 log-softmax of its logits row.
+    ``prefill`` starts them; ``close`` frees every sequence they hold."""
 
-    def __init__(self, model: Any, prompts: Sequence[list[int]], width: int) -> None:
+    def __init__(self, model: Any, width: int) -> None:
         self._model = model
         self._top = 2 * width
         self._seqs: list[int] = []
-        items = []
-        try:
-            for prompt in prompts:
-                seq, cached = model.add_sequence_cached(prompt)
-                self._seqs.append(seq)
-                items.append((seq, prompt[cached:], "last"))
-            self._rows = model.step(items)
-        except BaseException:
-            self.close()
-            raise
+        self._rows: list[np.ndarray] = []
+
+    def prefill(
+        self, prompts: Sequence[list[int]], salts: Sequence[str | None], chunk_tokens: int | None = None
+    ) -> Generator[int, None, None]:
+        """A sequence per prompt on its cached prefix (under its cache salt), the rest computed
+        ``chunk_tokens`` at a time (None: at once; the same bits either way); yields before each chunk
+        the blocks it takes."""
+        for prompt, salt in zip(prompts, salts, strict=True):
+            seq, cached = self._model.add_sequence_cached(prompt, salt)
+            self._seqs.append(seq)
+            rest = prompt[cached:]
+            chunk = len(rest) if chunk_tokens is None else max(1, chunk_tokens)
+            for start in range(0, len(rest), chunk):
+                piece = rest[start : start + chunk]
+                done = cached + start
+                yield blocks_for(done + len(piece)) - blocks_for(done)
+                last = start + chunk >= len(rest)
+                rows = self._model.step([(seq, piece, "last" if last else "none")])
+            self._rows.append(rows[0])
 
     def candidates(self, beams: list[BeamSearchSequence]) -> list[Candidates]:
         assert len(beams) == len(self._rows)
@@ -159,12 +173,50 @@ class NativeBeams:
                 self._model.free_sequence(seq)
         self._seqs = seqs
         items = [(seq, [token], "last") for seq, token in zip(seqs, tokens, strict=True)]
-        self._rows = self._model.step(items)
+        self._rows = list(self._model.step(items))
 
     def close(self) -> None:
         for seq in self._seqs:
             self._model.free_sequence(seq)
         self._seqs = []
+
+
+def native_beam_steps(
+    model: Any,
+    prompts: Sequence[list[int]],
+    params: BeamSearchParams,
+    stop_ids: set[int],
+    decode: Callable[[list[int]], str],
+    *,
+    salts: Sequence[str | None] | None = None,
+    chunk_tokens: int | None = None,
+) -> Generator[int, None, list[BeamSearchOutput]]:
+    """Beam search on ``NativeBeams`` as a generator (``AsyncLLM``'s loop runs it a piece at a time):
+    it yields the KV blocks its next piece may take (a prompt chunk; then, per step, at most one new
+    block per live beam: a fork's copied partial block, or a block its token starts) and returns the
+    outputs. Closing it frees its sequences."""
+    search = BeamSearch(prompts, params, stop_ids, decode)
+    beams = NativeBeams(model, params.beam_width)
+    try:
+        yield from beams.prefill(prompts, salts or [None] * len(prompts), chunk_tokens)
+        while True:
+            parents, tokens = search.step(beams.candidates(search.beams))
+            if search.finished:
+                break
+            yield len(tokens)
+            beams.advance(parents, tokens)
+    finally:
+        beams.close()
+    return search.outputs()
+
+
+def run_to_end(steps: Generator[int, None, T]) -> T:
+    """Runs every piece of ``steps`` at once; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def top_logprobs(row: np.ndarray, k: int) -> Candidates:
@@ -175,9 +227,6 @@ def top_logprobs(row: np.ndarray, k: int) -> Candidates:
     k = min(k, len(logp))
     ids = np.argpartition(-logp, k - 1)[:k]
     return sorted(((int(i), float(logp[i])) for i in ids), key=lambda c: (-c[1], c[0]))
-
-
-Beams = EngineBeams | NativeBeams
 
 
 def score(beam: BeamSearchSequence, stop_ids: set[int], length_penalty: float) -> float:
@@ -270,13 +319,13 @@ class BeamSearch:
 
 
 def beam_search(
-    beams_of: Callable[[], Beams],
+    beams_of: Callable[[], EngineBeams],
     prompts: Sequence[list[int]],
     params: BeamSearchParams,
     stop_ids: set[int],
     decode: Callable[[list[int]], str],
 ) -> list[BeamSearchOutput]:
-    """Beam search over the beams ``beams_of`` starts (``EngineBeams`` or ``NativeBeams``)."""
+    """Beam search over the one-token requests of the ``EngineBeams`` ``beams_of`` starts."""
     search = BeamSearch(prompts, params, stop_ids, decode)
     runner = beams_of()
     try:

@@ -19,9 +19,10 @@ from oxibonsai.beam_search import (
     BeamSearchOutput,
     BeamSearchParams,
     EngineBeams,
-    NativeBeams,
     beam_search,
     check_fits,
+    native_beam_steps,
+    run_to_end,
 )
 from oxibonsai.embedding import check_pooling, model_pooling, pooled
 from oxibonsai.engine import Engine, SchedulerConfig
@@ -334,19 +335,21 @@ class LLM:
         (``oxibonsai.beam_search``): on the native runner on forked KV sequences, elsewhere as
         one-token requests over the prefix cache; a prompt whose beams could outgrow the context is a
         ``ValueError`` before any work."""
-        token_lists = [self._tokenize(p)[1] for p in self._prompt_list(prompts)]
+        batch = self._prompt_list(prompts)
+        token_lists = [self._tokenize(p)[1] for p in batch]
         check_fits(token_lists, params, self.max_model_len)
 
         def step(prompts: list[list[int]], one_token: SamplingParams) -> list[RequestOutput]:
             return self.generate([{"prompt_token_ids": p} for p in prompts], one_token, use_tqdm=False)
 
-        def beams() -> EngineBeams | NativeBeams:
-            if isinstance(self._runner, NativeRunner):
-                return NativeBeams(self._runner._model, token_lists, params.beam_width)
-            return EngineBeams(step, params.beam_width)
-
-        stop_ids = set(self.tokenizer.stop_token_ids)
-        return beam_search(beams, token_lists, params, stop_ids, self.tokenizer.decode)
+        stop_ids, decode = set(self.tokenizer.stop_token_ids), self.tokenizer.decode
+        if isinstance(self._runner, NativeRunner):
+            salts = [_cache_salt(p) for p in batch]
+            steps = native_beam_steps(self._runner._model, token_lists, params, stop_ids, decode, salts=salts)
+            return run_to_end(steps)
+        return beam_search(
+            lambda: EngineBeams(step, params.beam_width), token_lists, params, stop_ids, decode
+        )
 
     def chat(
         self,

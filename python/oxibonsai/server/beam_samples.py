@@ -1,10 +1,13 @@
 """A request's beam search (vLLM's ``use_beam_search``), read as the samples of ``generation.Samples``.
 
 Each prompt's ``n`` best beams are its ``n`` choices (choice ``k * n + i`` is beam ``i`` of prompt
-``k``, best first). ``start`` runs the search's first step, so a full queue or a dead engine is an
-error before any response is sent; the rest runs in a task. Every choice's output comes once, when the
-search ends (a stream carries each beam's whole text in one chunk, as vLLM's does); while waiting a
-stream gets keep-alives. ``aclose`` cancels the search, which aborts its running requests."""
+``k``, best first). An engine with its own ``beam_search`` (``AsyncLLM``: forked KV sequences on the
+native runner) runs it, and ``start`` lets it run to its first wait, so a full queue or a dead engine
+is an error before any response. Elsewhere (a remote engine) the
+search's steps are one-token requests (``AsyncEngineBeams``), and ``start`` runs the first step, so a
+full queue or a dead engine is an error before any response. Every choice's output comes once, when
+the search ends (a stream carries each beam's whole text in one chunk, as vLLM's does); while waiting
+a stream gets keep-alives. ``aclose`` cancels the search, which frees what it holds."""
 
 from __future__ import annotations
 
@@ -16,16 +19,18 @@ from typing import Any
 
 from oxibonsai.async_beam_search import AsyncEngineBeams
 from oxibonsai.async_llm import EngineDeadError
-from oxibonsai.beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence
+from oxibonsai.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from oxibonsai.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from oxibonsai.server.errors import APIError
 from oxibonsai.server.generation import Prompt
 
 
 class BeamSamples:
-    def __init__(self, prompts: Sequence[Prompt], search: BeamSearch, task: asyncio.Future[None]) -> None:
+    def __init__(
+        self, prompts: Sequence[Prompt], width: int, task: asyncio.Future[list[BeamSearchOutput]]
+    ) -> None:
         self._prompts = list(prompts)
-        self._search = search
+        self._width = width
         self._task = task
         self._arrival = time.perf_counter()
 
@@ -33,17 +38,32 @@ class BeamSamples:
     async def start(
         cls, engine: Any, prompts: Sequence[Prompt], params: BeamSearchParams, *, priority: int = 0
     ) -> BeamSamples:
+        own = getattr(engine, "beam_search", None)
+        if own is not None:
+            if not engine.is_running:
+                raise _unavailable()
+            task = asyncio.ensure_future(own([p.engine_prompt() for p in prompts], params, priority=priority))
+            await asyncio.sleep(0)  # its admission (a full queue, a dead engine) runs to its first wait
+            if task.done():
+                _admission_error(task)
+            return cls(prompts, params.beam_width, task)
         tokenizer = engine.tokenizer
         ids = [p.token_ids for p in prompts]
-        search = BeamSearch(ids, params, set(tokenizer.stop_token_ids), tokenizer.decode)
+        state = BeamSearch(ids, params, set(tokenizer.stop_token_ids), tokenizer.decode)
         salts = [p.cache_salt for p in prompts]
-        rid = uuid.uuid4().hex
-        beams = AsyncEngineBeams(engine.generate, search, salts, request_id=rid, priority=priority)
+        beams = AsyncEngineBeams(
+            engine.generate, state, salts, request_id=uuid.uuid4().hex, priority=priority
+        )
         try:
             await beams.step()
         except EngineDeadError as error:
-            raise APIError(503, "The engine is not running (it failed or is shutting down).") from error
-        return cls(prompts, search, asyncio.ensure_future(beams.run()))
+            raise _unavailable() from error
+
+        async def rest() -> list[BeamSearchOutput]:
+            await beams.run()
+            return state.outputs()
+
+        return cls(prompts, params.beam_width, asyncio.ensure_future(rest()))
 
     async def events(self, idle_s: float | None = None) -> AsyncIterator[tuple[int, RequestOutput] | None]:
         """Every choice's final output once the search ends; a ``None`` each ``idle_s`` before that."""
@@ -53,19 +73,18 @@ class BeamSamples:
                     await asyncio.wait_for(asyncio.shield(self._task), idle_s)
                 except asyncio.TimeoutError:
                     yield None
-            self._task.result()
-            for item in self._outputs():
+            for item in self._outputs(self._task.result()):
                 yield item
         finally:
             await self.aclose()
 
-    def _outputs(self) -> list[tuple[int, RequestOutput]]:
+    def _outputs(self, results: list[BeamSearchOutput]) -> list[tuple[int, RequestOutput]]:
         """(choice index, output) of every beam: beam ``i`` of prompt ``k`` is choice ``k * n + i``."""
         finished = time.perf_counter()
-        n = self._search.width
+        n = self._width
         return [
             (k * n + i, self._output(prompt, i, beam, finished))
-            for k, (prompt, result) in enumerate(zip(self._prompts, self._search.outputs(), strict=True))
+            for k, (prompt, result) in enumerate(zip(self._prompts, results, strict=True))
             for i, beam in enumerate(result.sequences)
         ]
 
@@ -96,3 +115,15 @@ class BeamSamples:
         if not self._task.done():
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+
+
+def _unavailable() -> APIError:
+    return APIError(503, "The engine is not running (it failed or is shutting down).")
+
+
+def _admission_error(task: asyncio.Future[Any]) -> None:
+    """Raises what ended a search at its admission (a dead engine as a 503)."""
+    try:
+        task.result()
+    except EngineDeadError as error:
+        raise _unavailable() from error
