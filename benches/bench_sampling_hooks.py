@@ -47,6 +47,7 @@ def forms(llm: ob.LLM, engine: ob.AsyncLLM, prompt: list[int]) -> dict[str, Call
     runs = {"plain": generate(), "logits processor (no-op)": generate(logits_processors=[no_op])}
     if llm.tokenizer.token_to_id("</think>") is not None:  # the random file's vocabulary has none
         runs["thinking budget"] = generate(thinking_token_budget=8)
+
     def async_beams(width: int) -> Callable[[], object]:
         params = ob.BeamSearchParams(beam_width=width, max_tokens=TOKENS, ignore_eos=True)
         return lambda: asyncio.run(engine.beam_search([prompt], params))
