@@ -101,10 +101,9 @@ def structural_tag_grammar(
                 f"structural_tag: the trigger {trigger!r} holds an added token; a trigger is one added "
                 "token or text without any"
             )
-        schema = {
-            **s["schema"],
-            "x-guidance": {**s["schema"].get("x-guidance", {}), "whitespace_flexible": whitespace_flexible},
-        }
+        # The schema's own layout options win (a tool call's is the chat template's).
+        layout = {"whitespace_flexible": whitespace_flexible, **s["schema"].get("x-guidance", {})}
+        schema = {**s["schema"], "x-guidance": layout}
         body = f"{literal(rest)} %json {json.dumps(schema)} {literal(s['end'])}"
         if trigger in added_tokens:
             # Free text cannot hold an added token, so the text ends where the trigger token comes.

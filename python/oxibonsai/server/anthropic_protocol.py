@@ -138,6 +138,7 @@ class Tool(_Block):
     description: str | None = None
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
+    strict: bool | None = None
 
     @field_validator("type", mode="before")
     @classmethod
@@ -226,7 +227,12 @@ class MessagesRequest(JobHolder):
             body["tools"] = [
                 {
                     "type": "function",
-                    "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.input_schema,
+                        "strict": t.strict,
+                    },
                 }
                 for t in self.tools
             ]

@@ -1,7 +1,7 @@
-"""Forced tool choice: ``tool_choice`` ``"required"`` or a named function, made to hold by structured
-output. The output is constrained to what the model writes when it calls tools on its own (Qwen3's
-Hermes blocks, which ``tool_parser`` reads back), so a forced call is parsed, streamed and reported
-like any other:
+"""Forced tool choice (``tool_choice`` ``"required"`` or a named function) and strict tools, made to
+hold by structured output. The output is constrained to what the model writes when it calls tools on
+its own (Qwen3's Hermes blocks, which ``tool_parser`` reads back), so a forced call is parsed,
+streamed and reported like any other:
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -12,7 +12,12 @@ The call's JSON follows a schema: ``name`` one of the offered functions (or the 
 The JSON is laid out as Qwen3's chat template writes calls (``", "`` and ``": "`` between items, no
 other whitespace), the form the model saw in training. ``"required"`` allows one call, or several
 separated by newlines unless ``parallel_tool_calls`` is false; a named function gets exactly one call.
-The grammar is llguidance's Lark with ``%json`` schemas."""
+The grammar is llguidance's Lark with ``%json`` schemas.
+
+With ``tool_choice`` ``"auto"`` and a tool marked ``strict`` (OpenAI's structured function calling),
+the model still chooses whether to call: the text is free, but a ``<tool_call>`` it opens must go on
+as one call of an offered function, the ``arguments`` of a strict one following its ``parameters``
+(any JSON object for the others), in the same layout (``strict_calls_tag``, a structural tag)."""
 
 from __future__ import annotations
 
@@ -58,3 +63,20 @@ def forced_calls_grammar(functions: Sequence[dict[str, Any]], name: str | None, 
             f"call: %json {json.dumps(schema)}",
         ]
     )
+
+
+def strict_calls_tag(functions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The structural tag (``structured_output``'s ``structural_tag``) under which every call the
+    model opens is one of ``functions`` (``{"name", "parameters", "strict"}`` dicts), with the
+    ``parameters`` schema of a strict one and any JSON object for the others."""
+    structures = []
+    for f in functions:
+        parameters = (f.get("parameters") or _NO_PARAMETERS) if f.get("strict") else {"type": "object"}
+        structures.append(
+            {
+                "begin": f'{OPEN_TAG}\n{{"name": {json.dumps(f["name"])}, "arguments": ',
+                "schema": {**parameters, "x-guidance": _LAYOUT},
+                "end": f"}}\n{CLOSE_TAG}",
+            }
+        )
+    return {"structures": structures, "triggers": [OPEN_TAG]}

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from oxibonsai.beam_search import MAX_BEAM_WIDTH, BeamSearchParams
 from oxibonsai.sampling_params import MAX_LOGPROBS, SamplingParams
-from oxibonsai.server.forced_tools import forced_calls_grammar
+from oxibonsai.server.forced_tools import forced_calls_grammar, strict_calls_tag
 from oxibonsai.structured_output import StructuredOutputsParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -396,6 +396,7 @@ class FunctionDef(_Strict):
     name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class Tool(_Strict):
@@ -436,6 +437,13 @@ class ChatCompletionRequest(_SamplingFields):
             if self._structured is not None:
                 raise ValueError("a forced tool_choice cannot be combined with structured output")
             self._structured = StructuredOutputsParams(grammar=forced)
+        elif (
+            self._structured is None
+            and self.parses_tools()
+            and any(t.function.strict for t in self.tools or [])
+        ):
+            functions = [t.function.model_dump() for t in self.tools or []]
+            self._structured = StructuredOutputsParams(structural_tag=strict_calls_tag(functions))
         if self.chat_template is not None:
             raise ValueError("request chat templates are not accepted; the model's own template is used")
         return self
@@ -476,7 +484,7 @@ class ChatCompletionRequest(_SamplingFields):
     def template_tools(self) -> list[dict[str, Any]] | None:
         if not self.tools or self.tool_choice == "none":
             return None
-        return [t.model_dump(exclude_none=True) for t in self.tools]
+        return [t.model_dump(exclude_none=True, exclude={"function": {"strict"}}) for t in self.tools]
 
 
 class TokenizeRequest(_Strict):

@@ -199,7 +199,7 @@ class ResponsesRequest(JobHolder):
                 {
                     "type": "function",
                     "function": t.model_dump(
-                        include={"name", "description", "parameters"}, exclude_none=True
+                        include={"name", "description", "parameters", "strict"}, exclude_none=True
                     ),
                 }
                 for t in self.tools
