@@ -106,6 +106,14 @@ def test_a_call_breaking_its_strict_schema_is_refused_where_it_breaks(llms, voca
     assert bad.index(where) - 2 <= taken <= bad.index(where) + len(where), (bad[:taken], where)
 
 
+def test_a_model_may_think_before_a_call_without_a_reasoning_parser(llms):
+    llm = llms["qwen3-like"]
+    text = "<think>\nthe user wants the weather\n</think>\n\n" + call(
+        "get_weather", {"city": "Oslo", "days": 1}
+    )
+    assert take(grammar(llm), llm.tokenizer.encode(text, add_special_tokens=False)) is None
+
+
 def test_the_qwen3_like_vocabulary_asks_for_the_added_tokens(llms):
     llm = llms["qwen3-like"]
     tok = llm.tokenizer

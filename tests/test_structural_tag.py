@@ -1,12 +1,12 @@
 """Structural tags (vLLM's ``structural_tag``): free text whose tagged segments follow JSON schemas.
 
 The grammar is checked token by token on the tiny model's vocabulary: random free text passes, a text
-trigger split over several tokens forces the rest of its ``begin``, a segment that breaks its schema
-is refused at the first wrong token, and an ``end`` that is an added token (``</think>``) is asked
-for as that token, not as text. End to end, the engine's tokens are the reference masked draws (the
-replay of ``test_structured_output``), with a logit bias that makes the model open segments often,
-and every closed segment parses as its schema. Bad specifications fail when the parameters are built
-and, on the server, are 400s naming the problem."""
+trigger split over several tokens forces the rest of its ``begin``, a segment that breaks its schema is
+refused at the first wrong token, and an ``end`` that is an added token (``</think>``) is asked for as
+that token, not as text. End to end, the engine's tokens are the reference masked draws (the replay of
+``test_structured_output``), with a logit bias that makes the model open segments often, and every
+closed segment parses as its schema. Free text may hold added tokens other than triggers. Bad
+specifications fail when the parameters are built and, on the server, are 400s naming the problem."""
 
 from __future__ import annotations
 
@@ -101,6 +101,19 @@ def test_an_added_token_trigger_and_end_are_asked_for_as_tokens(llm, rng):
     assert spelled[0] != end and not allows(state.mask(), spelled[0])
     state.accept([end])
     assert not state.done and allows(state.mask(), think)  # free text again, and another segment
+
+
+def test_free_text_may_hold_added_tokens_other_than_triggers(llm, rng):
+    """``<think>``/``</think>`` (added tokens here) pass in free text; with ``<think>`` the trigger, a
+    ``<think>`` always opens a segment (then JSON must follow), while ``</think>`` stays free."""
+    tok = llm.tokenizer
+    think, end = tok.token_to_id("<think>"), tok.token_to_id("</think>")
+    text = tok.encode(free_text(rng), add_special_tokens=False)
+    state = grammar(llm, TEXT_TAGS)
+    assert take(state, [think, *text, end, *tok.encode("<fn=neg>7</fn>", add_special_tokens=False)]) is None
+    state = grammar(llm, TOKEN_TAG)
+    assert take(state, [*text, end, think]) is None
+    assert not allows(state.mask(), end) and not allows(state.mask(), think)
 
 
 def closed_segments(text: str, begin: str, end: str) -> list[str]:

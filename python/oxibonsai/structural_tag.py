@@ -12,15 +12,16 @@ This module owns checking such a specification and turning it into an llguidance
 trigger that is one added token of the vocabulary (Qwen3's ``<tool_call>``) is matched as that token;
 any other trigger as text, however it is split into tokens (a lazy lexeme: the shortest text ending
 with it). An added token's spelling inside a ``begin`` or ``end`` is asked for as that token too. Each
-``begin`` must start with one of the triggers. Outside the tagged segments the text is free, but
-holds no added tokens (a stop token ends it).
+``begin`` must start with one of the triggers. Outside the tagged segments the text is free: any
+text, and any added token but the trigger tokens and the stop tokens (which end it), so a model can
+still think (``<think>``) without a reasoning parser.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 
@@ -85,12 +86,17 @@ def _structure(value: Any, triggers: list[str]) -> dict[str, Any]:
 
 
 def structural_tag_grammar(
-    value: str | dict[str, Any], added_tokens: Mapping[str, int], *, whitespace_flexible: bool = True
+    value: str | dict[str, Any],
+    added_tokens: Mapping[str, int],
+    stop_ids: Collection[int] = (),
+    *,
+    whitespace_flexible: bool = True,
 ) -> str:
     """The llguidance (Lark) grammar of the specification ``value``. ``added_tokens`` are the
     vocabulary's added tokens by spelling: where a trigger, begin or end spells one, the grammar asks
-    for that token (the model's own ``<tool_call>``), not for its text in ordinary pieces. Without
-    ``whitespace_flexible`` the JSON in the segments is compact."""
+    for that token (the model's own ``<tool_call>``), not for its text in ordinary pieces; free text
+    may hold the others but ``stop_ids`` (which end it). Without ``whitespace_flexible`` the JSON in
+    the segments is compact."""
     spec = structural_tag_spec(value)
     literal = _literal_writer(added_tokens)
     rules = []
@@ -106,13 +112,31 @@ def structural_tag_grammar(
         schema = {**s["schema"], "x-guidance": layout}
         body = f"{literal(rest)} %json {json.dumps(schema)} {literal(s['end'])}"
         if trigger in added_tokens:
-            # Free text cannot hold an added token, so the text ends where the trigger token comes.
+            # Text cannot hold an added token, so the text ends where the trigger token comes.
             rules.append(f"tag_{i}: TEXT <[{added_tokens[trigger]}]> {body}")
         else:
             # A lazy lexeme: the shortest text that ends with the trigger.
             rules += [f"tag_{i}_opens[lazy]: TEXT {json.dumps(trigger)}", f"tag_{i}: tag_{i}_opens {body}"]
-    tags = " | ".join(f"tag_{i}" for i in range(len(spec["structures"])))
-    return "\n".join(["%llguidance {}", f"start: ({tags})* TEXT", "TEXT: /(.|\\n)*/", *rules]) + "\n"
+    pieces = [f"tag_{i}" for i in range(len(spec["structures"]))]
+    # The added tokens free text may hold: text, then such a token (as a trigger token is taken).
+    triggers = {added_tokens[s["trigger"]] for s in spec["structures"] if s["trigger"] in added_tokens}
+    free = sorted(set(added_tokens.values()) - triggers - set(stop_ids))
+    if free:
+        pieces.append("added")
+        rules.append(f"added: TEXT <[{_id_ranges(free)}]>")
+    head = ["%llguidance {}", f"start: ({' | '.join(pieces)})* TEXT", "TEXT: /(.|\\n)*/"]
+    return "\n".join([*head, *rules]) + "\n"
+
+
+def _id_ranges(ids: list[int]) -> str:
+    """Sorted token ids as llguidance's token set: ``3-5,9``."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _literal_writer(added_tokens: Mapping[str, int]) -> Callable[[str], str]:

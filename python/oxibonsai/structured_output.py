@@ -126,7 +126,10 @@ def _grammar_text(llg: Any, spec: StructuredOutputsParams, tokenizer: Tokenizer)
     """The llguidance grammar of ``spec``; ValueError for a specification that is not valid text."""
     if spec.structural_tag is not None:
         return structural_tag_grammar(
-            spec.structural_tag, tokenizer.added_tokens, whitespace_flexible=not spec.disable_any_whitespace
+            spec.structural_tag,
+            tokenizer.added_tokens,
+            tokenizer.stop_token_ids,
+            whitespace_flexible=not spec.disable_any_whitespace,
         )
     options = {"whitespace_flexible": not spec.disable_any_whitespace}
     if spec.json is not None or spec.json_object:
