@@ -25,8 +25,8 @@ def random_prompts(rng: np.random.Generator, k: int) -> list[list[int]]:
 def engine_form(
     llm: ob.LLM, prompts: list[list[int]], params: ob.BeamSearchParams
 ) -> list[ob.BeamSearchOutput]:
-    def step(beams: list[list[int]], one: ob.SamplingParams) -> list[ob.RequestOutput]:
-        return llm.generate([{"prompt_token_ids": p} for p in beams], one, use_tqdm=False)
+    def step(beams: list[dict], one: ob.SamplingParams) -> list[ob.RequestOutput]:
+        return llm.generate(beams, one, use_tqdm=False)
 
     stop = set(llm.tokenizer.stop_token_ids)
     return beam_search(

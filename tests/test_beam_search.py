@@ -87,8 +87,8 @@ def test_engine_beams_match_a_reference_without_the_cache(tiny_model, rng):
     width = int(rng.integers(2, 5))
     params = ob.BeamSearchParams(beam_width=width, max_tokens=6, ignore_eos=True, length_penalty=0.0)
 
-    def step(prompts: list[list[int]], one: ob.SamplingParams) -> list[ob.RequestOutput]:
-        return llm.generate([{"prompt_token_ids": p} for p in prompts], one, use_tqdm=False)
+    def step(prompts: list[dict], one: ob.SamplingParams) -> list[ob.RequestOutput]:
+        return llm.generate(prompts, one, use_tqdm=False)
 
     stop = set(llm.tokenizer.stop_token_ids)
     (out,) = beam_search(lambda: EngineBeams(step, width), [prompt], params, stop, llm.tokenizer.decode)
@@ -158,3 +158,25 @@ def test_a_forked_sequence_steps_as_its_tokens_from_scratch(tiny_model, rng, dty
     model.free_sequence(seq)
     model.free_sequence(fork)
     assert model.num_available_blocks == model.num_blocks
+
+
+@pytest.mark.parametrize("runner", ["native", "torch"])
+def test_a_salted_prompt_gets_the_same_beams_from_its_own_cache(tiny_model, rng, runner):
+    """A prompt dict's ``cache_salt`` reaches the beams' sequences (native) or one-token requests
+    (torch): the beams are those of the unsalted prompt, and its blocks are cached apart."""
+    if runner == "torch":
+        pytest.importorskip("torch")
+    args = {} if runner == "native" else {"runner": "torch", "device": "cpu"}
+    llm = ob.LLM(tiny_model, **args)
+    prompt = [int(t) for t in rng.integers(0, 800, 40)]
+    params = ob.BeamSearchParams(beam_width=2, max_tokens=4, ignore_eos=True)
+    plain = llm.beam_search([prompt], params)[0]
+    salted = llm.beam_search([{"prompt_token_ids": prompt, "cache_salt": "tenant-a"}], params)[0]
+    assert [(b.tokens, b.cum_logprob) for b in salted.sequences] == [
+        (b.tokens, b.cum_logprob) for b in plain.sequences
+    ]
+    one = ob.SamplingParams(max_tokens=1, temperature=0)
+    again = llm.generate([{"prompt_token_ids": prompt, "cache_salt": "tenant-a"}], one)[0]
+    assert again.num_cached_tokens >= 32  # the salted search's full blocks
+    other = llm.generate([{"prompt_token_ids": prompt, "cache_salt": "tenant-b"}], one)[0]
+    assert other.num_cached_tokens == 0

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from oxibonsai.beam_search import BeamSearch, candidates_of, one_token_params
+from oxibonsai.beam_search import BeamSearch, beam_prompt, candidates_of, one_token_params
 from oxibonsai.outputs import RequestOutput
 
 
@@ -47,9 +47,7 @@ class AsyncEngineBeams:
         streams = []
         try:
             for i, (beam, k) in enumerate(zip(self._search.beams, self._search.owners, strict=True)):
-                prompt: dict[str, Any] = {"prompt_token_ids": beam.tokens}
-                if self._salts[k] is not None:
-                    prompt["cache_salt"] = self._salts[k]
+                prompt = beam_prompt(beam.tokens, self._salts[k])
                 rid = f"{self._request_id}-{self._steps}-{i}"
                 streams.append(
                     self._generate(prompt, self._one_token, request_id=rid, priority=self._priority)

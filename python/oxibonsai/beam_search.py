@@ -72,7 +72,7 @@ class BeamSearchOutput:
     sequences: list[BeamSearchSequence]
 
 
-StepFn = Callable[[list[list[int]], SamplingParams], list[RequestOutput]]
+StepFn = Callable[[list[dict[str, Any]], SamplingParams], list[RequestOutput]]  # prompt dicts
 Candidates = list[tuple[int, float]]  # (token, raw logprob) pairs of one beam's next token
 
 
@@ -84,6 +84,14 @@ def one_token_params(width: int) -> SamplingParams:
 def candidates_of(out: RequestOutput) -> Candidates:
     """The (token, raw logprob) candidates of a one-token request's output."""
     return [(token, entry.logprob) for token, entry in (out.outputs[0].logprobs or [{}])[0].items()]
+
+
+def beam_prompt(tokens: list[int], salt: str | None) -> dict[str, Any]:
+    """A beam's tokens as an engine prompt, under its prompt's cache salt."""
+    prompt: dict[str, Any] = {"prompt_token_ids": tokens}
+    if salt is not None:
+        prompt["cache_salt"] = salt
+    return prompt
 
 
 def check_fits(prompts: Sequence[list[int]], params: BeamSearchParams, max_model_len: int) -> None:
@@ -98,15 +106,21 @@ def check_fits(prompts: Sequence[list[int]], params: BeamSearchParams, max_model
 
 class EngineBeams:
     """Beams run as one-token requests of the engine (``step``: ``LLM.generate``): each step is a batch
-    of every live beam's tokens, with the ``2 * beam_width`` top raw logprobs; the prefix cache holds
-    their full blocks, so each recomputes at most a block and a token. Any runner."""
+    of every live beam's tokens (under its prompt's cache salt, ``salts``), with the ``2 * beam_width``
+    top raw logprobs; the prefix cache holds their full blocks, so each recomputes at most a block and
+    a token. Any runner."""
 
-    def __init__(self, step: StepFn, width: int) -> None:
+    def __init__(self, step: StepFn, width: int, salts: Sequence[str | None] = ()) -> None:
         self._step = step
         self._one_token = one_token_params(width)
+        self._salts = list(salts)
 
-    def candidates(self, beams: list[BeamSearchSequence]) -> list[Candidates]:
-        return [candidates_of(out) for out in self._step([beam.tokens for beam in beams], self._one_token)]
+    def candidates(self, beams: list[BeamSearchSequence], owners: list[int]) -> list[Candidates]:
+        prompts = [
+            beam_prompt(beam.tokens, self._salts[k] if self._salts else None)
+            for beam, k in zip(beams, owners, strict=True)
+        ]
+        return [candidates_of(out) for out in self._step(prompts, self._one_token)]
 
     def advance(self, parents: list[int], tokens: list[int]) -> None:
         """Nothing to keep: the next step starts from the beams' tokens."""
@@ -330,7 +344,7 @@ def beam_search(
     runner = beams_of()
     try:
         while not search.finished:
-            parents, tokens = search.step(runner.candidates(search.beams))
+            parents, tokens = search.step(runner.candidates(search.beams, search.owners))
             if not search.finished:
                 runner.advance(parents, tokens)
     finally:

@@ -339,17 +339,16 @@ class LLM:
         token_lists = [self._tokenize(p)[1] for p in batch]
         check_fits(token_lists, params, self.max_model_len)
 
-        def step(prompts: list[list[int]], one_token: SamplingParams) -> list[RequestOutput]:
-            return self.generate([{"prompt_token_ids": p} for p in prompts], one_token, use_tqdm=False)
+        def step(prompts: list[dict[str, Any]], one_token: SamplingParams) -> list[RequestOutput]:
+            return self.generate(prompts, one_token, use_tqdm=False)
 
         stop_ids, decode = set(self.tokenizer.stop_token_ids), self.tokenizer.decode
+        salts = [_cache_salt(p) for p in batch]
         if isinstance(self._runner, NativeRunner):
-            salts = [_cache_salt(p) for p in batch]
             steps = native_beam_steps(self._runner._model, token_lists, params, stop_ids, decode, salts=salts)
             return run_to_end(steps)
-        return beam_search(
-            lambda: EngineBeams(step, params.beam_width), token_lists, params, stop_ids, decode
-        )
+        beams = lambda: EngineBeams(step, params.beam_width, salts)  # noqa: E731
+        return beam_search(beams, token_lists, params, stop_ids, decode)
 
     def chat(
         self,
