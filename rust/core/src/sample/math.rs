@@ -88,10 +88,20 @@ fn max_and_bad_body(xs: &[f32]) -> (f32, bool) {
     (m, any || bad.iter().any(|&b| b != 0))
 }
 
-/// The sum of `xs` in eight f64 lanes (independent chains; the order is fixed, so the result is too).
-/// Plain loops, no iterator adapters, so that it inlines into the AVX2 copies below.
-#[inline(always)]
+/// The sum of `xs` in eight f64 lanes (independent chains; the order is fixed, so the result is too),
+/// in AVX2 where the CPU has it (the same bits).
 pub(crate) fn sum(xs: &[f32]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { avx2::sum(xs) };
+    }
+    sum_body(xs)
+}
+
+/// [`sum`]'s loops: plain, no iterator adapters, so that they inline into the AVX2 copies below.
+#[inline(always)]
+pub(crate) fn sum_body(xs: &[f32]) -> f64 {
     let mut lanes = [0f64; 8];
     let whole = xs.len() / 8 * 8;
     for chunk in xs[..whole].chunks_exact(8) {
@@ -126,7 +136,7 @@ fn sum_exp_body(xs: &[f32], shift: f32) -> f64 {
         let dst = &mut block[..src.len()];
         dst.copy_from_slice(src);
         exp_in_place_body(dst, shift, 1.0);
-        total += sum(dst);
+        total += sum_body(dst);
     }
     total
 }
@@ -148,6 +158,11 @@ mod avx2 {
     #[target_feature(enable = "avx2")]
     pub(super) fn max_and_bad(xs: &[f32]) -> (f32, bool) {
         super::max_and_bad_body(xs)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) fn sum(xs: &[f32]) -> f64 {
+        super::sum_body(xs)
     }
 }
 
@@ -207,6 +222,7 @@ mod tests {
         exp_in_place_body(&mut b, max, 0.7);
         assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
         assert_eq!(sum_exp(&xs, max).to_bits(), sum_exp_body(&xs, max).to_bits());
+        assert_eq!(sum(&xs).to_bits(), sum_body(&xs).to_bits());
     }
 
     #[test]

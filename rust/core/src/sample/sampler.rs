@@ -4,13 +4,15 @@
 //!
 //! Draw order (fixed, so a seed gives a fixed sequence): the surviving candidates are walked in
 //! ascending token id, accumulating their weights, and the first whose running sum exceeds
-//! `u * total` is chosen, `u` being exactly one `Rng::next_f64()` per sampled token. Greedy sampling
-//! (temperature 0 or top-k 1) takes the argmax, ties to the lowest id, and draws nothing.
+//! `u * total` is chosen, `u` being exactly one `Rng::next_f64()` per sampled token (with every token
+//! a candidate, the running sum skips whole blocks of 256 ids on their sums first: [`draw_all`]).
+//! Greedy sampling (temperature 0 or top-k 1) takes the argmax, ties to the lowest id, and draws
+//! nothing.
 
 use super::bias::LogitBias;
 use super::config::SamplingConfig;
 use super::mask::TokenMask;
-use super::math::max_and_bad;
+use super::math::{max_and_bad, sum};
 use super::penalties::{self, History};
 use super::rng::Rng;
 use super::scratch::{with_scratch, Scratch};
@@ -237,9 +239,15 @@ fn distribution(config: &SamplingConfig, s: &mut Scratch, max: f32) -> f64 {
     z
 }
 
-/// Step 9: inverse CDF over `cand` in its (ascending id) order with one uniform `u` in [0, 1).
+/// Step 9: inverse CDF over `cand` in its (ascending id) order with one uniform `u` in [0, 1): the
+/// first candidate whose running weight (f64) exceeds `u * total`. With every token a candidate the
+/// running weight goes a block of [`DRAW_BLOCK`] ids at a time ([`sum`]'s fixed order within a
+/// block), then one id at a time inside the block that crosses the target.
 fn draw(w: &[f32], cand: &[u32], total: f64, u: f64) -> u32 {
     let target = u * total;
+    if cand.len() == w.len() {
+        return draw_all(w, target);
+    }
     let mut running = 0.0;
     for &i in cand {
         running += w[i as usize] as f64;
@@ -249,6 +257,30 @@ fn draw(w: &[f32], cand: &[u32], total: f64, u: f64) -> u32 {
     }
     // Only reached when rounding puts `target` at `total`: the last token with any weight.
     *cand.iter().rev().find(|&&i| w[i as usize] > 0.0).expect("the best token has weight 1")
+}
+
+/// Ids a block of the draw over the whole vocabulary sums at once.
+const DRAW_BLOCK: usize = 256;
+
+/// [`draw`] with every id a candidate: whole blocks are skipped on their sums (the sequential f64
+/// walk over a 152k vocabulary was a chain of dependent additions, most of a sampled draw's time).
+fn draw_all(w: &[f32], target: f64) -> u32 {
+    let mut running = 0.0;
+    for (b, block) in w.chunks(DRAW_BLOCK).enumerate() {
+        let after = running + sum(block);
+        if target < after {
+            for (j, &v) in block.iter().enumerate() {
+                running += v as f64;
+                if target < running {
+                    return (b * DRAW_BLOCK + j) as u32;
+                }
+            }
+            continue; // rounding: the walk ended at or below the target; on to the next block
+        }
+        running = after;
+    }
+    // Only reached when rounding puts `target` at `total`: the last token with any weight.
+    w.iter().rposition(|&v| v > 0.0).expect("the best token has weight 1") as u32
 }
 
 #[cfg(test)]
@@ -281,6 +313,49 @@ mod tests {
         assert_eq!(draw(&w, &cand, 4.0, 0.2499), 1);
         assert_eq!(draw(&w, &cand, 4.0, 0.25), 3);
         assert_eq!(draw(&w, &cand, 4.0, 1.0), 3);
+    }
+
+    #[test]
+    fn the_blocked_draw_is_the_walk_over_every_id() {
+        // Against the plain walk, over vocabularies that end mid-block, at targets on block edges.
+        let mut rng = Rng::new(11);
+        for n in [1, 255, 256, 257, 1000, 5000] {
+            let w: Vec<f32> = (0..n).map(|_| if rng.next_f64() < 0.3 { 0.0 } else { rng.next_f64() as f32 }).collect();
+            let mut w = w;
+            w[n / 2] = 1.0;
+            let total = sum(&w);
+            let ids: Vec<u32> = (0..n as u32).collect();
+            let walk = |target: f64| {
+                let mut running = 0.0;
+                for (i, &v) in w.iter().enumerate() {
+                    running += v as f64;
+                    if target < running {
+                        return i as u32;
+                    }
+                }
+                w.iter().rposition(|&v| v > 0.0).unwrap() as u32
+            };
+            let edges: Vec<f64> = w
+                .chunks(DRAW_BLOCK)
+                .scan(0.0, |acc, b| {
+                    *acc += sum(b);
+                    Some(*acc / total)
+                })
+                .collect();
+            for u in (0..200).map(|_| rng.next_f64()).chain(edges).chain([0.0, 1.0 - f64::EPSILON]) {
+                let got = draw(&w, &ids, total, u.min(1.0 - f64::EPSILON));
+                let want = walk(u.min(1.0 - f64::EPSILON) * total);
+                // The running sums round differently in the two orders: only a target within
+                // rounding of a boundary may land on a neighbour (never on a zero weight).
+                assert!(w[got as usize] > 0.0, "n {n} u {u}: drew a zero weight");
+                if got != want {
+                    let lo = got.min(want) as usize;
+                    let hi = got.max(want) as usize;
+                    let between: f64 = w[lo..hi].iter().map(|&v| v as f64).sum::<f64>() - w[lo] as f64;
+                    assert!(between <= 1e-9 * total, "n {n} u {u}: {got} vs {want}");
+                }
+            }
+        }
     }
 
     #[test]
