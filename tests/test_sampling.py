@@ -405,3 +405,55 @@ def test_plain_greedy_is_greedy_without_penalties_or_logprobs() -> None:
     ]
     assert [p.is_plain_greedy for p in plain] == [True] * len(plain)
     assert [p.is_plain_greedy for p in other] == [False] * len(other)
+
+
+def test_sample_rows_draws_each_row_as_its_sampler_alone(rng: np.random.Generator) -> None:
+    """``_core.sample_rows`` (the engine's per-step draws, the rows in parallel) against each row's
+    sampler called alone with the same arguments: the same tokens and logprobs, and the samplers'
+    streams advanced alike (a second step agrees too)."""
+    from oxibonsai import _core
+
+    n, vocab = int(rng.integers(1, 9)), int(rng.integers(50, 3000))
+    params = [
+        SamplingParams(
+            temperature=float(rng.choice([0.0, 0.7, 1.3])), top_p=float(rng.choice([1.0, 0.9])),
+            top_k=int(rng.choice([0, 20])), repetition_penalty=float(rng.choice([1.0, 1.2])),
+            seed=int(rng.integers(2**63)), logprobs=None if rng.random() < 0.5 else int(rng.integers(0, 4)),
+        )
+        for _ in range(n)
+    ]  # fmt: skip
+    prompts = [rng.integers(0, vocab, int(rng.integers(0, 20))).tolist() for _ in range(n)]
+    outputs = [rng.integers(0, vocab, int(rng.integers(0, 5))).tolist() for _ in range(n)]
+    banned = [None if rng.random() < 0.5 else [int(rng.integers(vocab))] for _ in range(n)]
+    allowed = [None] * n
+    allowed[0] = np.packbits(rng.random(vocab) < 0.5, bitorder="little").view(np.uint8)
+    allowed[0] = np.pad(allowed[0], (0, (-len(allowed[0])) % 4)).view(np.int32)
+    batched = [p.sampler(0) for p in params]
+    alone = [p.sampler(0) for p in params]
+    for _ in range(2):
+        logits = rng.standard_normal((n, vocab)).astype(np.float32)
+        got = _core.sample_rows(
+            batched, logits, prompts, outputs, banned, [p.logprobs for p in params], allowed
+        )
+        want = [
+            s.sample(logits[i], prompts[i], outputs[i], banned[i], params[i].logprobs, allowed[i])
+            for i, s in enumerate(alone)
+        ]
+        assert got == want
+
+
+def test_sample_rows_refuses_mismatched_rows_and_raises_a_rows_error() -> None:
+    from oxibonsai import _core
+
+    s = SamplingParams(temperature=1.0, seed=1).sampler(0)
+    logits = np.zeros((2, 8), np.float32)
+    with pytest.raises(ValueError, match="one sampler, prompt_ids"):
+        _core.sample_rows([s], logits, [[]], [[]], [None], [None], [None])
+    logits[1, 3] = np.nan
+    other = SamplingParams(temperature=1.0, seed=2).sampler(0)
+    with pytest.raises(ValueError, match=r"logits\[3\] is NaN"):
+        _core.sample_rows([s, other], logits, [[], []], [[], []], [None, None], [None, None], [None, None])
+    with pytest.raises(RuntimeError, match="borrow"):  # one sampler for two rows
+        _core.sample_rows(
+            [s, s], np.zeros((2, 8), np.float32), [[], []], [[], []], [None] * 2, [None] * 2, [None] * 2
+        )

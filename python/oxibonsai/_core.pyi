@@ -30,6 +30,7 @@ __all__ = [
     "kernel_info",
     "quantize_activations",
     "rope_frequencies",
+    "sample_rows",
     "set_num_threads",
 ]
 
@@ -374,6 +375,19 @@ class Sampler:
         allowed: npt.NDArray[np.int32] | npt.NDArray[np.uint32] | None = None,
     ) -> npt.NDArray[np.float32]:
         """The float32 distribution ``sample`` draws from (zero outside the candidates; one-hot if greedy)."""
+
+def sample_rows(
+    samplers: Sequence[Sampler],
+    logits: npt.NDArray[np.float32],
+    prompt_ids: Sequence[Sequence[int]],
+    output_ids: Sequence[Sequence[int]],
+    banned: Sequence[Sequence[int] | None],
+    logprobs: Sequence[int | None],
+    allowed: Sequence[npt.NDArray[np.int32] | npt.NDArray[np.uint32] | None],
+) -> list[tuple[int, float | None, list[tuple[int, float]]]]:
+    """Row ``i`` of the 2-D ``logits`` drawn by ``samplers[i]`` with the ``i``-th of every other
+    argument, as ``Sampler.sample`` takes them, the rows in parallel on the kernels' threads; the
+    first row's error is raised once every row has drawn."""
 
 def quantize_activations(
     x: npt.NDArray[np.float32], isa: _Isa | None = None

@@ -14,6 +14,7 @@ mod q1;
 mod rope;
 mod runtime;
 mod sample;
+mod sample_rows;
 mod sched;
 mod small_int;
 mod token_ids;
@@ -32,6 +33,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sched::Scheduler>()?;
     m.add_class::<sched::SchedulerOutput>()?;
     m.add_class::<plan::StepPlan>()?;
+    m.add_function(wrap_pyfunction!(sample_rows::sample_rows, m)?)?;
     m.add_function(wrap_pyfunction!(q1::quantize_activations, m)?)?;
     m.add_function(wrap_pyfunction!(prefix::block_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(rope::rope_frequencies, m)?)?;

@@ -13,14 +13,20 @@ use crate::gil::without_gil;
 /// A token sampler with its own random stream: the same seed, logits and history give the same token.
 #[pyclass(module = "oxibonsai")]
 pub struct Sampler {
-    inner: CoreSampler,
+    pub(crate) inner: CoreSampler,
 }
 
 /// One `sample` result: the token, its raw logprob, and the top raw logprobs.
-type SampleResult = (u32, Option<f32>, Vec<(u32, f32)>);
+pub(crate) type SampleResult = (u32, Option<f32>, Vec<(u32, f32)>);
+
+/// A logprob count (`None`: no logprobs at all); a negative one is a ValueError.
+pub(crate) fn logprob_count(n: Option<i64>) -> PyResult<Option<usize>> {
+    n.map(|n| usize::try_from(n).map_err(|_| PyValueError::new_err(format!("logprobs must be >= 0, got {n}"))))
+        .transpose()
+}
 
 /// Token ids from a sequence of ints (`None`: none); errors name the argument and the position.
-fn token_ids(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Vec<u32>> {
+pub(crate) fn token_ids(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Vec<u32>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(Vec::new()) };
     let ids: Vec<i64> = obj.extract().map_err(|e| {
         let ty = obj.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string());
@@ -36,7 +42,7 @@ fn token_ids(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Vec<u32>> {
 
 /// A structured-output allow-bitmask (`None`: every id allowed): a 1-D int32 or uint32 array, bit
 /// `i % 32` of word `i / 32` set where id `i` is allowed (what llguidance fills).
-fn mask_words(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u32>>> {
+pub(crate) fn mask_words(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<u32>>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
     let wrong = || PyTypeError::new_err("allowed must be a 1-D numpy array of int32 or uint32 bitmask words");
     if let Ok(words) = obj.cast::<PyArray1<u32>>() {
@@ -135,9 +141,7 @@ impl Sampler {
         logprobs: Option<i64>,
         allowed: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<SampleResult> {
-        let logprobs = logprobs
-            .map(|n| usize::try_from(n).map_err(|_| PyValueError::new_err(format!("logprobs must be >= 0, got {n}"))))
-            .transpose()?;
+        let logprobs = logprob_count(logprobs)?;
         let args = Inputs::extract(logits, prompt_ids, output_ids, banned, allowed)?;
         let (logits, history, mask) = (args.logits()?, args.history(), args.mask());
         let inner = &mut self.inner;
