@@ -12,7 +12,8 @@
 - A Poisson arrival workload like ``vllm bench serve``: --requests requests at --rate per second,
   prompt and output lengths uniform in [--min-len, --max-len] and [--min-out, --max-out]; TTFT and
   time per output token percentiles, request and token throughput.
-Prints the machine and command first.
+Every request is greedy unless --temperature is given (then sampled, seeded). Prints the machine and
+command first.
 
     python benches/bench_batching.py --threads 2
 """
@@ -46,6 +47,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-out", type=int, default=32)
     p.add_argument("--max-num-seqs", type=int, default=16, help="for the Poisson workload")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="of every request (0: greedy)")
     p.add_argument("--model", type=Path, help="a GGUF instead of the random Bonsai-1.7B-shaped one")
     return p.parse_args()
 
@@ -96,7 +98,9 @@ def decode_run(path: Path, args: argparse.Namespace, seqs: int, vocab: int) -> d
     timed = TimedScheduler(engine._sched)
     engine._sched = timed
     rng = np.random.default_rng(args.seed)
-    params = oxibonsai.SamplingParams(max_tokens=args.decode, temperature=0.0, ignore_eos=True)
+    params = oxibonsai.SamplingParams(
+        max_tokens=args.decode, temperature=args.temperature, seed=args.seed, ignore_eos=True
+    )
     for i in range(seqs):
         engine.add_request(str(i), None, [int(t) for t in rng.integers(0, vocab, args.prompt_len)], params)
     step_s, sched_s, python_s, tokens = [], [], [], 0
@@ -171,7 +175,9 @@ def poisson_run(path: Path, args: argparse.Namespace, vocab: int) -> list[str]:
             float(at),
             [int(t) for t in rng.integers(0, vocab, int(rng.integers(args.min_len, args.max_len + 1)))],
             oxibonsai.SamplingParams(
-                max_tokens=int(rng.integers(args.min_out, args.max_out + 1)), temperature=0.0, ignore_eos=True
+                max_tokens=int(rng.integers(args.min_out, args.max_out + 1)),
+                temperature=args.temperature,
+                ignore_eos=True,
             ),
         )
         for at in arrivals
