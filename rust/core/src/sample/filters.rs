@@ -28,9 +28,12 @@ pub(crate) fn weights(x: &mut [f32], cand: &[u32], max: f32, t: f32) -> f64 {
         exp_in_place(x, max, t);
         return sum(x);
     }
+    let scale = 1.0 / t;
     cand.iter()
         .map(|&i| {
-            let w = exp_nonpositive((x[i as usize] - max) / t);
+            // As `exp_in_place` computes it, so a token's weight does not depend on the filters.
+            let shifted = x[i as usize] - max;
+            let w = exp_nonpositive(if scale.is_finite() { shifted * scale } else { shifted / t });
             x[i as usize] = w;
             w as f64
         })
