@@ -28,13 +28,7 @@ from typing import Any
 def structural_tag_spec(value: str | dict[str, Any]) -> dict[str, Any]:
     """``value`` (a dict or its JSON text) as a checked specification; ValueError naming the part
     that is wrong."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"structural_tag is not valid JSON: {error}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"structural_tag must be a JSON object, got {type(value).__name__}")
+    value = _json_object(value, "structural_tag")
     if "format" in value:
         raise ValueError(
             "structural_tag: the 'format' form (xgrammar's) is not supported; "
@@ -50,6 +44,18 @@ def structural_tag_spec(value: str | dict[str, Any]) -> dict[str, Any]:
     if not isinstance(structures, list) or not structures:
         raise ValueError("structural_tag needs 'structures', a non-empty list")
     return {"structures": [_structure(s, triggers) for s in structures], "triggers": triggers}
+
+
+def _json_object(value: Any, what: str) -> dict[str, Any]:
+    """``value``, or the JSON text it is, as a dict; ValueError naming ``what`` otherwise."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{what} is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def _triggers(value: Any) -> list[str]:
@@ -72,13 +78,7 @@ def _structure(value: Any, triggers: list[str]) -> dict[str, Any]:
         raise ValueError("structural_tag: a structure's 'begin' must be a non-empty string")
     if not isinstance(end, str):
         raise ValueError("structural_tag: a structure's 'end' must be a string")
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"structural_tag: schema of {begin!r} is not valid JSON: {error}") from None
-    if not isinstance(schema, dict):
-        raise ValueError(f"structural_tag: the structure {begin!r} needs 'schema', a JSON schema object")
+    schema = _json_object(schema, f"structural_tag: the schema of {begin!r}")
     trigger = next((t for t in triggers if begin.startswith(t)), None)
     if trigger is None:
         raise ValueError(f"structural_tag: the begin {begin!r} starts with none of the triggers {triggers}")
