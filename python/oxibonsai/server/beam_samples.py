@@ -2,10 +2,9 @@
 
 Each prompt's ``n`` best beams are its ``n`` choices (choice ``k * n + i`` is beam ``i`` of prompt
 ``k``, best first). An engine with its own ``beam_search`` (``AsyncLLM``: forked KV sequences on the
-native runner) runs it, and ``start`` lets it run to its first wait, so a full queue or a dead engine
-is an error before any response. Elsewhere (a remote engine) the
-search's steps are one-token requests (``AsyncEngineBeams``), and ``start`` runs the first step, so a
-full queue or a dead engine is an error before any response. Every choice's output comes once, when
+native runner) runs it, ``start`` letting it run to its first wait; elsewhere (a remote engine) the
+search's steps are one-token requests (``AsyncEngineBeams``), ``start`` running the first. Either way
+a full queue or a dead engine is an error before any response. Every choice's output comes once, when
 the search ends (a stream carries each beam's whole text in one chunk, as vLLM's does); while waiting
 a stream gets keep-alives. ``aclose`` cancels the search, which frees what it holds."""
 
