@@ -386,8 +386,9 @@ def sample_rows(
     allowed: Sequence[npt.NDArray[np.int32] | npt.NDArray[np.uint32] | None],
 ) -> list[tuple[int, float | None, list[tuple[int, float]]]]:
     """Row ``i`` of the 2-D ``logits`` drawn by ``samplers[i]`` with the ``i``-th of every other
-    argument, as ``Sampler.sample`` takes them, the rows in parallel on the kernels' threads; the
-    first row's error is raised once every row has drawn."""
+    argument, as ``Sampler.sample`` takes them (the prompt and output ids read only for a sampler
+    with penalties), the rows in parallel on the kernels' threads; the first row's error is raised
+    once every row has drawn."""
 
 def quantize_activations(
     x: npt.NDArray[np.float32], isa: _Isa | None = None

@@ -18,15 +18,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from oxibonsai.outputs import RequestOutput
 from oxibonsai.runner import blocks_for
 from oxibonsai.sampling_params import MAX_LOGPROBS, SamplingParams
-
-T = TypeVar("T")
 
 MAX_BEAM_WIDTH = MAX_LOGPROBS // 2  # each beam's step asks for 2 * beam_width logprobs
 
@@ -122,12 +120,6 @@ class EngineBeams:
         ]
         return [candidates_of(out) for out in self._step(prompts, self._one_token)]
 
-    def advance(self, parents: list[int], tokens: list[int]) -> None:
-        """Nothing to keep: the next step starts from the beams' tokens."""
-
-    def close(self) -> None:
-        pass
-
 
 class NativeBeams:
     """Beams on sequences of the native model's KV cache: a beam that branches forks its parent's
@@ -222,15 +214,6 @@ def native_beam_steps(
     finally:
         beams.close()
     return search.outputs()
-
-
-def run_to_end(steps: Generator[int, None, T]) -> T:
-    """Runs every piece of ``steps`` at once; its result."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
 
 
 def top_logprobs(row: np.ndarray, k: int) -> Candidates:
@@ -341,14 +324,9 @@ def beam_search(
 ) -> list[BeamSearchOutput]:
     """Beam search over the one-token requests of the ``EngineBeams`` ``beams_of`` starts."""
     search = BeamSearch(prompts, params, stop_ids, decode)
-    runner = beams_of()
-    try:
-        while not search.finished:
-            parents, tokens = search.step(runner.candidates(search.beams, search.owners))
-            if not search.finished:
-                runner.advance(parents, tokens)
-    finally:
-        runner.close()
+    beams = beams_of()  # nothing to free: each step starts from the beams' tokens
+    while not search.finished:
+        search.step(beams.candidates(search.beams, search.owners))
     return search.outputs()
 
 

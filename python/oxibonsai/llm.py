@@ -22,14 +22,13 @@ from oxibonsai.beam_search import (
     beam_search,
     check_fits,
     native_beam_steps,
-    run_to_end,
 )
 from oxibonsai.embedding import check_pooling, model_pooling, pooled
 from oxibonsai.engine import Engine, SchedulerConfig
 from oxibonsai.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from oxibonsai.progress import PROGRESS_MIN_PROMPTS, Progress
 from oxibonsai.rope_scaling import RopeScaling
-from oxibonsai.runner import NativeRunner, Runner, choose, run_hidden_steps
+from oxibonsai.runner import NativeRunner, Runner, choose, run_steps
 from oxibonsai.sampling_params import SamplingParams, truncated
 from oxibonsai.tokenizer import Tokenizer
 
@@ -346,7 +345,7 @@ class LLM:
         salts = [_cache_salt(p) for p in batch]
         if isinstance(self._runner, NativeRunner):
             steps = native_beam_steps(self._runner._model, token_lists, params, stop_ids, decode, salts=salts)
-            return run_to_end(steps)
+            return run_steps(steps)
         beams = lambda: EngineBeams(step, params.beam_width, salts)  # noqa: E731
         return beam_search(beams, token_lists, params, stop_ids, decode)
 
@@ -424,7 +423,7 @@ class LLM:
         (its KV blocks are freed at once); a prompt longer than the context is a ``ValueError``, unless
         ``truncate_prompt_tokens`` keeps only its last tokens (-1: the context's length)."""
         pooling, prompt_ids = self._embedding_inputs(prompts, pooling, truncate_prompt_tokens)
-        return [run_hidden_steps(self._embedding_steps(ids, pooling, normalize)) for ids in prompt_ids]
+        return [run_steps(self._embedding_steps(ids, pooling, normalize)) for ids in prompt_ids]
 
     def _embedding_inputs(
         self, prompts: PromptType | Sequence[PromptType], pooling: str | None, keep: int | None = None

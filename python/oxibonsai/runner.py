@@ -22,7 +22,7 @@ import platform
 import sys
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from oxibonsai.sampling_params import SamplingParams
 
 RUNNERS = ("auto", "native", "torch")
+T = TypeVar("T")
+
 BLOCK_TOKENS = 16  # tokens per KV block: the Rust core's BLOCK_TOKENS
 DEFAULT_MAX_MODEL_LEN = 4096  # the context when none is asked for: the model's, capped (as the core's)
 TORCH_MISSING = "torch is not installed: pip install 'oxibonsai[torch]'"
@@ -98,8 +100,7 @@ def sample_on_host(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[Draw]:
     """Each row of float32 ``logits`` through its request's logits processors, if any, then every
     row's Rust sampler at once, the rows in parallel (``_core.sample_rows``); no logprobs are computed
     for requests that did not ask (the normalizer is most of a greedy draw's cost), and the prompt and
-    output ids go to the sampler only for the penalties that read them (converting an 8k-token prompt
-    took ~100 us a token). A row whose processor raises gets a ``FailedDraw``."""
+    output ids are read only by samplers with penalties (their conversion is O(prompt length) a token). A row whose processor raises gets a ``FailedDraw``."""
     draws: list[Draw | None] = [None] * len(rows)
     logits = np.ascontiguousarray(logits, dtype=np.float32)
     if any(r.params.logits_processors for r in rows):
@@ -114,12 +115,11 @@ def sample_on_host(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[Draw]:
     if not live:
         return draws  # type: ignore[return-value]
     rs = [rows[i] for i in live]
-    histories = [(r.prompt_ids, r.output_ids) if r.params.has_penalties else ((), ()) for r in rs]
     drawn = _core.sample_rows(
         [r.sampler for r in rs],
         logits if len(live) == len(rows) else np.ascontiguousarray(logits[live]),
-        [h[0] for h in histories],
-        [h[1] for h in histories],
+        [r.prompt_ids for r in rs],
+        [r.output_ids for r in rs],
         [r.banned for r in rs],
         [r.params.logprobs for r in rs],
         [r.allowed for r in rs],
@@ -135,8 +135,9 @@ the chunk will take from the runner's pool (0 for a runner that computes it else
 chunk when resumed; it returns the hidden states. Closing it early frees what it holds."""
 
 
-def run_hidden_steps(steps: HiddenSteps) -> np.ndarray:
-    """Runs every chunk of ``steps`` at once and returns its hidden states."""
+def run_steps(steps: Generator[int, None, T]) -> T:
+    """Runs every piece of ``steps`` (a generator yielding the KV blocks its next piece takes, such
+    as ``hidden_state_steps``) at once and returns its result."""
     try:
         while True:
             next(steps)
@@ -257,7 +258,7 @@ class NativeRunner:
 
     def hidden_states(self, token_ids: list[int], rows: str = "all") -> np.ndarray:
         """The final-normed hidden states after every position (``rows="all"``) or the last."""
-        return run_hidden_steps(self.hidden_state_steps(token_ids, rows))
+        return run_steps(self.hidden_state_steps(token_ids, rows))
 
     def hidden_state_steps(
         self, token_ids: list[int], rows: str = "all", chunk_tokens: int | None = None

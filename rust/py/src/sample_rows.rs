@@ -30,7 +30,8 @@ struct Row {
 
 /// Samples row `i` of the 2-D float32 `logits` with `samplers[i]`, given that row's prompt and output
 /// ids, banned ids (or None), logprob count (or None) and allow-bitmask (or None), as
-/// `Sampler.sample` takes them; the first row's error, if any, is raised once every row has drawn.
+/// `Sampler.sample` takes them (the ids are read only for a sampler with penalties); the first row's
+/// error, if any, is raised once every row has drawn.
 #[pyfunction]
 #[pyo3(signature = (samplers, logits, prompt_ids, output_ids, banned, logprobs, allowed))]
 #[allow(clippy::too_many_arguments)]
@@ -53,18 +54,23 @@ pub fn sample_rows(
              logits row ({n} rows), got {lengths:?}"
         )));
     }
+    let mut guards = samplers.iter().map(|s| s.try_borrow_mut()).collect::<Result<Vec<_>, _>>()?;
+    // The prompt and output ids only feed the penalties: a sampler without them is not handed the
+    // (O(prompt length)) conversion every token.
     let rows = (0..n)
         .map(|i| {
+            let penalized = guards[i].inner.config().has_penalties();
+            let history =
+                |ids: &Bound<'_, PyAny>, name| if penalized { token_ids(Some(ids), name) } else { Ok(Vec::new()) };
             Ok(Row {
-                prompt: token_ids(Some(&prompt_ids[i]), "prompt_ids")?,
-                output: token_ids(Some(&output_ids[i]), "output_ids")?,
+                prompt: history(&prompt_ids[i], "prompt_ids")?,
+                output: history(&output_ids[i], "output_ids")?,
                 banned: token_ids(banned[i].as_ref(), "banned")?,
                 allowed: mask_words(allowed[i].as_ref())?,
                 logprobs: logprob_count(logprobs[i])?,
             })
         })
         .collect::<PyResult<Vec<Row>>>()?;
-    let mut guards = samplers.iter().map(|s| s.try_borrow_mut()).collect::<Result<Vec<_>, _>>()?;
     let cells: Vec<RowCell> = guards.iter_mut().map(|g| Mutex::new((&mut g.inner, None))).collect();
     let all = logits.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
     without_gil(py, || {
