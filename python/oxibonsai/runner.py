@@ -100,7 +100,8 @@ def sample_on_host(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[Draw]:
     """Each row of float32 ``logits`` through its request's logits processors, if any, then every
     row's Rust sampler at once, the rows in parallel (``_core.sample_rows``); no logprobs are computed
     for requests that did not ask (the normalizer is most of a greedy draw's cost), and the prompt and
-    output ids are read only by samplers with penalties (their conversion is O(prompt length) a token). A row whose processor raises gets a ``FailedDraw``."""
+    output ids are read only by samplers with penalties (their conversion is O(prompt length) a
+    token). A row whose processor raises gets a ``FailedDraw``."""
     draws: list[Draw | None] = [None] * len(rows)
     logits = np.ascontiguousarray(logits, dtype=np.float32)
     if any(r.params.logits_processors for r in rows):
