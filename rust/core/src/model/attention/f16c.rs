@@ -16,7 +16,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::prefetch_l2 as prefetch;
+use super::x86::{ahead, prefetch_l2 as prefetch, prefetch_scales, AHEAD};
 use super::{softmax_unnormalized, Head, BLOCK_TOKENS};
 use crate::kv::{KvElem, F16, I8};
 use crate::q1::Isa;
@@ -78,16 +78,16 @@ unsafe fn heads<E: Widen8, const H: usize>(head: &Head<E>, q: [&[f32]; H], out: 
     let seen = head.slot.pos + 1;
     let blocks = &head.slot.block_table[..seen.div_ceil(BLOCK_TOKENS)];
     let mut scores: [Vec<f32>; H] = std::array::from_fn(|_| Vec::with_capacity(blocks.len() * BLOCK_TOKENS));
-    for (b, &block) in blocks.iter().enumerate() {
-        // The next block's keys (or after the last one the first block's values) stream in meanwhile.
-        let next = match blocks.get(b + 1) {
-            Some(&next) => cache.keys(layer, next as usize, kv_head),
-            None => cache.values(layer, blocks[0] as usize, kv_head),
-        };
-        if let (true, Some(&next)) = (E::SCALED, blocks.get(b + 1)) {
-            prefetch(cache.key_scales(layer, next as usize, kv_head));
-            prefetch(cache.value_scales(layer, next as usize, kv_head));
+    for i in 0..AHEAD {
+        if let Some(piece) = ahead(head, blocks, i) {
+            prefetch(piece);
         }
+        prefetch_scales(head, blocks, i);
+    }
+    for (b, &block) in blocks.iter().enumerate() {
+        // Later keys (or after the last ones the first values) stream in meanwhile.
+        let next = ahead(head, blocks, b + AHEAD);
+        prefetch_scales(head, blocks, b + AHEAD);
         let used = (seen - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
         let keys = cache.keys(layer, block as usize, kv_head);
         let k_scales = cache.key_scales(layer, block as usize, kv_head);
@@ -99,7 +99,7 @@ unsafe fn heads<E: Widen8, const H: usize>(head: &Head<E>, q: [&[f32]; H], out: 
     let totals: [f32; H] = std::array::from_fn(|h| softmax_unnormalized(&mut scores[h]));
     out.fill(0.0);
     for (b, &block) in blocks.iter().enumerate() {
-        let next = blocks.get(b + 1).map(|&n| cache.values(layer, n as usize, kv_head));
+        let next = ahead(head, blocks, blocks.len() + b + AHEAD);
         let values = cache.values(layer, block as usize, kv_head);
         let v_scales = cache.value_scales(layer, block as usize, kv_head);
         let used = (seen - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
@@ -123,25 +123,25 @@ unsafe fn heads<E: Widen8, const H: usize>(head: &Head<E>, q: [&[f32]; H], out: 
 
 /// `q_h . k_j * scale` for the 16 keys of one block (stored `[dim][slot]`) and each head: keys 0..8,
 /// then keys 8..16, each in four partial sums (dimension `d % 4`) over the dimensions in order, added
-/// as `(s0 + s1) + (s2 + s3)` (times `k_scales` first for a scaled type). Prefetches `next` (as many
-/// bytes as `keys`) in the first pass.
+/// as `(s0 + s1) + (s2 + s3)` (times `k_scales` first for a scaled type). Prefetches `next` (a piece
+/// as long as `keys`) in the first pass.
 #[inline(always)]
 unsafe fn score_block<E: Widen8, const H: usize>(
     q: &[&[f32]; H],
     keys: &[E],
     k_scales: &[f32; BLOCK_TOKENS],
-    next: &[E],
+    next: Option<&[E]>,
     scale: f32,
 ) -> [[f32; BLOCK_TOKENS]; H] {
     let d = q[0].len();
-    assert!(keys.len() >= d * BLOCK_TOKENS && next.len() >= d * BLOCK_TOKENS && q.iter().all(|q| q.len() == d));
+    assert!(keys.len() >= d * BLOCK_TOKENS && q.iter().all(|q| q.len() == d));
     let s = _mm256_set1_ps(scale);
     let mut rows = [[0.0f32; BLOCK_TOKENS]; H];
     for half in 0..2 {
         let mut acc = [[_mm256_setzero_ps(); 4]; H];
         let whole = d / 4 * 4;
         for dim in (0..whole).step_by(4) {
-            if half == 0 {
+            if let (0, Some(next)) = (half, next) {
                 prefetch(&next[dim * BLOCK_TOKENS..(dim + 4) * BLOCK_TOKENS]);
             }
             add_keys::<E, H, 4>(&mut acc, q, keys, dim, half);
@@ -152,7 +152,7 @@ unsafe fn score_block<E: Widen8, const H: usize>(
             3 => add_keys::<E, H, 3>(&mut acc, q, keys, whole, half),
             _ => {}
         }
-        if half == 0 && d > whole {
+        if let (0, Some(next), true) = (half, next, d > whole) {
             prefetch(&next[whole * BLOCK_TOKENS..d * BLOCK_TOKENS]);
         }
         // SAFETY: `k_scales` holds 16 floats; this half's 8 start at `8 * half`.

@@ -1,9 +1,9 @@
 //! Grouped-query causal attention of a batch of tokens over the paged KV cache. Each (token, KV head)
 //! pair -- the query heads sharing that KV head -- is computed alone, reading keys and values through
 //! its sequence's block table, so a token's output is the same whether it ran in a prefill batch or
-//! alone in a decode step, and with any thread count. With f16 KV on x86-64 the query heads of a group
-//! share one read of their keys and values ([`avx512`] with AVX-512, [`f16c`] with AVX2 + F16C), as
-//! do those of int8 KV ([`f16c`]); elsewhere (f32 KV, other CPUs) each query head runs the per-head
+//! alone in a decode step, and with any thread count. With f16 or int8 KV on x86-64 the query heads of
+//! a group share one read of their keys and values ([`avx512`] with AVX-512 at head dim 64 or 128,
+//! else [`f16c`] with AVX2 + F16C); elsewhere (f32 KV, other CPUs) each query head runs the per-head
 //! loop below.
 //!
 //! Every build does the same arithmetic, so a token's output has the same bits on every instruction
@@ -97,12 +97,18 @@ impl AttendElem for f32 {
 }
 
 impl AttendElem for I8 {
-    /// The AVX2 group kernel where the CPU has AVX2, FMA and F16C; the generic loop per head elsewhere.
+    /// The AVX-512 group kernel where it applies; else the AVX2 one where the CPU has AVX2, FMA and
+    /// F16C; the generic loop per head elsewhere.
     fn attend_group(head: &Head<I8>, out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if f16c::available() {
-            // SAFETY: the CPU supports AVX2, FMA and F16C (checked just above).
-            return unsafe { f16c::attend_group(head, out) };
+        {
+            if avx512::attend_group(head, out) {
+                return;
+            }
+            if f16c::available() {
+                // SAFETY: the CPU supports AVX2, FMA and F16C (checked just above).
+                return unsafe { f16c::attend_group(head, out) };
+            }
         }
         per_head(head, out, head.cache.layout().head_dim, attend_body::<I8, Portable>)
     }
@@ -204,6 +210,7 @@ mod x86 {
 
     use super::{attend_body, Head};
     use crate::fused::Instruction;
+    use crate::kv::KvElem;
     use crate::q1::Isa;
 
     /// AVX2 with FMA and F16C, unless `OXIBONSAI_ISA` asks for less ([`Isa::detect`]).
@@ -214,6 +221,33 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn attend_avx2(head: &Head<f32>, out: &mut [f32]) {
         attend_body::<f32, Instruction>(head, out)
+    }
+
+    /// How many pieces ahead of the one being worked on a group kernel asks for (a piece is one
+    /// block's keys or values of one KV head, in [`ahead`]'s order). One ahead left a Zen 4 core
+    /// waiting on memory (`examples/attention_speed`, one thread): two ahead took f16 at 512
+    /// positions from 3.38-3.53 to 2.86 ms a token and int8 from 2.49-2.56 to 2.05.
+    pub const AHEAD: usize = 3;
+
+    /// Piece `i` of what `head`'s group reads over `blocks`, in the order it reads them: every
+    /// block's keys, then every block's values; `None` past the end.
+    #[inline(always)]
+    pub fn ahead<'a, E: KvElem>(head: &Head<'a, E>, blocks: &[u32], i: usize) -> Option<&'a [E]> {
+        let (cache, layer, kv_head) = (head.cache, head.layer, head.kv_head);
+        match blocks.get(i) {
+            Some(&b) => Some(cache.keys(layer, b as usize, kv_head)),
+            None => blocks.get(i - blocks.len()).map(|&b| cache.values(layer, b as usize, kv_head)),
+        }
+    }
+
+    /// Asks for the row scales of block `blocks[i]` (keys' and values'), where it exists and `E` has
+    /// them.
+    #[inline(always)]
+    pub fn prefetch_scales<E: KvElem>(head: &Head<E>, blocks: &[u32], i: usize) {
+        if let (true, Some(&b)) = (E::SCALED, blocks.get(i)) {
+            prefetch_l2(head.cache.key_scales(head.layer, b as usize, head.kv_head));
+            prefetch_l2(head.cache.value_scales(head.layer, b as usize, head.kv_head));
+        }
     }
 
     /// Asks for the cache lines of `piece` into L2 (`T1`), without waiting for them. Into L2 rather
@@ -329,12 +363,12 @@ mod tests {
         true
     }
 
-    /// The f16 group kernels this CPU can run, by name; each returns false where it declines.
+    /// The group kernels of `E` this CPU can run, by name; each returns false where it declines.
     #[cfg(target_arch = "x86_64")]
-    fn group_kernels() -> Vec<(&'static str, GroupKernel<F16>)> {
-        let mut kernels: Vec<(&'static str, GroupKernel<F16>)> = vec![("avx512", avx512::attend_group)];
+    fn group_kernels<E: f16c::Widen8 + avx512::Widen16>() -> Vec<(&'static str, GroupKernel<E>)> {
+        let mut kernels: Vec<(&'static str, GroupKernel<E>)> = vec![("avx512", avx512::attend_group::<E>)];
         if f16c::available() {
-            kernels.push(("f16c", f16c_group::<F16>));
+            kernels.push(("f16c", f16c_group::<E>));
         }
         kernels
     }
@@ -369,11 +403,11 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn group_kernels_match_the_per_head_loop_bit_for_bit() {
-        for (name, kernel) in group_kernels() {
+        for (name, kernel) in group_kernels::<F16>() {
             check_group_kernel::<F16>(name, kernel);
         }
-        if f16c::available() {
-            check_group_kernel::<I8>("f16c int8", f16c_group::<I8>);
+        for (name, kernel) in group_kernels::<I8>() {
+            check_group_kernel::<I8>(&format!("{name} int8"), kernel);
         }
     }
 }
