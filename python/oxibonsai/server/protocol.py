@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from oxibonsai.beam_search import MAX_BEAM_WIDTH, BeamSearchParams
 from oxibonsai.sampling_params import MAX_LOGPROBS, SamplingParams
 from oxibonsai.server.forced_tools import forced_calls_grammar, strict_calls_tag
+from oxibonsai.server.tool_parser import CLOSE_TAG
 from oxibonsai.structured_output import StructuredOutputsParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -470,6 +471,34 @@ class ChatCompletionRequest(_SamplingFields):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def sampling_params(
+        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+    ) -> SamplingParams:
+        """The fields' parameters; with ``parallel_tool_calls: false`` and the choice to call left to
+        the model, generation also stops where its first call closes (``stops_at_first_call``)."""
+        params = super().sampling_params(max_tokens, logprobs, prompt_logprobs)
+        if self.stops_at_first_call():
+            params.stop = [*(params.stop or []), CLOSE_TAG]
+        return params
+
+    def stops_at_first_call(self) -> bool:
+        """Whether the output ends at the first ``</tool_call>``: ``parallel_tool_calls`` is false and
+        ``tool_choice`` is ``"auto"`` (``"required"``'s grammar allows one call then, a named
+        function's always one), unless the request's own ``stop`` has that string. OpenAI's rule is
+        at most one call; vLLM drops the calls after the first, this also spends no tokens on them."""
+        own_stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return (
+            self.parallel_tool_calls is False
+            and self.parses_tools()
+            and self.tool_choice in (None, "auto")
+            and CLOSE_TAG not in own_stops
+        )
+
+    def ended_at_first_call(self, stop_reason: int | str | None) -> bool:
+        """Whether an output stopped on ``stops_at_first_call``'s string, which its text then lacks
+        (unless ``include_stop_str_in_output``)."""
+        return stop_reason == CLOSE_TAG and self.stops_at_first_call()
 
     def parses_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"

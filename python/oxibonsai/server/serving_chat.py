@@ -2,9 +2,11 @@
 request, and engine outputs to a ``chat.completion`` response or its SSE chunks. With ``tools``, the
 Qwen3/Hermes ``<tool_call>`` blocks in the output become ``tool_calls`` (``finish_reason:
 "tool_calls"``, or ``"stop"`` where ``tool_choice`` named the function), in streams too; the text
-around them stays ``content``. With a reasoning parser, the output's ``<think>`` block (or the block
-the prompt opened) becomes ``reasoning`` and ``reasoning_content`` first, and tool calls are looked
-for in the rest. vLLM's ``prompt_logprobs`` (not streamed) come at the response's top level."""
+around them stays ``content``; with ``parallel_tool_calls: false`` the engine stops at the first
+call's ``</tool_call>``, which is put back for the parser. With a reasoning parser, the output's
+``<think>`` block (or the block the prompt opened) becomes ``reasoning`` and ``reasoning_content``
+first, and tool calls are looked for in the rest. vLLM's ``prompt_logprobs`` (not streamed) come at
+the response's top level."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from oxibonsai.server.openai_format import (
 from oxibonsai.server.protocol import ChatCompletionRequest
 from oxibonsai.server.reasoning import StreamingReasoningParser, prompt_opens_reasoning, split_reasoning
 from oxibonsai.server.streaming import ChoiceCursor, error_event
-from oxibonsai.server.tool_parser import StreamingToolParser, ToolCall, parse_tool_calls
+from oxibonsai.server.tool_parser import CLOSE_TAG, StreamingToolParser, ToolCall, parse_tool_calls
 
 # Template variables a request's chat_template_kwargs may not override.
 _RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -70,6 +72,18 @@ def _finish(req: ChatCompletionRequest, reason: str | None, made_tool_calls: boo
     return "tool_calls" if made_tool_calls and reason == "stop" and not req.names_a_function() else reason
 
 
+def _closing_tag(req: ChatCompletionRequest, stop_reason: int | str | None) -> str:
+    """The ``</tool_call>`` an output that stopped at its first call lacks (the engine keeps a stop
+    string out of the text), so the call parses; "" for any other output."""
+    ended = req.ended_at_first_call(stop_reason) and not req.include_stop_str_in_output
+    return CLOSE_TAG if ended else ""
+
+
+def _stop_reason(req: ChatCompletionRequest, stop_reason: int | str | None) -> int | str | None:
+    """The output's ``stop_reason``; None where it is the server's own stop at the first call."""
+    return None if req.ended_at_first_call(stop_reason) else stop_reason
+
+
 class ChatServing:
     def __init__(self, engine: AsyncLLM, config: ServerConfig) -> None:
         self._engine = engine
@@ -93,7 +107,7 @@ class ChatServing:
 
     def choice(self, req: ChatCompletionRequest, index: int, out: RequestOutput) -> dict[str, Any]:
         completion = out.outputs[0]
-        reasoning, content = None, completion.text
+        reasoning, content = None, completion.text + _closing_tag(req, completion.stop_reason)
         parser = self._config.reasoning_parser
         if parser is not None:
             reasoning, content = split_reasoning(content, parser, prompt_opens_reasoning(out.prompt, parser))
@@ -111,7 +125,7 @@ class ChatServing:
             "message": message,
             "logprobs": self._logprobs(req, completion.token_ids, completion.logprobs),
             "finish_reason": _finish(req, completion.finish_reason, bool(calls)),
-            "stop_reason": completion.stop_reason,
+            "stop_reason": _stop_reason(req, completion.stop_reason),
         }
 
     async def full_response(
@@ -184,6 +198,8 @@ class ChatStream:
         text = cursor.new_text(completion.text)
         tokens, entries = cursor.new_tokens(completion.token_ids, completion.logprobs)
         finished = completion.finish_reason is not None
+        if finished:
+            text += _closing_tag(self._req, completion.stop_reason)
         reasoning, text = self._reason(index, out.prompt, text, finished)
         content, calls = self._parse(index, text, finished)
         logprobs = self._serving._logprobs(self._req, tokens, entries)
