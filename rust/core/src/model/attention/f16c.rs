@@ -1,7 +1,7 @@
-//! The AVX2 + FMA + F16C group kernel for f16 KV (on CPUs without AVX-512) and int8 KV (on every
-//! x86-64 CPU with AVX2): the query heads of one KV head, two at a time, share every load and widening
-//! of their keys and values, and the next block's keys or values are asked into L2 a line at a time
-//! while a block is worked on (a block's pieces are scattered by the block table). Per head it does
+//! The AVX2 + FMA + F16C group kernel for f16 and int8 KV on CPUs without AVX-512 (and at head dims
+//! the AVX-512 kernel declines): the query heads of one KV head, two at a time, share every load and
+//! widening of their keys and values, and the keys or values three blocks on are asked into L2 a line
+//! at a time while a block is worked on (a block's pieces are scattered by the block table). Per head it does
 //! the per-head loop's arithmetic (the module doc of [`super`]) bit for bit: keys 0..8 and then 8..16
 //! of a block in four partial sums each (times the keys' row scales for int8), the softmax,
 //! `out = fma(w, v, out)` (`w` times the value's row scale for int8), times `1 / total` at the end.
