@@ -230,6 +230,51 @@ def test_async_embed_waits_for_blocks_and_fails_when_they_never_come(tiny_model,
         engine.shutdown()
 
 
+def test_an_embedding_waits_for_another_jobs_blocks(tiny_model, rng):
+    """In a cache of 7 blocks with 64-token chunks, a 100-token embedding takes 4 blocks, then 3; a
+    70-token one queued beside it needs 4 at once, so it waits for the first to end (it used to fail,
+    nothing running)."""
+    engine = ob.AsyncLLM(tiny_model, max_num_batched_tokens=64, kv_cache_blocks=7, max_model_len=128)
+    first, second = random_ids(rng, 800, 100), random_ids(rng, 800, 70)
+
+    async def go() -> list[Any]:
+        with parked(engine):  # both start in the same turn of the loop
+            jobs = [await embedding_queued(engine, [ids]) for ids in (first, second)]
+        return [(await job)[0] for job in jobs]
+
+    try:
+        done = asyncio.run(go())
+        alone = ob.LLM(tiny_model).embed([first, second])
+        assert [d.outputs.embedding for d in done] == [a.outputs.embedding for a in alone]
+        assert blocks_held(engine) == 0
+    finally:
+        engine.shutdown()
+
+
+def test_of_two_embeddings_holding_what_the_other_needs_one_fails(tiny_model, rng):
+    """32-token chunks (2 blocks) of two 100-token embeddings in 7 blocks: after two chunks each, 1
+    block is free and both need 2; nothing else will free any, so one fails and the other ends."""
+    engine = ob.AsyncLLM(tiny_model, max_num_batched_tokens=32, kv_cache_blocks=7, max_model_len=128)
+    prompts = [random_ids(rng, 800, 100) for _ in range(2)]
+
+    async def go() -> list[Any]:
+        with parked(engine):
+            jobs = [await embedding_queued(engine, [ids]) for ids in prompts]
+        return await asyncio.gather(*jobs, return_exceptions=True)
+
+    try:
+        outcomes = asyncio.run(go())
+        failed = [i for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
+        assert len(failed) == 1, outcomes
+        error, (ok,) = outcomes[failed[0]], [o for o in outcomes if not isinstance(o, BaseException)]
+        assert isinstance(error, ValueError) and "cannot hold this embedding prompt" in str(error)
+        want = ob.LLM(tiny_model).embed([prompts[1 - failed[0]]])[0]
+        assert ok[0].outputs.embedding == want.outputs.embedding
+        assert blocks_held(engine) == 0
+    finally:
+        engine.shutdown()
+
+
 def test_shutdown_fails_a_waiting_embedding(tiny_model, rng):
     engine = ob.AsyncLLM(tiny_model, max_num_batched_tokens=16)
 

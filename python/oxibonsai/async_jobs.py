@@ -7,9 +7,11 @@ yields the KV blocks its next piece takes, and returns its result) and the calle
 only the step loop advances it, under the engine lock.
 
 A piece runs only when the KV cache can give it its blocks (free or evictable), as the scheduler's
-own requests finish or are preempted; with nothing else running, a piece the cache cannot hold fails
-the job with a ``ValueError``. Closing a job (cancelled, failed, the engine shut down) closes its
-generators, which frees the sequences they hold."""
+own requests finish or are preempted and other jobs end; once nothing else can free any (no request
+runs, and every other job waited its last turn), a piece the cache cannot hold fails its job with a
+``ValueError`` (so of two jobs that each hold what the other needs, one fails and the other goes
+on). Closing a job (cancelled, failed, the engine shut down) closes its generators, which frees the
+sequences they hold."""
 
 from __future__ import annotations
 
@@ -34,22 +36,24 @@ class LoopJob:
         self._outputs: list[Any] = []
         self._need: int | None = None  # blocks the next piece takes, once its generator said so
         self.cancelled = False
+        self.pieces_run = 0
 
-    def advance(self, available_blocks: int, engine_idle: bool) -> bool:
+    def advance(self, available_blocks: int, nothing_frees_blocks: bool) -> bool:
         """Runs the next piece if the cache has its blocks (else waits for another call); True once
-        every generator is done. ``engine_idle``: no request runs, so no blocks will be freed (waiting
-        requests hold none) and a piece that does not fit never will (a ``ValueError``)."""
+        every generator is done. ``nothing_frees_blocks``: no request runs and no other job will end
+        (waiting requests hold none), so a piece that does not fit never will (a ``ValueError``)."""
         need = self._next_need()
         if need is None:
             return True
         if need > available_blocks:
-            if engine_idle:
+            if nothing_frees_blocks:
                 raise ValueError(
                     f"the KV cache cannot hold this {self._what}: its next step needs {need} more blocks, "
                     f"{available_blocks} are free; raise kv_cache_blocks or shorten the prompt"
                 )
             return False
         steps = self._steps[0]
+        self.pieces_run += 1
         try:
             self._need = steps.send(None)
         except StopIteration as done:

@@ -160,6 +160,7 @@ class AsyncLLM:
         self._mailboxes: dict[str, _Mailbox] = {}
         self._dropped: deque[str] = deque()  # appended by finalizers without the lock
         self._jobs: deque[LoopJob] = deque()  # appended under _work's lock, run by the loop
+        self._jobs_waited = 0  # turns in a row in which a job found no room for its piece
         self._dead: BaseException | None = None
         self._closed = False
         self._metrics: EngineMetrics = self._engine.metrics
@@ -321,14 +322,23 @@ class AsyncLLM:
         turns); a job's error is its caller's only."""
         while self._jobs and self._jobs[0].cancelled:
             self._jobs.popleft().close()
+            self._jobs_waited = 0  # its blocks are free now
         if not self._jobs:
             return
         job = self._jobs.popleft()
+        # Every other job waited its turn since a piece last ran: none of them will free blocks.
+        others_stuck = self._jobs_waited >= len(self._jobs)
+        pieces = job.pieces_run
         try:
-            done = job.advance(self._engine.available_blocks(), engine_idle=self._engine.num_running == 0)
+            done = job.advance(
+                self._engine.available_blocks(),
+                nothing_frees_blocks=self._engine.num_running == 0 and others_stuck,
+            )
         except Exception as error:
+            self._jobs_waited = 0  # its blocks are free now
             job.fail(error)
             return
+        self._jobs_waited = self._jobs_waited + 1 if job.pieces_run == pieces and not done else 0
         if done:
             job.resolve()
         else:
