@@ -167,6 +167,14 @@ class AsyncLLM:
         self._thread = threading.Thread(target=self._run, name="oxibonsai-step-loop", daemon=True)
         self._thread.start()
 
+    @property
+    def default_sampling_fields(self) -> dict[str, Any]:
+        """The sampling fields the model recommends (``LLM.default_sampling_fields``)."""
+        return self._llm.default_sampling_fields
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return self._llm.get_default_sampling_params()
+
     # -- requests ---------------------------------------------------------------------------------
 
     def generate(
@@ -183,7 +191,7 @@ class AsyncLLM:
         ``request_id``, or an engine that is shut down or failed (``EngineDeadError``). With
         ``n > 1`` the stream is a ``SampleGroupStream``: each output holds all ``n`` completions so far
         (the later samples start from the first one's cached prompt, ``oxibonsai.async_samples``)."""
-        params = SamplingParams() if sampling_params is None else sampling_params
+        params = self._llm.get_default_sampling_params() if sampling_params is None else sampling_params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         if params.n > 1:

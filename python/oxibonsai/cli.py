@@ -17,11 +17,13 @@ from typing import Any
 import numpy as np
 
 from oxibonsai import _core
+from oxibonsai.generation_config import model_sampling_defaults
 from oxibonsai.llm import LLM, default_model_path
 from oxibonsai.outputs import RequestOutput
 from oxibonsai.sampling_params import SamplingParams
 from oxibonsai.server.cli_args import (
     add_device_flags,
+    add_generation_config_flag,
     add_kv_dtype_flag,
     add_rope_flags,
     add_serve_flags,
@@ -51,11 +53,13 @@ def _sampling_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--min-tokens", type=int, default=0)
-    g.add_argument("--temperature", type=float, default=0.7)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    # Left out: the model's recommended value (--generation-config auto), else _FALLBACK's or
+    # SamplingParams' default.
+    g.add_argument("--temperature", type=float, default=None, help="default: the model's, else 0.7")
+    g.add_argument("--top-k", type=int, default=None, help="default: the model's, else 0 (off)")
+    g.add_argument("--top-p", type=float, default=None, help="default: the model's, else 1.0")
+    g.add_argument("--min-p", type=float, default=None, help="default: the model's, else 0.0")
+    g.add_argument("--repetition-penalty", type=float, default=None, help="default: the model's, else 1.0")
     g.add_argument("--presence-penalty", type=float, default=0.0)
     g.add_argument("--frequency-penalty", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None)
@@ -84,12 +88,19 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     add_kv_dtype_flag(p)
     add_device_flags(p)
     add_rope_flags(p)
+    add_generation_config_flag(p)
 
 
-def _params(args: argparse.Namespace) -> SamplingParams:
-    """Every sampling flag is named after its ``SamplingParams`` field; the constraint flags make its
-    ``structured_outputs``."""
-    fields = {name: getattr(args, name) for name in _SAMPLING_FIELDS}
+# The CLI's own default where neither the flag nor the model gives a value (else SamplingParams').
+_FALLBACK = {"temperature": 0.7}
+
+
+def _params(args: argparse.Namespace, llm: LLM) -> SamplingParams:
+    """Every sampling flag is named after its ``SamplingParams`` field; one left out takes the model's
+    recommended value (``LLM.default_sampling_fields``), else ``_FALLBACK``'s; the constraint flags
+    make its ``structured_outputs``."""
+    fields = {**_FALLBACK, **llm.default_sampling_fields}
+    fields.update({name: getattr(args, name) for name in _SAMPLING_FIELDS if getattr(args, name) is not None})
     return SamplingParams(**fields, structured_outputs=_structured(args))
 
 
@@ -120,11 +131,20 @@ def _load(args: argparse.Namespace) -> LLM:
         num_threads=args.threads,
         max_model_len=args.max_model_len,
         kv_cache_dtype=args.kv_cache_dtype,
+        generation_config=args.generation_config,
         **device_args(args),
         **rope_args(args),
     )
     print(f"[loaded {llm.model_path.name} in {time.perf_counter() - start:.2f}s]", file=sys.stderr)
+    if llm.default_sampling_fields:
+        defaults = _fields_text(llm.default_sampling_fields)
+        note = f"[the model's sampling defaults: {defaults}; --generation-config vllm ignores them]"
+        print(note, file=sys.stderr)
     return llm
+
+
+def _fields_text(fields: dict[str, Any]) -> str:
+    return ", ".join(f"{name}={value}" for name, value in fields.items())
 
 
 def _print_stream(outputs: Iterator[RequestOutput]) -> RequestOutput | None:
@@ -154,14 +174,14 @@ def _timing_line(out: RequestOutput | None) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     llm = _load(args)
-    _timing_line(_print_stream(llm.stream(args.prompt, _params(args))))
+    _timing_line(_print_stream(llm.stream(args.prompt, _params(args, llm))))
     return 0
 
 
 def _chat(args: argparse.Namespace) -> int:
     llm = _load(args)
     history: list[dict[str, Any]] = [{"role": "system", "content": args.system}] if args.system else []
-    params = _params(args)
+    params = _params(args, llm)
     print("[chat: an empty line or Ctrl-D ends the session]", file=sys.stderr)
     while True:
         try:
@@ -203,6 +223,8 @@ def _info(args: argparse.Namespace) -> int:
     )
     template = meta.get("tokenizer.chat_template")
     print(f"chat template: {len(template)} characters" if template else "chat template: none")
+    defaults = model_sampling_defaults(meta)
+    print(f"sampling defaults: {_fields_text(defaults)}" if defaults else "sampling defaults: none")
     return 0
 
 

@@ -25,6 +25,7 @@ from oxibonsai.beam_search import (
 )
 from oxibonsai.embedding import check_pooling, model_pooling, pooled
 from oxibonsai.engine import Engine, SchedulerConfig
+from oxibonsai.generation_config import model_sampling_defaults
 from oxibonsai.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from oxibonsai.progress import PROGRESS_MIN_PROMPTS, Progress
 from oxibonsai.rope_scaling import RopeScaling
@@ -111,6 +112,9 @@ class LLM:
     ``rope_scaling`` (a ``RopeScaling`` or its Hugging Face dict, e.g. ``{"rope_type": "yarn",
     "factor": 4.0, "original_max_position_embeddings": 32768}``) and ``rope_theta`` replace the
     file's; a scaling lets ``max_model_len`` reach ``factor`` x the original context.
+    ``generation_config``: ``"auto"`` takes the sampling defaults the GGUF recommends (its
+    ``general.sampling.*`` keys: ``default_sampling_fields``) for calls without ``SamplingParams``;
+    ``"vllm"`` ignores them (``oxibonsai.generation_config``).
     """
 
     def __init__(
@@ -140,6 +144,7 @@ class LLM:
         reasoning_parser: str | None = None,
         rope_scaling: RopeScaling | Mapping[str, Any] | str | None = None,
         rope_theta: float | None = None,
+        generation_config: str = "auto",
     ) -> None:
         path = Path(model) if model is not None else default_model_path()
         if not path.exists():
@@ -152,6 +157,7 @@ class LLM:
         self.model_path = path
         self.metadata: dict[str, Any] = _core.GGUFFile(path).metadata
         self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
+        self.default_sampling_fields = model_sampling_defaults(self.metadata, generation_config)
         kv = {
             "max_model_len": max_model_len,
             "kv_cache_blocks": kv_cache_blocks,
@@ -197,6 +203,11 @@ class LLM:
     @property
     def config(self) -> dict[str, Any]:
         return self._runner.config
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a call without ``sampling_params`` samples with (vLLM's name): ``SamplingParams()``
+        with the model's recommended fields (``default_sampling_fields``) in place of the library's."""
+        return SamplingParams(**self.default_sampling_fields)
 
     @property
     def device(self) -> str:
@@ -375,7 +386,9 @@ class LLM:
     ) -> Iterator[RequestOutput]:
         """Yields the request's cumulative output after every generated token; the last one is finished.
         Closing the iterator early aborts the request and frees its KV blocks."""
-        request_id = self._add(self._prompt_list(prompt)[0], sampling_params or SamplingParams(), stream=True)
+        request_id = self._add(
+            self._prompt_list(prompt)[0], sampling_params or self.get_default_sampling_params(), stream=True
+        )
         try:
             while self._engine.has_unfinished():
                 for out in self._engine.step():
@@ -509,12 +522,11 @@ class LLM:
             return [items]
         return items
 
-    @staticmethod
     def _params_list(
-        params: SamplingParams | Sequence[SamplingParams] | None, n: int
+        self, params: SamplingParams | Sequence[SamplingParams] | None, n: int
     ) -> list[SamplingParams]:
         if params is None:
-            return [SamplingParams() for _ in range(n)]
+            return [self.get_default_sampling_params() for _ in range(n)]
         if isinstance(params, SamplingParams):
             return [params] * n
         out = list(params)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from oxibonsai.generation_config import GENERATION_CONFIGS
 from oxibonsai.rope_scaling import RopeScaling
 from oxibonsai.server.config import DEFAULT_MAX_BODY_BYTES
 from oxibonsai.structured_output import REASONING_TOKENS
@@ -31,6 +32,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_kv_dtype_flag(engine)
     add_device_flags(engine)
     add_rope_flags(engine)
+    add_generation_config_flag(engine)
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--scheduling-policy", default="priority", choices=["priority", "longest_prefix"])
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
@@ -105,6 +107,17 @@ def _rope_scaling(text: str) -> RopeScaling | None:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+def add_generation_config_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """vLLM's ``--generation-config``: ``auto`` samples with the GGUF's recommended defaults where a
+    request leaves a field unset, ``vllm`` with the library's (``oxibonsai.generation_config``)."""
+    p.add_argument(
+        "--generation-config",
+        default="auto",
+        choices=list(GENERATION_CONFIGS),
+        help="auto: unset sampling fields take the GGUF's general.sampling.* values; vllm: ignore them",
+    )
+
+
 KV_CACHE_DTYPES = ["auto", "f16", "f32", "int8"]
 
 
@@ -130,4 +143,5 @@ def engine_args(args: argparse.Namespace) -> dict[str, Any]:
         "enable_prefix_caching": args.enable_prefix_caching,
         "enable_chunked_prefill": args.enable_chunked_prefill,
         "reasoning_parser": args.reasoning_parser,
+        "generation_config": args.generation_config,
     }

@@ -121,6 +121,7 @@ def serve(args: argparse.Namespace) -> int:
         log.warning(
             "binding %s without --api-key: anyone who can reach this port can use the model", args.host
         )
+    _log_sampling_defaults(model_path, args.generation_config)
     if args.replicas > 1 or args.ray_address is not None:
         from oxibonsai.server.scale_out.app import serve_ray
 
@@ -141,6 +142,20 @@ def serve(args: argparse.Namespace) -> int:
     if not server.started:
         return 1
     return 1 if server.engine_died else 0
+
+
+def _log_sampling_defaults(path: str, generation_config: str) -> None:
+    """Says which sampling fields a request that leaves them out gets from the GGUF (as vLLM says
+    its generation config overrides its defaults)."""
+    from oxibonsai import GGUFFile
+    from oxibonsai.generation_config import model_sampling_defaults
+
+    defaults = model_sampling_defaults(GGUFFile(path).metadata, generation_config)
+    if defaults:
+        log.info(
+            "requests that leave them out sample with the model's %s (--generation-config vllm: not)",
+            ", ".join(f"{k}={v}" for k, v in defaults.items()),
+        )
 
 
 def _gguf_name(path: str) -> str | None:

@@ -16,6 +16,7 @@ engine's ``SamplingParams``."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
@@ -246,10 +247,15 @@ class _SamplingFields(_Strict):
         return force or (self.stream_options is not None and self.stream_options.include_usage)
 
     def sampling_params(
-        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+        self,
+        max_tokens: int | None,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+        defaults: Mapping[str, Any] | None = None,
     ) -> SamplingParams:
-        """The engine's parameters; fields left out take vLLM's defaults. ``max_tokens`` is the checked
-        output budget; a negative ``seed`` is taken modulo 2**64."""
+        """The engine's parameters; fields left out take ``defaults`` (the model's recommended ones,
+        ``oxibonsai.generation_config``), else vLLM's. ``max_tokens`` is the checked output budget; a
+        negative ``seed`` is taken modulo 2**64."""
         given: dict[str, Any] = {
             name: getattr(self, name)
             for name in (
@@ -258,6 +264,7 @@ class _SamplingFields(_Strict):
             )
             if getattr(self, name) is not None
         }  # fmt: skip
+        given = {**(defaults or {}), **given}
         return SamplingParams(
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
@@ -473,11 +480,15 @@ class ChatCompletionRequest(_SamplingFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def sampling_params(
-        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+        self,
+        max_tokens: int | None,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+        defaults: Mapping[str, Any] | None = None,
     ) -> SamplingParams:
         """The fields' parameters; with ``parallel_tool_calls: false`` and the choice to call left to
         the model, generation also stops where its first call closes (``stops_at_first_call``)."""
-        params = super().sampling_params(max_tokens, logprobs, prompt_logprobs)
+        params = super().sampling_params(max_tokens, logprobs, prompt_logprobs, defaults)
         if self.stops_at_first_call():
             params.stop = [*(params.stop or []), CLOSE_TAG]
         return params

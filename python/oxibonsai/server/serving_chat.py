@@ -97,7 +97,8 @@ class ChatServing:
             beams = req.beam_search_params(budget)
             return await BeamSamples.start(self._engine, [prompt], beams, priority=req.priority)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = req.sampling_params(budget, logprobs, req.prompt_logprobs)
+        defaults = self._engine.default_sampling_fields
+        params = req.sampling_params(budget, logprobs, req.prompt_logprobs, defaults)
         return await Samples.start(self._engine, [(prompt, params)], req.n, priority=req.priority)
 
     def _logprobs(self, req: ChatCompletionRequest, tokens: list[int], entries: Any) -> dict[str, Any] | None:

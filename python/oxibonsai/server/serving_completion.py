@@ -53,8 +53,10 @@ class CompletionServing:
         if req.use_beam_search:
             beams = req.beam_search_params(min(budget for _, budget in jobs))
             return await BeamSamples.start(self._engine, [p for p, _ in jobs], beams, priority=req.priority)
+        defaults = self._engine.default_sampling_fields
         params = [
-            (p, req.sampling_params(budget, req.logprobs, req.scored_prompt_logprobs)) for p, budget in jobs
+            (p, req.sampling_params(budget, req.logprobs, req.scored_prompt_logprobs, defaults))
+            for p, budget in jobs
         ]
         return await Samples.start(self._engine, params, req.n, priority=req.priority)
 

@@ -19,6 +19,7 @@ from ray.serve.config import HTTPOptions, RequestRouterConfig
 
 from oxibonsai import GGUFFile
 from oxibonsai._core import gguf_rope_scaling
+from oxibonsai.generation_config import model_sampling_defaults
 from oxibonsai.llm import default_model_path
 from oxibonsai.rope_scaling import RopeScaling
 from oxibonsai.runner import BLOCK_TOKENS, DEFAULT_MAX_MODEL_LEN
@@ -69,9 +70,10 @@ def build_ray_app(
     ).bind(model_path, engine_args, app_name, config.served_model_name, config.prefix_cache_file)
     max_model_len = engine_args.get("max_model_len")
     rope_scaling = RopeScaling.parse(engine_args.get("rope_scaling"))
+    generation_config = engine_args.get("generation_config", "auto")
 
     def builder() -> FastAPI:  # a plain function: Serve calls it on the ingress replica
-        return _ingress_app(model_path, config, app_name, max_model_len, rope_scaling)
+        return _ingress_app(model_path, config, app_name, max_model_len, rope_scaling, generation_config)
 
     ingress = serve.deployment(
         serve.ingress(builder)(), name=INGRESS_DEPLOYMENT, num_replicas=1, ray_actor_options={"num_cpus": 0}
@@ -114,6 +116,7 @@ def _ingress_app(
     app_name: str,
     max_model_len: int | None,
     rope_scaling: RopeScaling | None,
+    generation_config: str,
 ) -> FastAPI:
     """The single-process server's app over the engine deployment (built on the ingress replica)."""
     file = GGUFFile(model_path)
@@ -127,6 +130,7 @@ def _ingress_app(
         Tokenizer.from_gguf_metadata(metadata),
         max_model_len=max_model_len or min(context, DEFAULT_MAX_MODEL_LEN),
         block_size=BLOCK_TOKENS,
+        default_sampling_fields=model_sampling_defaults(metadata, generation_config),
     )
     # The replicas load the prefix-cache file (EngineReplica); the ingress holds no KV.
     ingress_config = dataclasses.replace(config, prefix_cache_file=None)

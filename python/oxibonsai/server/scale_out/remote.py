@@ -88,11 +88,19 @@ class RemoteEngine:
     period in which replicas load their model."""
 
     def __init__(
-        self, handle: Any, board: Any, tokenizer: Tokenizer, *, max_model_len: int, block_size: int
+        self,
+        handle: Any,
+        board: Any,
+        tokenizer: Tokenizer,
+        *,
+        max_model_len: int,
+        block_size: int,
+        default_sampling_fields: dict[str, Any] | None = None,
     ) -> None:
         self._handle = handle.options(stream=True)
         self._board = board
         self.tokenizer = tokenizer
+        self.default_sampling_fields = dict(default_sampling_fields or {})
         self.max_model_len = max_model_len
         self.block_size = block_size
         self._posts: dict[str, dict[str, Any]] = {}
