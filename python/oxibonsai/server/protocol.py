@@ -246,6 +246,10 @@ class _SamplingFields(_Strict):
         """Whether a stream ends with a usage chunk (asked for, or forced by the server)."""
         return force or (self.stream_options is not None and self.stream_options.include_usage)
 
+    def server_stops(self) -> list[str]:
+        """Stop strings the server adds to the request's own (none here)."""
+        return []
+
     def sampling_params(
         self,
         max_tokens: int | None,
@@ -269,7 +273,7 @@ class _SamplingFields(_Strict):
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
             seed=None if self.seed is None else self.seed % 2**64,
-            stop=self.stop,
+            stop=[*_stop_list(self.stop), *self.server_stops()],
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
@@ -284,6 +288,10 @@ class _SamplingFields(_Strict):
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             **given,
         )
+
+
+def _stop_list(stop: str | list[str] | None) -> list[str]:
+    return [stop] if isinstance(stop, str) else list(stop or [])
 
 
 PromptField = str | list[str] | list[TokenId] | list[list[TokenId]]
@@ -479,31 +487,21 @@ class ChatCompletionRequest(_SamplingFields):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def sampling_params(
-        self,
-        max_tokens: int | None,
-        logprobs: int | None,
-        prompt_logprobs: int | None = None,
-        defaults: Mapping[str, Any] | None = None,
-    ) -> SamplingParams:
-        """The fields' parameters; with ``parallel_tool_calls: false`` and the choice to call left to
-        the model, generation also stops where its first call closes (``stops_at_first_call``)."""
-        params = super().sampling_params(max_tokens, logprobs, prompt_logprobs, defaults)
-        if self.stops_at_first_call():
-            params.stop = [*(params.stop or []), CLOSE_TAG]
-        return params
+    def server_stops(self) -> list[str]:
+        """With ``parallel_tool_calls: false`` and the choice to call left to the model, generation also
+        stops where its first call closes (``stops_at_first_call``)."""
+        return [CLOSE_TAG] if self.stops_at_first_call() else []
 
     def stops_at_first_call(self) -> bool:
         """Whether the output ends at the first ``</tool_call>``: ``parallel_tool_calls`` is false and
         ``tool_choice`` is ``"auto"`` (``"required"``'s grammar allows one call then, a named
         function's always one), unless the request's own ``stop`` has that string. OpenAI's rule is
         at most one call; vLLM drops the calls after the first, this also spends no tokens on them."""
-        own_stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
         return (
             self.parallel_tool_calls is False
             and self.parses_tools()
             and self.tool_choice in (None, "auto")
-            and CLOSE_TAG not in own_stops
+            and CLOSE_TAG not in _stop_list(self.stop)
         )
 
     def ended_at_first_call(self, stop_reason: int | str | None) -> bool:
