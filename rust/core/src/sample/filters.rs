@@ -40,20 +40,18 @@ pub(crate) fn weights(x: &mut [f32], cand: &[u32], max: f32, t: f32) -> f64 {
         .sum()
 }
 
-/// The sum of the candidates' weights, in candidate order.
-pub(crate) fn total(w: &[f32], cand: &[u32]) -> f64 {
-    if cand.len() == w.len() {
-        return sum(w);
-    }
-    cand.iter().map(|&i| w[i as usize] as f64).sum()
-}
-
 /// Top-p over weights `w` whose sum over `cand` is `z`, then min-p (weights are relative to the best
 /// token's weight 1). Both keep a prefix of the candidates in descending order, so the result is the
 /// shorter prefix.
 pub(crate) fn top_p_min_p(w: &[f32], cand: &mut Vec<u32>, z: f64, top_p: f32, min_p: f32) {
     if top_p >= 1.0 {
-        cand.retain(|&i| w[i as usize] >= min_p);
+        if cand.len() == w.len() {
+            // Positive floats order as their bits; the few tokens min-p keeps come from a scan.
+            cand.clear();
+            scan(w, |b| b >= min_p.to_bits(), cand);
+        } else {
+            cand.retain(|&i| w[i as usize] >= min_p);
+        }
         return;
     }
     // A token of weight below `cut` has less than half of 1 - top_p of the mass at or after it in
@@ -61,43 +59,53 @@ pub(crate) fn top_p_min_p(w: &[f32], cand: &mut Vec<u32>, z: f64, top_p: f32, mi
     // top_p: it is outside the top-p set, whatever the rounding.
     let cut = (0.5 * (1.0 - top_p as f64) * z / cand.len() as f64) as f32;
     let floor = cut.max(min_p);
-    cand.retain(|&i| w[i as usize] >= floor);
     if cand.len() >= HISTOGRAM_FROM {
-        top_p_by_histogram(w, cand, top_p as f64 * z);
+        top_p_by_histogram(w, cand, top_p as f64 * z, floor);
         return;
     }
+    cand.retain(|&i| w[i as usize] >= floor);
     let kept = top_p_prefix(w, cand, top_p as f64 * z);
     cand.truncate(kept);
     cand.sort_unstable();
 }
 
-/// Candidates from which [`top_p_by_histogram`] replaces the quickselect: a flat distribution keeps
-/// most of a 152k vocabulary after the cut, and the quickselect's comparator took ~5 ms over them
-/// (now ~2 ms, in plain passes over the candidates).
+/// Candidates from which [`top_p_by_histogram`] replaces the cut and the quickselect: a flat
+/// distribution keeps most of a 152k vocabulary after the cut, and the quickselect's comparator took
+/// ~5 ms over them.
 const HISTOGRAM_FROM: usize = 4096;
 
-/// Keeps the top-p set of `cand` (ascending ids, every weight positive and at most 1) in id order,
-/// as [`top_p_prefix`] defines it: one pass for the mass per weight bucket (positive floats order as
-/// their bits; a bucket is an exponent and 6 mantissa bits), the buckets walked from the heaviest to
-/// the one where the mass reaches `target`, only that bucket's tokens sorted, and one filter.
-fn top_p_by_histogram(w: &[f32], cand: &mut Vec<u32>, target: f64) {
-    const SHIFT: u32 = 17;
-    let top = (1f32.to_bits() >> SHIFT) as usize;
-    // Clamped, the buckets still never order two weights against their values.
-    let bucket = |i: u32| ((w[i as usize].to_bits() >> SHIFT) as usize).min(top);
-    let mut mass = vec![0f64; top + 1];
-    for &i in cand.iter() {
-        mass[bucket(i)] += w[i as usize] as f64;
+/// Bits of a weight's mantissa below a fine bucket ([`top_p_by_histogram`]).
+const FINE_SHIFT: u32 = 13;
+
+/// Keeps the top-p set of `cand` (ascending ids, weights in [0, 1]) in id order, as [`top_p_prefix`]
+/// defines it, and of those the tokens of weight at least `floor` (min-p, and the cut no top-p token
+/// falls below). Positive floats order as their bits, so a radix select finds the boundary: one
+/// pass for the mass per exponent, the exponents walked from the heaviest to the one where the mass
+/// reaches `target`; that exponent's tokens collected (a vectorized scan) and their mass taken per
+/// 10 more bits; the tokens of the fine bucket where it reaches `target` sorted; and one scan for the
+/// set, which is every token heavier than the last one kept (ties to the lower id).
+fn top_p_by_histogram(w: &[f32], cand: &mut Vec<u32>, target: f64, floor: f32) {
+    let all = cand.len() == w.len();
+    let bits = |i: u32| w[i as usize].to_bits();
+    let mass = if all { exponent_mass(w.iter().copied()) } else { exponent_mass(cand.iter().map(|&i| w[i as usize])) };
+    let (exponent, mut before) = heaviest_reaching(&mass, 0.0, target);
+    let exponent = exponent as u32;
+    let in_exponent = |b: u32| b >> 23 == exponent;
+    let mut members = Vec::new();
+    if all {
+        scan(w, in_exponent, &mut members);
+    } else {
+        members.extend(cand.iter().copied().filter(|&i| in_exponent(bits(i))));
     }
-    // Every token of a bucket above `edge` has less than `target` before it; every token below has
-    // at least `target` before it.
-    let (mut edge, mut before) = (mass.len() - 1, 0.0f64);
-    while edge > 0 && before + mass[edge] < target {
-        before += mass[edge];
-        edge -= 1;
+    let fine_of = |i: u32| ((bits(i) >> FINE_SHIFT) & 1023) as usize;
+    let mut fine = vec![0f64; 1024];
+    for &i in &members {
+        fine[fine_of(i)] += w[i as usize] as f64;
     }
+    let (edge, fine_before) = heaviest_reaching(&fine, before, target);
+    before = fine_before;
+    members.retain(|&i| fine_of(i) == edge);
     let by = by_value_desc(w);
-    let mut members: Vec<u32> = cand.iter().copied().filter(|&i| bucket(i) == edge).collect();
     members.sort_unstable_by(&by);
     let mut last = None;
     for &i in &members {
@@ -107,11 +115,60 @@ fn top_p_by_histogram(w: &[f32], cand: &mut Vec<u32>, target: f64) {
         last = Some(i);
         before += w[i as usize] as f64;
     }
-    cand.retain(|&i| match bucket(i).cmp(&edge) {
-        Ordering::Greater => true,
-        Ordering::Equal => last.is_some_and(|l| by(&i, &l) != Ordering::Greater),
-        Ordering::Less => false,
-    });
+    // The set: every token the sorted walk reaches first (the last one kept or above), else every
+    // token above the edge bucket; none below `floor`. All are at least `lowest`.
+    let above_edge = ((exponent << 10 | edge as u32) + 1) << FINE_SHIFT;
+    let keep = |i: u32| {
+        w[i as usize] >= floor
+            && match last {
+                Some(l) => by(&i, &l) != Ordering::Greater,
+                None => bits(i) >= above_edge,
+            }
+    };
+    if all {
+        let lowest = last.map_or(above_edge, bits).max(floor.to_bits());
+        cand.clear();
+        let mut heavy = Vec::new();
+        scan(w, |b| b >= lowest, &mut heavy);
+        cand.extend(heavy.into_iter().filter(|&i| keep(i)));
+    } else {
+        cand.retain(|&i| keep(i));
+    }
+}
+
+/// The weights' mass per exponent (0..=127: a weight is at most 1). Four histograms take turns, so
+/// neighbours of one exponent (most weights share a few) do not wait on each other's addition: one
+/// histogram made the pass a chain of dependent stores and loads, most of a top-p draw's time.
+fn exponent_mass(weights: impl Iterator<Item = f32>) -> [f64; 128] {
+    let mut mass = [[0f64; 128]; 4];
+    for (k, v) in weights.enumerate() {
+        mass[k % 4][(v.to_bits() >> 23) as usize & 127] += v as f64;
+    }
+    std::array::from_fn(|e| (mass[0][e] + mass[1][e]) + (mass[2][e] + mass[3][e]))
+}
+
+/// The bucket of `mass` (walked from the last, the heaviest) where `before` plus the mass of the
+/// buckets above it and its own first reaches `target`, and the mass before it (the first bucket if
+/// rounding never reaches `target`).
+fn heaviest_reaching(mass: &[f64], mut before: f64, target: f64) -> (usize, f64) {
+    let mut edge = mass.len() - 1;
+    while edge > 0 && before + mass[edge] < target {
+        before += mass[edge];
+        edge -= 1;
+    }
+    (edge, before)
+}
+
+/// Appends to `out`, in order, the indices of `w` whose bits pass `test`; 64-value chunks with none
+/// are skipped on one vectorized test.
+fn scan(w: &[f32], test: impl Fn(u32) -> bool, out: &mut Vec<u32>) {
+    for (c, chunk) in w.chunks(64).enumerate() {
+        if !chunk.iter().fold(false, |any, v| any | test(v.to_bits())) {
+            continue;
+        }
+        let base = (c * 64) as u32;
+        out.extend(chunk.iter().enumerate().filter(|(_, v)| test(v.to_bits())).map(|(j, _)| base + j as u32));
+    }
 }
 
 /// Moves the top-p set to the front of `cand` and returns its size: the tokens, in descending order,
@@ -228,6 +285,32 @@ mod tests {
                 top_p_min_p(&w, &mut cand, z, top_p, 0.0);
                 assert_eq!(cand, want, "len {len} case {case} top_p {top_p}");
             }
+        }
+    }
+
+    /// The histogram over a proper subset of the ids (a top-k of 4096 or more before top-p) keeps
+    /// the sorted walk's set of that subset, and min-p on top of it.
+    #[test]
+    fn top_p_over_a_large_subset_keeps_its_sorted_walks_set() {
+        let mut rng = crate::sample::Rng::new(5);
+        for case in 0..8 {
+            let w: Vec<f32> = (0..30_000).map(|_| (-(rng.next_f64() * 14.0) as f32).exp()).collect();
+            let subset: Vec<u32> = (0..30_000u32).filter(|_| rng.next_f64() < 0.4).collect();
+            let z: f64 = subset.iter().map(|&i| w[i as usize] as f64).sum();
+            let top_p = (0.05 + 0.9 * rng.next_f64()) as f32;
+            let min_p = if case % 2 == 0 { 0.0 } else { 0.3 };
+            let mut sorted = subset.clone();
+            sorted.sort_by(by_value_desc(&w));
+            let (mut before, mut n) = (0.0, 0);
+            while n < sorted.len() && before < top_p as f64 * z {
+                before += w[sorted[n] as usize] as f64;
+                n += 1;
+            }
+            let mut want: Vec<u32> = sorted[..n.max(1)].iter().copied().filter(|&i| w[i as usize] >= min_p).collect();
+            want.sort_unstable();
+            let mut cand = subset.clone();
+            top_p_min_p(&w, &mut cand, z, top_p, min_p);
+            assert_eq!(cand, want, "case {case} top_p {top_p}");
         }
     }
 

@@ -91,7 +91,7 @@ impl Sampler {
                 argmax(&s.logits, max)
             } else {
                 let total = distribution(&self.config, s, max);
-                draw(&s.logits, &s.cand, total, self.rng.next_f64())
+                draw(&s.logits, &s.cand, &s.kept, total, self.rng.next_f64())
             };
             Ok(with_logprobs(logits, token, n_logprobs, &mut s.cand))
         })
@@ -228,59 +228,58 @@ fn argmax(x: &[f32], max: f32) -> u32 {
 }
 
 /// Steps 5-8 over penalized logits whose maximum is `max`: leaves the candidates in `s.cand`, their
-/// weights in `s.logits`, and returns the total weight.
+/// weights in `s.logits` (and, for a proper subset of the vocabulary, in `s.kept` in candidate
+/// order), and returns the total weight.
 fn distribution(config: &SamplingConfig, s: &mut Scratch, max: f32) -> f64 {
     filters::top_k(&s.logits, &mut s.cand, config.top_k as usize);
     let z = filters::weights(&mut s.logits, &s.cand, max, config.temperature);
     if config.top_p < 1.0 || config.min_p > 0.0 {
         filters::top_p_min_p(&s.logits, &mut s.cand, z, config.top_p, config.min_p);
-        return filters::total(&s.logits, &s.cand);
     }
-    z
+    if s.cand.len() == s.logits.len() {
+        return z;
+    }
+    s.kept.clear();
+    s.kept.extend(s.cand.iter().map(|&i| s.logits[i as usize]));
+    sum(&s.kept)
 }
 
-/// Step 9: inverse CDF over `cand` in its (ascending id) order with one uniform `u` in [0, 1): the
-/// first candidate whose running weight (f64) exceeds `u * total`. With every token a candidate the
-/// running weight goes a block of [`DRAW_BLOCK`] ids at a time ([`sum`]'s fixed order within a
-/// block), then one id at a time inside the block that crosses the target.
-fn draw(w: &[f32], cand: &[u32], total: f64, u: f64) -> u32 {
+/// Step 9: inverse CDF over the candidates in their (ascending id) order with one uniform `u` in
+/// [0, 1): the first candidate whose running weight (f64) exceeds `u * total`. With every token a
+/// candidate the walk is over `w`, else over the candidates' weights `kept` (`s.kept` of
+/// [`distribution`]).
+fn draw(w: &[f32], cand: &[u32], kept: &[f32], total: f64, u: f64) -> u32 {
     let target = u * total;
     if cand.len() == w.len() {
-        return draw_all(w, target);
+        return draw_index(w, target) as u32;
     }
-    let mut running = 0.0;
-    for &i in cand {
-        running += w[i as usize] as f64;
-        if target < running {
-            return i;
-        }
-    }
-    // Only reached when rounding puts `target` at `total`: the last token with any weight.
-    *cand.iter().rev().find(|&&i| w[i as usize] > 0.0).expect("the best token has weight 1")
+    cand[draw_index(kept, target)]
 }
 
-/// Ids a block of the draw over the whole vocabulary sums at once.
+/// Weights a block of the draw sums at once.
 const DRAW_BLOCK: usize = 256;
 
-/// [`draw`] with every id a candidate: whole blocks are skipped on their sums (the sequential f64
-/// walk over a 152k vocabulary was a chain of dependent additions, most of a sampled draw's time).
-fn draw_all(w: &[f32], target: f64) -> u32 {
+/// The first index of `weights` whose running sum exceeds `target`: the walk goes a block of
+/// [`DRAW_BLOCK`] weights at a time on their sums ([`sum`]'s fixed order within a block), then one
+/// weight at a time inside the block that crosses the target (the sequential f64 walk over a 152k
+/// vocabulary was a chain of dependent additions, most of a sampled draw's time).
+fn draw_index(weights: &[f32], target: f64) -> usize {
     let mut running = 0.0;
-    for (b, block) in w.chunks(DRAW_BLOCK).enumerate() {
+    for (b, block) in weights.chunks(DRAW_BLOCK).enumerate() {
         let after = running + sum(block);
         if target < after {
             for (j, &v) in block.iter().enumerate() {
                 running += v as f64;
                 if target < running {
-                    return (b * DRAW_BLOCK + j) as u32;
+                    return b * DRAW_BLOCK + j;
                 }
             }
             continue; // rounding: the walk ended at or below the target; on to the next block
         }
         running = after;
     }
-    // Only reached when rounding puts `target` at `total`: the last token with any weight.
-    w.iter().rposition(|&v| v > 0.0).expect("the best token has weight 1") as u32
+    // Only reached when rounding puts `target` at `total`: the last weight above zero.
+    weights.iter().rposition(|&v| v > 0.0).expect("the best token has weight 1")
 }
 
 #[cfg(test)]
@@ -309,10 +308,22 @@ mod tests {
     fn draw_walks_candidates_in_order_and_skips_zero_weights() {
         let w = [0.0f32, 1.0, 0.0, 3.0];
         let cand = [0, 1, 2, 3];
-        assert_eq!(draw(&w, &cand, 4.0, 0.0), 1);
-        assert_eq!(draw(&w, &cand, 4.0, 0.2499), 1);
-        assert_eq!(draw(&w, &cand, 4.0, 0.25), 3);
-        assert_eq!(draw(&w, &cand, 4.0, 1.0), 3);
+        assert_eq!(draw(&w, &cand, &[], 4.0, 0.0), 1);
+        assert_eq!(draw(&w, &cand, &[], 4.0, 0.2499), 1);
+        assert_eq!(draw(&w, &cand, &[], 4.0, 0.25), 3);
+        assert_eq!(draw(&w, &cand, &[], 4.0, 1.0), 3);
+    }
+
+    #[test]
+    fn a_draw_over_some_ids_walks_their_kept_weights_in_id_order() {
+        let w = [5.0f32, 1.0, 9.0, 3.0, 2.0];
+        let cand = [1, 3, 4];
+        let kept = [1.0, 3.0, 2.0];
+        assert_eq!(draw(&w, &cand, &kept, 6.0, 0.0), 1);
+        assert_eq!(draw(&w, &cand, &kept, 6.0, 1.0 / 6.0), 3);
+        assert_eq!(draw(&w, &cand, &kept, 6.0, 0.66), 3);
+        assert_eq!(draw(&w, &cand, &kept, 6.0, 0.67), 4);
+        assert_eq!(draw(&w, &cand, &kept, 6.0, 1.0), 4);
     }
 
     #[test]
@@ -343,7 +354,7 @@ mod tests {
                 })
                 .collect();
             for u in (0..200).map(|_| rng.next_f64()).chain(edges).chain([0.0, 1.0 - f64::EPSILON]) {
-                let got = draw(&w, &ids, total, u.min(1.0 - f64::EPSILON));
+                let got = draw(&w, &ids, &[], total, u.min(1.0 - f64::EPSILON));
                 let want = walk(u.min(1.0 - f64::EPSILON) * total);
                 // The running sums round differently in the two orders: only a target within
                 // rounding of a boundary may land on a neighbour (never on a zero weight).

@@ -10,6 +10,8 @@ pub(crate) struct Scratch {
     pub logits: Vec<f32>,
     /// Token ids still in the running.
     pub cand: Vec<u32>,
+    /// The candidates' weights in candidate order, once filters left a proper subset (the draw's walk).
+    pub kept: Vec<f32>,
     /// All zero between uses; see `penalties::apply`.
     pub marks: Vec<u32>,
 }
