@@ -12,8 +12,8 @@
 - A Poisson arrival workload like ``vllm bench serve``: --requests requests at --rate per second,
   prompt and output lengths uniform in [--min-len, --max-len] and [--min-out, --max-out]; TTFT and
   time per output token percentiles, request and token throughput.
-Every request is greedy unless --temperature is given (then sampled, seeded). Prints the machine and
-command first.
+Every request is greedy unless --temperature is given (then sampled, seeded; with --top-p too). Prints
+the machine and command first.
 
     python benches/bench_batching.py --threads 2
 """
@@ -48,6 +48,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=16, help="for the Poisson workload")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0, help="of every request (0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="of every sampled request")
     p.add_argument("--model", type=Path, help="a GGUF instead of the random Bonsai-1.7B-shaped one")
     return p.parse_args()
 
@@ -99,7 +100,11 @@ def decode_run(path: Path, args: argparse.Namespace, seqs: int, vocab: int) -> d
     engine._sched = timed
     rng = np.random.default_rng(args.seed)
     params = oxibonsai.SamplingParams(
-        max_tokens=args.decode, temperature=args.temperature, seed=args.seed, ignore_eos=True
+        max_tokens=args.decode,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        ignore_eos=True,
     )
     for i in range(seqs):
         engine.add_request(str(i), None, [int(t) for t in rng.integers(0, vocab, args.prompt_len)], params)
@@ -177,6 +182,7 @@ def poisson_run(path: Path, args: argparse.Namespace, vocab: int) -> list[str]:
             oxibonsai.SamplingParams(
                 max_tokens=int(rng.integers(args.min_out, args.max_out + 1)),
                 temperature=args.temperature,
+                top_p=args.top_p,
                 ignore_eos=True,
             ),
         )
