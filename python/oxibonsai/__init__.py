@@ -31,6 +31,7 @@ from oxibonsai.outputs import (
 )
 from oxibonsai.rope_scaling import RopeScaling
 from oxibonsai.sampling_params import SamplingParams
+from oxibonsai.speculative import SpeculativeConfig
 from oxibonsai.structured_output import StructuredOutputsParams
 from oxibonsai.tokenizer import Tokenizer
 
@@ -56,6 +57,7 @@ __all__ = [
     "RequestStream",
     "RopeScaling",
     "SamplingParams",
+    "SpeculativeConfig",
     "StructuredOutputsParams",
     "Tokenizer",
     "__version__",

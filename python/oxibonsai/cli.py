@@ -27,6 +27,7 @@ from oxibonsai.server.cli_args import (
     add_kv_dtype_flag,
     add_rope_flags,
     add_serve_flags,
+    add_speculative_flag,
     device_args,
     rope_args,
 )
@@ -89,6 +90,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     add_device_flags(p)
     add_rope_flags(p)
     add_generation_config_flag(p)
+    add_speculative_flag(p)
 
 
 # The CLI's own default where neither the flag nor the model gives a value (else SamplingParams').
@@ -132,6 +134,7 @@ def _load(args: argparse.Namespace) -> LLM:
         max_model_len=args.max_model_len,
         kv_cache_dtype=args.kv_cache_dtype,
         generation_config=args.generation_config,
+        speculative_config=args.speculative_config,
         **device_args(args),
         **rope_args(args),
     )

@@ -35,8 +35,9 @@ from oxibonsai.detokenizer import IncrementalDetokenizer, StopStringMatcher, Tex
 from oxibonsai.logits_processors import FailedDraw
 from oxibonsai.metrics import EngineMetrics
 from oxibonsai.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from oxibonsai.runner import Draw, Feed, Runner, SampleRow, StepDraws
+from oxibonsai.runner import DraftedDraws, Draw, Feed, Runner, SampleRow, StepDraws
 from oxibonsai.sampling_params import SamplingParams
+from oxibonsai.speculative import SpeculativeConfig, verify
 from oxibonsai.structured_output import GrammarCompiler, GrammarState, StructuredOutputsParams
 from oxibonsai.thinking_budget import ThinkingBudget
 from oxibonsai.token_constraints import BadWords, allowed_mask, both, leaves_a_token
@@ -152,8 +153,14 @@ class Engine:
         seed: int,
         config: SchedulerConfig | None = None,
         reasoning_parser: str | None = None,
+        speculative_config: SpeculativeConfig | None = None,
     ) -> None:
         config = config or SchedulerConfig()
+        if speculative_config is not None and runner.kind != "native":
+            raise ValueError(
+                f"speculative decoding runs on the native runner; the {runner.kind} runner does not "
+                "verify drafts"
+            )
         budget = config.batched_tokens(runner.max_model_len)
         if not config.enable_chunked_prefill and budget < runner.max_model_len:
             raise ValueError(
@@ -178,7 +185,9 @@ class Engine:
             priority_aging_steps=config.priority_aging_steps,
             enable_chunked_prefill=config.enable_chunked_prefill,
             policy=config.scheduling_policy,
+            **({"speculation": speculative_config.core()} if speculative_config is not None else {}),
         )
+        self.speculative_config = speculative_config
         self._requests: dict[int, _Request] = {}
         self._handles: dict[str, int] = {}
         self._arrivals = 0
@@ -245,6 +254,7 @@ class Engine:
             priority=priority,
             cache_salt=cache_salt,
             prompt_logprobs=params.prompt_logprobs,
+            **({"draft_limit": len(prompt_ids) + max_new} if self.speculative_config is not None else {}),
         )
         self._arrivals += 1
         self._requests[handle] = request
@@ -426,6 +436,8 @@ class Engine:
         # A failure to read the draws drops a step launched ahead with them (the caller aborts).
         ahead = self._launch_ahead(launched) if self._runner.async_scheduling else None
         draws = pending.draws()
+        if isinstance(pending, DraftedDraws):
+            return self._take_drafted(plan, sampling, pending, draws)
         self._sched.update(plan, [token for token, _, _ in draws])
         self._take_prompt_scores()
         failed = [self._fail(r, draw.error) for r, draw in zip(sampling, draws, strict=True)
@@ -449,6 +461,38 @@ class Engine:
             if r.streamed or r.finish_reason is not None:
                 outputs.append(r.snapshot())
         return outputs
+
+    def _take_drafted(
+        self, plan: _core.SchedulerOutput, sampling: list[_Request], step: DraftedDraws, draws: list[Draw]
+    ) -> list[RequestOutput]:
+        """``step``'s second half for a step with drafts (speculative decoding, native runner only):
+        each request's draws taken in order, draft after draft while they agree (``verify``), then
+        the step recorded with the drafts kept."""
+        failed: list[RequestOutput] = []
+        gone: set[int] = set()  # the requests whose logits processor raised
+
+        def take(r: _Request, draw: Draw) -> bool:
+            if isinstance(draw, FailedDraw):
+                failed.append(self._fail(r, draw.error))
+                gone.add(r.handle)
+                return False
+            if self._take(r, draw):
+                self._finish_output(r, *draw)
+            return True
+
+        running = [r.finish_reason is None for r in sampling]
+        tokens = verify(sampling, step, draws, take, self._sample_row)
+        accepted = [len(t) - 1 for t in tokens]
+        self._sched.update(plan, [t for ts in tokens for t in ts], accepted)
+        self._take_prompt_scores()
+        taken = [r for r, ran in zip(sampling, running, strict=True) if ran]
+        generated = sum(len(t) for t, ran in zip(tokens, running, strict=True) if ran)
+        self.metrics.on_step(plan.num_prefill_tokens, generated, len(plan.preempted))
+        self.metrics.on_drafts(
+            [(len(d), a) for d, a, ran in zip(step.drafts, accepted, running, strict=True) if ran and d]
+        )
+        report = [r for r in taken if (r.streamed or r.finish_reason is not None) and r.handle not in gone]
+        return failed + [r.snapshot() for r in report]
 
     def _launch(self) -> _Launched | None:
         """Schedules the next step and has the runner start it; None when there is nothing to run."""

@@ -31,6 +31,7 @@ from oxibonsai.progress import PROGRESS_MIN_PROMPTS, Progress
 from oxibonsai.rope_scaling import RopeScaling
 from oxibonsai.runner import NativeRunner, Runner, choose, run_steps
 from oxibonsai.sampling_params import SamplingParams, truncated
+from oxibonsai.speculative import SpeculativeConfig
 from oxibonsai.tokenizer import Tokenizer
 
 PromptType = str | Sequence[int] | Mapping[str, Any]
@@ -115,6 +116,11 @@ class LLM:
     ``generation_config``: ``"auto"`` takes the sampling defaults the GGUF recommends (its
     ``general.sampling.*`` keys: ``default_sampling_fields``) for calls without ``SamplingParams``;
     ``"vllm"`` ignores them (``oxibonsai.generation_config``).
+    ``speculative_config``: vLLM's n-gram speculative decoding, e.g. ``{"method": "ngram",
+    "num_speculative_tokens": 4, "prompt_lookup_max": 4}`` (or a ``SpeculativeConfig``, or the dict
+    as JSON): each decode also checks up to that many tokens copied from where the request's last
+    tokens occurred before; the tokens are the same as without it (``oxibonsai.speculative``).
+    Native runner only.
     """
 
     def __init__(
@@ -145,11 +151,13 @@ class LLM:
         rope_scaling: RopeScaling | Mapping[str, Any] | str | None = None,
         rope_theta: float | None = None,
         generation_config: str = "auto",
+        speculative_config: SpeculativeConfig | Mapping[str, Any] | str | None = None,
     ) -> None:
         path = Path(model) if model is not None else default_model_path()
         if not path.exists():
             raise FileNotFoundError(f"no such model file: {path}")
         placement = choose(device, runner)
+        speculation = SpeculativeConfig.parse(speculative_config)
         if num_threads is not None:
             _core.set_num_threads(num_threads)
         if max_num_seqs < 1:
@@ -196,7 +204,12 @@ class LLM:
             scheduling_policy=scheduling_policy,
         )
         self._engine = Engine(
-            self._runner, self.tokenizer, seed=seed, config=config, reasoning_parser=reasoning_parser
+            self._runner,
+            self.tokenizer,
+            seed=seed,
+            config=config,
+            reasoning_parser=reasoning_parser,
+            speculative_config=speculation,
         )
         self._ids = itertools.count()
 

@@ -49,7 +49,11 @@ _COUNTERS = {
     "prompt_tokens_total": "Prompt tokens computed (prefix-cache hits excluded).",
     "generation_tokens_total": "Tokens generated.",
     "preemptions_total": "Requests preempted to free KV blocks.",
+    "spec_decode_num_drafts_total": "Decodes that carried drafted tokens (speculative decoding).",
+    "spec_decode_num_draft_tokens_total": "Tokens drafted.",
+    "spec_decode_num_accepted_tokens_total": "Drafted tokens accepted.",
 }
+_PER_POSITION_HELP = "Drafted tokens accepted, by their position in the draft (0: the first)."
 _FINISHED_HELP = "Requests that left the engine, by finish reason."
 _FINISH_REASONS = ("stop", "length", "abort")
 #: Gauges present from the start; ``set_gauges`` may add others.
@@ -110,6 +114,7 @@ class EngineMetrics:
         self._finished: dict[str, int] = dict.fromkeys(_FINISH_REASONS, 0)
         self._counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         self._gauges: dict[str, float] = dict.fromkeys(GAUGES, 0.0)
+        self._accepted_at: dict[int, int] = {}  # accepted drafts by position
 
     def on_request_finished(self, m: RequestMetrics, finish_reason: str) -> None:
         """Counts a request that left the engine; observes its latencies unless it was aborted."""
@@ -131,6 +136,19 @@ class EngineMetrics:
             self._counters["generation_tokens_total"] += num_generation_tokens
             self._counters["preemptions_total"] += num_preemptions
 
+    def on_drafts(self, drafts: Sequence[tuple[int, int]]) -> None:
+        """Adds one step's speculative decodes: ``(drafted, accepted)`` tokens of each decode that
+        carried drafts (a draft is accepted only after those before it)."""
+        if any(not 0 <= a <= d for d, a in drafts):
+            raise ValueError("each decode accepts between 0 and its drafted tokens")
+        with self._lock:
+            self._counters["spec_decode_num_drafts_total"] += len(drafts)
+            self._counters["spec_decode_num_draft_tokens_total"] += sum(d for d, _ in drafts)
+            self._counters["spec_decode_num_accepted_tokens_total"] += sum(a for _, a in drafts)
+            for _, a in drafts:
+                for position in range(a):
+                    self._accepted_at[position] = self._accepted_at.get(position, 0) + 1
+
     def set_gauges(self, **values: float) -> None:
         """Sets gauges by name (``num_requests_running``, ``num_requests_waiting``,
         ``prefix_cache_hit_rate``, ``kv_blocks_used``, or any other metric name)."""
@@ -143,12 +161,17 @@ class EngineMetrics:
             self._gauges.update({k: float(v) for k, v in values.items()})
 
     def snapshot(self) -> dict[str, Any]:
-        """A plain, JSON-able copy: ``counters`` (``requests_finished`` by reason and the token and
-        preemption totals), ``gauges`` and ``histograms`` (``buckets`` as ``{le: cumulative count}``,
+        """A plain, JSON-able copy: ``counters`` (``requests_finished`` by reason, the token and
+        preemption totals, and speculative decoding's: drafts, drafted and accepted tokens, accepted
+        by position), ``gauges`` and ``histograms`` (``buckets`` as ``{le: cumulative count}``,
         ``sum``, ``count``, ``p50``/``p90``/``p99`` estimates or None when empty)."""
         with self._lock:
             return {
-                "counters": {"requests_finished": dict(self._finished), **self._counters},
+                "counters": {
+                    "requests_finished": dict(self._finished),
+                    **self._counters,
+                    "spec_decode_num_accepted_tokens_per_pos": dict(sorted(self._accepted_at.items())),
+                },
                 "gauges": dict(self._gauges),
                 "histograms": {name: h.to_dict() for name, h in self._histograms.items()},
             }
@@ -166,6 +189,9 @@ class EngineMetrics:
             for name, count in self._counters.items():
                 lines += _family(f"{prefix}_{name}", "counter", _COUNTERS[name])
                 lines.append(f"{prefix}_{name} {count}")
+            per_pos = f"{prefix}_spec_decode_num_accepted_tokens_per_pos_total"
+            lines += _family(per_pos, "counter", _PER_POSITION_HELP)
+            lines += [f'{per_pos}{{position="{p}"}} {n}' for p, n in sorted(self._accepted_at.items())]
             for name, value in self._gauges.items():
                 lines += _family(f"{prefix}_{name}", "gauge", f"Engine gauge {name}.")
                 lines.append(f"{prefix}_{name} {_number(value)}")

@@ -96,6 +96,22 @@ class HostSampling:
         return sample_on_host(self._logits(), self._rows)
 
 
+class DraftedDraws:
+    """A step with drafts (speculative decoding), as the native runner returns it: ``logits`` holds
+    each sampling item's rows in item order (its token's, then one per draft of ``drafts``);
+    ``draws`` samples every item's first row, as a step without drafts would, and the engine samples
+    the drafts' rows from ``logits`` (``oxibonsai.speculative.verify``)."""
+
+    def __init__(self, logits: np.ndarray, rows: Sequence[SampleRow], drafts: list[list[int]]) -> None:
+        self.logits = logits
+        self.drafts = drafts
+        self._rows = rows
+        self.first_rows = np.cumsum([0] + [1 + len(d) for d in drafts[:-1]], dtype=np.int64)
+
+    def draws(self) -> list[Draw]:
+        return sample_on_host(self.logits[self.first_rows], self._rows)
+
+
 def sample_on_host(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[Draw]:
     """Each row of float32 ``logits`` through its request's logits processors, if any, then every
     row's Rust sampler at once, the rows in parallel (``_core.sample_rows``); no logprobs are computed
@@ -229,6 +245,8 @@ class NativeRunner:
             raise ValueError("the native runner runs each step inside launch: it plans none ahead")
         logits = sched.execute(out)
         assert logits is not None, "a model's scheduler returns logits"
+        if out.num_draft_tokens:
+            return DraftedDraws(logits, rows, sched.drafts(out))
         return HostSampling(lambda: logits, rows)
 
     def cache_stats(self) -> dict[str, Any]:

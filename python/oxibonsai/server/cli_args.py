@@ -33,6 +33,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_device_flags(engine)
     add_rope_flags(engine)
     add_generation_config_flag(engine)
+    add_speculative_flag(engine)
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--scheduling-policy", default="priority", choices=["priority", "longest_prefix"])
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
@@ -118,6 +119,26 @@ def add_generation_config_flag(p: argparse.ArgumentParser | argparse._ArgumentGr
     )
 
 
+def add_speculative_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """vLLM's ``--speculative-config``: n-gram speculative decoding as JSON, e.g.
+    ``'{"method": "ngram", "num_speculative_tokens": 4}'`` (``oxibonsai.speculative``)."""
+    p.add_argument(
+        "--speculative-config",
+        type=_speculative_config,
+        default=None,
+        help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\'',
+    )
+
+
+def _speculative_config(text: str) -> Any:
+    from oxibonsai.speculative import SpeculativeConfig
+
+    try:
+        return SpeculativeConfig.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 KV_CACHE_DTYPES = ["auto", "f16", "f32", "int8"]
 
 
@@ -144,4 +165,5 @@ def engine_args(args: argparse.Namespace) -> dict[str, Any]:
         "enable_chunked_prefill": args.enable_chunked_prefill,
         "reasoning_parser": args.reasoning_parser,
         "generation_config": args.generation_config,
+        "speculative_config": args.speculative_config,
     }

@@ -16,6 +16,7 @@ pub mod pool;
 pub mod q1;
 pub mod sample;
 pub mod sched;
+pub mod spec;
 pub mod step;
 
 pub use error::{Error, Result};

@@ -70,7 +70,7 @@ fn tokens(rng: &mut Rng, n: usize) -> Vec<u32> {
 }
 
 fn step(runner: &mut ModelRunner, seq: u64, toks: &[u32], logits: Logits, pool: &Pool) -> Vec<f32> {
-    runner.step(&[StepItem { seq, tokens: toks, logits }], pool).unwrap()
+    runner.step(&[StepItem::new(seq, toks, logits)], pool).unwrap()
 }
 
 #[test]
@@ -103,11 +103,11 @@ fn a_failed_step_changes_nothing_and_blocks_come_back() {
     step(&mut runner, a, &tokens(&mut rng, 20), Logits::Last, &pool);
     let b = runner.table_mut().add_sequence();
     let too_many = tokens(&mut rng, 50);
-    let err = runner.step(&[StepItem { seq: b, tokens: &too_many, logits: Logits::Last }], &pool).unwrap_err();
+    let err = runner.step(&[StepItem::new(b, &too_many, Logits::Last)], &pool).unwrap_err();
     assert!(matches!(err, Error::Value(ref m) if m.contains("KV cache is full")), "{err:?}");
     let bad = [VOCAB as u32];
-    assert!(runner.step(&[StepItem { seq: a, tokens: &bad, logits: Logits::Last }], &pool).is_err());
-    assert!(runner.step(&[StepItem { seq: 999, tokens: &bad[..0], logits: Logits::Last }], &pool).is_err());
+    assert!(runner.step(&[StepItem::new(a, &bad, Logits::Last)], &pool).is_err());
+    assert!(runner.step(&[StepItem::new(999, &bad[..0], Logits::Last)], &pool).is_err());
     assert_eq!(runner.table().sequence_len(a).unwrap(), 20);
     assert_eq!(runner.table().sequence_len(b).unwrap(), 0);
     runner.table_mut().free_sequence(a).unwrap();
@@ -122,7 +122,7 @@ fn the_context_limit_is_enforced() {
     let mut runner = ModelRunner::new(tiny_model(&mut rng), 64, 32, KvDtype::F16).unwrap();
     let pool = Pool::new(1);
     let seq = runner.table_mut().add_sequence();
-    let err = runner.step(&[StepItem { seq, tokens: &tokens(&mut rng, 33), logits: Logits::Last }], &pool);
+    let err = runner.step(&[StepItem::new(seq, &tokens(&mut rng, 33), Logits::Last)], &pool);
     assert!(matches!(err, Err(Error::Value(ref m)) if m.contains("max_model_len=32")));
     assert!(ModelRunner::new(tiny_model(&mut rng), 64, 1000, KvDtype::F32).is_err());
 }
@@ -194,7 +194,7 @@ fn hidden_states_are_what_the_lm_head_reads() {
     let logits = step(&mut runner, seq, &toks, Logits::All, &pool);
     let seq = runner.table_mut().add_sequence();
     let mut hidden = Vec::new();
-    runner.hidden_into(&[StepItem { seq, tokens: &toks, logits: Logits::All }], &pool, &mut hidden).unwrap();
+    runner.hidden_into(&[StepItem::new(seq, &toks, Logits::All)], &pool, &mut hidden).unwrap();
     let width = runner.model().config.hidden;
     assert_eq!(hidden.len(), toks.len() * width);
     let mut again = vec![0.0; logits.len()];
@@ -203,7 +203,7 @@ fn hidden_states_are_what_the_lm_head_reads() {
     assert!(again.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()));
     let seq = runner.table_mut().add_sequence();
     let mut last = Vec::new();
-    runner.hidden_into(&[StepItem { seq, tokens: &toks, logits: Logits::Last }], &pool, &mut last).unwrap();
+    runner.hidden_into(&[StepItem::new(seq, &toks, Logits::Last)], &pool, &mut last).unwrap();
     assert_eq!(last, hidden[hidden.len() - width..]);
 }
 

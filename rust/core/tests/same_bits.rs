@@ -120,7 +120,7 @@ fn model_run(isa: Isa) -> (u64, [u32; 8]) {
     let mut h = FNV_START;
     let mut tokens = [0u32; 8];
     for token in tokens.iter_mut() {
-        let rows = runner.step(&[StepItem { seq, tokens: &feed, logits }], &pool).unwrap();
+        let rows = runner.step(&[StepItem::new(seq, &feed, logits)], &pool).unwrap();
         h = hash(&rows, h);
         *token = argmax(&rows[rows.len() - vocab..]);
         feed = vec![*token];

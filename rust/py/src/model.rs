@@ -69,7 +69,7 @@ impl Model {
             let step: Vec<StepItem> = items
                 .iter()
                 .zip(&modes)
-                .map(|((seq, tokens, _), &logits)| StepItem { seq: *seq, tokens, logits })
+                .map(|((seq, tokens, _), &logits)| StepItem::new(*seq, tokens, logits))
                 .collect();
             let mut runner = self.lock();
             let config = &runner.model().config;

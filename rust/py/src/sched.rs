@@ -9,6 +9,7 @@ use numpy::PyArray2;
 use oxibonsai_core::kv::{SequenceTable, GENERATION_ROOM};
 use oxibonsai_core::pool;
 use oxibonsai_core::sched::{Policy, Scheduler as CoreScheduler, SchedulerConfig, SchedulerOutput as CoreOutput};
+use oxibonsai_core::spec::NgramConfig;
 use oxibonsai_core::Error;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -94,6 +95,12 @@ impl SchedulerOutput {
         self.inner.num_sample()
     }
 
+    /// Drafted tokens among the scheduled ones (speculative decoding).
+    #[getter]
+    fn num_draft_tokens(&self) -> usize {
+        self.inner.num_draft_tokens
+    }
+
     #[getter]
     fn step(&self) -> u64 {
         self.inner.step
@@ -117,12 +124,17 @@ impl Scheduler {
     /// `host_blocks` > 0 adds a host tier that idle cached blocks are demoted to). `policy`:
     /// 'priority' or 'longest_prefix'. `host_prefetch`: with a host tier, promote the host-tier
     /// prefixes of the requests next in line during the step before the one that starts them (the
-    /// plan's `prefetch` copies).
+    /// plan's `prefetch` copies). `speculation`: `(num_tokens, min_n, max_n, adaptive)`, n-gram
+    /// drafting (prompt lookup) for the requests added with a `draft_limit`: each of their decodes
+    /// also computes up to `num_tokens` tokens that followed an earlier occurrence of their last
+    /// `min_n..=max_n` tokens, from what the step leaves (`adaptive`: only as many as the request's
+    /// acceptance so far says pay for their rows); `drafts` names them and `update` takes how many
+    /// each kept.
     #[new]
     #[pyo3(signature = (
         kv, *, max_num_seqs=8, max_num_batched_tokens=256, max_waiting=None, priority_aging_steps=256,
         enable_chunked_prefill=true, policy="priority", enable_prefix_caching=false, host_blocks=0,
-        block_bytes=0, host_prefetch=true
+        block_bytes=0, host_prefetch=true, speculation=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -137,6 +149,7 @@ impl Scheduler {
         host_blocks: usize,
         block_bytes: usize,
         host_prefetch: bool,
+        speculation: Option<(usize, usize, usize, bool)>,
     ) -> PyResult<Scheduler> {
         let config = SchedulerConfig {
             max_num_seqs,
@@ -146,6 +159,12 @@ impl Scheduler {
             chunked_prefill: enable_chunked_prefill,
             policy: Policy::parse(policy).map_err(to_py)?,
             host_prefetch,
+            speculation: speculation.map(|(num_tokens, min_n, max_n, adaptive)| NgramConfig {
+                num_tokens,
+                min_n,
+                max_n,
+                adaptive,
+            }),
         };
         let sched = CoreScheduler::new(config).map_err(to_py)?;
         let backend = match kv.cast::<Model>() {
@@ -176,7 +195,10 @@ impl Scheduler {
     /// with that many top logprobs (the request then starts without the prefix cache; `execute`
     /// scores them, `take_prompt_logprobs` hands them over, or a table's runner scores the rows
     /// `logit_rows` names).
-    #[pyo3(signature = (request_id, prompt, *, priority=0, cache_salt=None, prompt_logprobs=None))]
+    /// `draft_limit`: with `speculation`, the request may be drafted for, never past this many
+    /// tokens (prompt and output).
+    #[pyo3(signature = (request_id, prompt, *, priority=0, cache_salt=None, prompt_logprobs=None, draft_limit=None))]
+    #[allow(clippy::too_many_arguments)]
     fn add(
         &self,
         request_id: u64,
@@ -184,6 +206,7 @@ impl Scheduler {
         priority: i32,
         cache_salt: Option<String>,
         prompt_logprobs: Option<usize>,
+        draft_limit: Option<usize>,
     ) -> PyResult<()> {
         let prompt = token_ids_with_room(prompt, GENERATION_ROOM)?;
         let mut state = self.lock();
@@ -191,7 +214,16 @@ impl Scheduler {
         if let Some(top) = prompt_logprobs {
             state.sched.want_prompt_logprobs(request_id, top).map_err(to_py)?;
         }
+        if let Some(limit) = draft_limit {
+            state.sched.allow_drafts(request_id, limit).map_err(to_py)?;
+        }
         Ok(())
+    }
+
+    /// The drafted tokens of `out`'s sampling items, in item order (empty for one without drafts):
+    /// item `i`'s rows of `execute`'s logits are its token's, then one per draft.
+    fn drafts(&self, out: &SchedulerOutput) -> Vec<Vec<u32>> {
+        self.lock().sched.drafts_of(&out.inner).into_iter().map(<[u32]>::to_vec).collect()
     }
 
     /// The prompt scores of the steps executed since the last call: `(request_id, start, scores)`,
@@ -241,7 +273,8 @@ impl Scheduler {
     }
 
     /// Runs a planned step: with a model, one batched forward pass (GIL released) returning float32
-    /// `(num_sample, vocab)` logits of the sampling items in order; with a ledger, block growth only
+    /// `(num_sample + num_draft_tokens, vocab)` logits of the sampling items in order (a drafted
+    /// item's token's row, then one per draft); with a ledger, block growth only
     /// (microseconds of work: the GIL stays held).
     fn execute<'py>(&self, py: Python<'py>, out: &SchedulerOutput) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
         {
@@ -305,9 +338,15 @@ impl Scheduler {
     }
 
     /// Records a step `execute` ran (or `prepare` planned and its runner computed): one sampled token
-    /// per sampling item, in item order (a sequence of ints or a uint32 array).
-    fn update(&self, out: &SchedulerOutput, sampled: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// per sampling item, in item order (a sequence of ints or a uint32 array). A step with drafts
+    /// takes `accepted`, per sampling item how many of its drafts it keeps, and `sampled` then holds
+    /// each item's kept drafts followed by the token drawn after them.
+    #[pyo3(signature = (out, sampled, accepted=None))]
+    fn update(&self, out: &SchedulerOutput, sampled: &Bound<'_, PyAny>, accepted: Option<Vec<usize>>) -> PyResult<()> {
         let sampled = token_ids(sampled)?;
+        if let Some(accepted) = accepted {
+            return self.update_drafted(&out.inner, &sampled, &accepted);
+        }
         let mut guard = self.lock();
         let state = &mut *guard;
         let step = out.inner.step;
@@ -389,7 +428,7 @@ impl Scheduler {
         self.lock().sched.request(request_id).map(|r| (r.tokens.clone(), r.num_computed))
     }
 
-    /// Counters: steps, admitted, preemptions, finished, aborted, scheduled/prefill/decode tokens.
+    /// Counters: steps, admitted, preemptions, finished, aborted, scheduled/prefill/decode/draft tokens.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.lock().sched.stats();
         let d = PyDict::new(py);
@@ -401,12 +440,31 @@ impl Scheduler {
         d.set_item("scheduled_tokens", s.scheduled_tokens)?;
         d.set_item("prefill_tokens", s.prefill_tokens)?;
         d.set_item("decode_tokens", s.decode_tokens)?;
+        d.set_item("draft_tokens", s.draft_tokens)?;
         Ok(d)
     }
 
     /// Raises `ValueError` if an invariant of the scheduler or its blocks is broken.
     fn check(&self) -> PyResult<()> {
         self.lock().with_table(|s, t| s.check(t)).map_err(to_py)
+    }
+}
+
+impl Scheduler {
+    /// `update` of a step with drafts: the sequences record the kept drafts' KV.
+    fn update_drafted(&self, out: &CoreOutput, sampled: &[u32], accepted: &[usize]) -> PyResult<()> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let step = out.step;
+        if state.prepared == Some(step) {
+            let Backend::Ledger(table) = &mut state.backend else { unreachable!("only tables are prepared") };
+            state.sched.commit_plan(out, table).map_err(to_py)?;
+            state.prepared = state.prepared_ahead.take();
+            state.executed = Some(step);
+        } else if state.executed != Some(step) {
+            return Err(PyValueError::new_err(format!("update() needs execute() (or prepare()) of step {step} first")));
+        }
+        state.with_table(|s, t| s.update_drafted(out, sampled, accepted, t)).map_err(to_py)
     }
 }
 

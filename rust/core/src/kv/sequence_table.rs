@@ -255,18 +255,20 @@ impl SequenceTable {
 
     /// A step's bookkeeping without a model, for a step planned to grow the tables by `new_blocks`
     /// blocks in all (as the scheduler counts them): after checking that many are available, each
-    /// `(sequence, tokens)` is grown and [`append`](Self::append)ed in one visit. A plan that
+    /// `(sequence, tokens, drafts)` is grown for its tokens and [`append`](Self::append)s all but the
+    /// last `drafts`, in one visit. A plan that
     /// undercounts fails when the blocks run out, with the sequences before that one advanced.
     pub fn advance_planned<'t, I>(&mut self, new_blocks: usize, steps: I) -> Result<()>
     where
-        I: Iterator<Item = (u64, &'t [u32])>,
+        I: Iterator<Item = (u64, &'t [u32], usize)>,
     {
         if new_blocks > self.blocks.num_available() {
             return Err(self.full(new_blocks));
         }
-        for (seq, tokens) in steps {
+        for (seq, tokens, drafts) in steps {
             let s = self.seqs.get_mut(seq).ok_or_else(|| unknown(seq))?;
-            while s.block_table.len() < blocks_for(s.len + tokens.len()) {
+            let (tokens, computed) = (&tokens[..tokens.len() - drafts], tokens.len());
+            while s.block_table.len() < blocks_for(s.len + computed) {
                 let block = self.blocks.allocate().ok_or_else(|| {
                     Error::Value(format!("the KV cache ran out of blocks in a step planned for {new_blocks}"))
                 })?;
@@ -303,6 +305,17 @@ impl SequenceTable {
         let s = self.seqs.get_mut(seq).ok_or_else(|| unknown(seq))?;
         let chain = if self.prefix_caching { Some(&mut self.blocks) } else { None };
         s.append(tokens, chain)
+    }
+
+    /// Gives back the blocks `seq` holds beyond those its length needs: what a step reserved for
+    /// drafted tokens that were rejected. They were never cached (no token of theirs is recorded).
+    pub fn release_unused(&mut self, seq: u64) -> Result<()> {
+        let s = self.seqs.get_mut(seq).ok_or_else(|| unknown(seq))?;
+        while s.block_table.len() > blocks_for(s.len) {
+            let block = s.block_table.pop().expect("longer than needed");
+            self.blocks.release(block)?;
+        }
+        Ok(())
     }
 
     /// Checks the accounting: every sequence holds exactly the blocks its length needs, and the

@@ -203,7 +203,8 @@ impl ModelRunner {
         per_seq.max(per_seq.saturating_mul(max_num_seqs).min(affordable))
     }
 
-    /// Appends each item's tokens to its sequence and returns the requested logits rows in item order.
+    /// Appends each item's tokens (less its drafts) to its sequence and returns the requested logits
+    /// rows in item order.
     pub fn step(&mut self, items: &[StepItem], pool: &Pool) -> Result<Vec<f32>> {
         let mut logits = Vec::new();
         self.step_into(items, pool, &mut logits)?;
@@ -252,7 +253,7 @@ impl ModelRunner {
             self.kv.forward(&self.model, &batch, pool, head, out)?;
         }
         for item in items {
-            self.table.append(item.seq, item.tokens)?;
+            self.table.append(item.seq, item.recorded())?;
             self.computed_tokens += item.tokens.len() as u64;
         }
         Ok(())
@@ -266,8 +267,11 @@ impl ModelRunner {
             if !seen.insert(item.seq) {
                 return Err(Error::Value(format!("sequence {} appears twice in one step", item.seq)));
             }
-            if item.tokens.is_empty() {
-                return Err(Error::Value(format!("sequence {}: a step needs at least one token", item.seq)));
+            if item.tokens.is_empty() || item.drafts >= item.tokens.len() {
+                return Err(Error::Value(format!(
+                    "sequence {}: a step needs at least one token not drafted",
+                    item.seq
+                )));
             }
             if let Some(bad) = item.tokens.iter().find(|&&t| t as usize >= vocab) {
                 return Err(Error::Value(format!("token id {bad} is out of range for a vocabulary of {vocab}")));

@@ -30,9 +30,9 @@ impl Scheduler {
     /// would decode one token of every running request: each request sampling in `prev`, except those
     /// in `skip`, decodes the token it samples there. None, changing nothing, unless no waiting request
     /// could start (none waits, or every sequence slot is taken: one that a request ending in `prev`
-    /// frees is filled a step later), every running request samples in `prev`, no step is already
-    /// planned ahead, and the new blocks are available without preempting (a step ahead never
-    /// preempts).
+    /// frees is filled a step later), every running request samples in `prev` with no drafts, no step
+    /// is already planned ahead, and the new blocks are available without preempting (a step ahead
+    /// never preempts).
     pub fn schedule_ahead(
         &mut self,
         prev: &SchedulerOutput,
@@ -45,7 +45,7 @@ impl Scheduler {
             return None;
         }
         let live = |it: &&ScheduledItem| self.requests.running_at(it.slot, it.request, it.seq).is_some();
-        if prev.items.iter().filter(live).any(|it| !it.sample)
+        if prev.items.iter().filter(live).any(|it| !it.sample || it.drafts > 0)
             || prev.items.iter().filter(live).count() != self.running.len()
         {
             return None;
@@ -53,7 +53,14 @@ impl Scheduler {
         let mut out = SchedulerOutput { step: self.step + 1, ..Default::default() };
         for it in prev.items.iter().filter(live).filter(|it| !skip.contains(&it.request)) {
             let start = it.start + it.num_tokens;
-            out.items.push(ScheduledItem { start, num_tokens: 1, sample: true, prompt_logits: false, ..*it });
+            out.items.push(ScheduledItem {
+                start,
+                num_tokens: 1,
+                sample: true,
+                prompt_logits: false,
+                drafts: 0,
+                ..*it
+            });
             out.num_batched_tokens += 1;
             out.num_sample += 1;
             out.new_blocks += blocks_for(start + 1) - blocks_for(start);

@@ -1,6 +1,7 @@
 //! The scheduler's settings and their validation.
 
 use crate::error::{Error, Result};
+use crate::spec::NgramConfig;
 
 /// How the next waiting request is chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +45,10 @@ pub struct SchedulerConfig {
     /// With a host tier: promote the host-tier prefixes of the waiting requests next in line while
     /// the current step runs, instead of in the step that starts them (see `Scheduler::schedule`).
     pub host_prefetch: bool,
+    /// Speculative decoding: each decode of a request allowed drafts
+    /// ([`Scheduler::allow_drafts`](super::Scheduler::allow_drafts)) also computes the tokens this
+    /// proposer drafts after it, from the token budget and blocks the rest of the step leaves.
+    pub speculation: Option<NgramConfig>,
 }
 
 impl Default for SchedulerConfig {
@@ -56,6 +61,7 @@ impl Default for SchedulerConfig {
             chunked_prefill: true,
             policy: Policy::Priority,
             host_prefetch: true,
+            speculation: None,
         }
     }
 }
@@ -78,6 +84,9 @@ impl SchedulerConfig {
                 u32::MAX,
                 self.priority_aging_steps
             )));
+        }
+        if let Some(spec) = &self.speculation {
+            spec.validate()?;
         }
         Ok(())
     }

@@ -12,6 +12,7 @@
 //! [`Scheduler::finish`] on stop tokens, stop strings or length. A runner on an asynchronous device
 //! may have the step after the pending one planned before the pending step's tokens are known, when
 //! it would be one decode of every running request ([`Scheduler::schedule_ahead`], [`ahead`]).
+//! With speculative decoding, decodes carry drafted tokens from what the step leaves ([`drafts`]).
 //!
 //! [`SequenceTable`]: crate::kv::SequenceTable
 
@@ -19,6 +20,9 @@ mod ahead;
 #[cfg(test)]
 mod ahead_tests;
 mod config;
+mod drafts;
+#[cfg(test)]
+mod drafts_tests;
 mod output;
 #[cfg(test)]
 mod prompt_logits_tests;

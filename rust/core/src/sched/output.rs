@@ -6,7 +6,9 @@ use super::request::Request;
 /// in this step; `sample`: they complete the request's known tokens, so its logits are sampled;
 /// `prompt_logits`: the request asked for its prompt's logprobs and some of these tokens are prompt
 /// tokens whose logits score the next prompt token, so every token's logits are needed. `slot`:
-/// where the scheduler keeps the request (valid while the request runs on `seq`). The blocks
+/// where the scheduler keeps the request (valid while the request runs on `seq`); `drafts`: the last
+/// `drafts` of the tokens are drafted, not yet the request's (speculative decoding: their rows'
+/// logits check them, and only those accepted are recorded, by `Scheduler::update_drafted`). The blocks
 /// the step's sequences grow by are reserved as one total ([`SchedulerOutput::new_blocks`]); each
 /// sequence's share follows from its length. 40 bytes: a step's items are written by `schedule` and
 /// read by the forward pass and `update`.
@@ -19,6 +21,7 @@ pub struct ScheduledItem {
     pub slot: u32,
     pub sample: bool,
     pub prompt_logits: bool,
+    pub drafts: u16,
 }
 
 const _: () = assert!(std::mem::size_of::<ScheduledItem>() == 40);
@@ -32,6 +35,8 @@ pub struct SchedulerOutput {
     pub preempted: Vec<u64>,
     /// Scheduled tokens that are not decodes (prompt chunks, recomputation after preemption).
     pub num_prefill_tokens: usize,
+    /// Drafted tokens among the scheduled ones (speculative decoding).
+    pub num_draft_tokens: usize,
     /// Totals over `items`, kept as they are pushed.
     pub(super) num_batched_tokens: usize,
     pub(super) num_sample: usize,
@@ -64,7 +69,16 @@ impl SchedulerOutput {
         }
         let seq = r.seq.expect("scheduled requests run");
         let start = r.num_computed;
-        self.items.push(ScheduledItem { request: r.id, slot, seq, start, num_tokens: n, sample, prompt_logits });
+        self.items.push(ScheduledItem {
+            request: r.id,
+            slot,
+            seq,
+            start,
+            num_tokens: n,
+            sample,
+            prompt_logits,
+            drafts: 0,
+        });
         self.num_batched_tokens += n;
         self.num_sample += usize::from(sample);
         self.new_blocks += new_blocks;
@@ -86,4 +100,6 @@ pub struct SchedulerStats {
     pub scheduled_tokens: u64,
     pub prefill_tokens: u64,
     pub decode_tokens: u64,
+    /// Drafted tokens scheduled (counted in `decode_tokens` too).
+    pub draft_tokens: u64,
 }

@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::kv::{blocks_for, PrefixMatch, SequenceTable, BLOCK_TOKENS, GENERATION_ROOM};
 
 use super::config::{Policy, SchedulerConfig, LONGEST_PREFIX_WINDOW, PREFETCH_WINDOW};
+use super::drafts::Draft;
 use super::output::{SchedulerOutput, SchedulerStats};
 use super::queue::WaitingQueue;
 use super::request::Request;
@@ -39,11 +40,13 @@ pub struct Scheduler {
     /// until every prompt token's logits have been computed. They start without the prefix cache (a
     /// cached token's logits are never computed) and their prompt chunks return every row.
     pub(super) prompt_logprobs: HashMap<u64, usize>,
+    /// The requests the proposer may draft for (`allow_drafts`), with their last drafts.
+    pub(super) drafts: HashMap<u64, Draft>,
 }
 
 /// What a step has handed out so far.
-struct Budget {
-    tokens: usize,
+pub(super) struct Budget {
+    pub(super) tokens: usize,
     /// New blocks promised to the step's items (allocated when the model runs them).
     reserved: usize,
     /// The table's available blocks (free or evictable), read again whenever the step changes it.
@@ -52,11 +55,11 @@ struct Budget {
 
 impl Budget {
     /// Blocks the step can still promise.
-    fn room(&self) -> usize {
+    pub(super) fn room(&self) -> usize {
         self.available.saturating_sub(self.reserved)
     }
 
-    fn take(&mut self, tokens: usize, blocks: usize) {
+    pub(super) fn take(&mut self, tokens: usize, blocks: usize) {
         self.tokens -= tokens;
         self.reserved += blocks;
     }
@@ -80,6 +83,7 @@ impl Scheduler {
             deferred: None,
             stats: SchedulerStats::default(),
             prompt_logprobs: HashMap::new(),
+            drafts: HashMap::new(),
         })
     }
 
@@ -204,6 +208,7 @@ impl Scheduler {
                 _ => prefills.push(slot),
             }
         }
+        let decodes = out.items.len();
         for &slot in &prefills {
             if budget.tokens == 0 {
                 break;
@@ -214,6 +219,9 @@ impl Scheduler {
         self.prefills = prefills;
         if out.preempted.is_empty() {
             self.admit(kv, &mut budget, &mut out);
+            if !self.drafts.is_empty() {
+                self.add_drafts(decodes, &mut budget, &mut out);
+            }
             // Not in an empty step: there is no forward pass to overlap, and an engine runs no plan
             // (so no copies) for it.
             if self.config.host_prefetch && !out.items.is_empty() {
@@ -224,6 +232,7 @@ impl Scheduler {
         self.stats.scheduled_tokens += out.num_batched_tokens as u64;
         self.stats.prefill_tokens += out.num_prefill_tokens as u64;
         self.stats.decode_tokens += (out.num_batched_tokens - out.num_prefill_tokens) as u64;
+        self.stats.draft_tokens += out.num_draft_tokens as u64;
         out
     }
 
@@ -435,6 +444,7 @@ impl Scheduler {
         let Some(slot) = self.requests.slot_of(id) else { return false };
         let r = self.requests.remove(id).expect("found above");
         self.prompt_logprobs.remove(&id);
+        self.drafts.remove(&id);
         match r.seq {
             Some(seq) => {
                 self.running.remove(r.running_key(slot));
@@ -471,6 +481,9 @@ impl Scheduler {
                 None if r.num_computed != 0 => return broken(format!("waiting request {} holds KV", r.id)),
                 None => {}
             }
+        }
+        if let Some(id) = self.drafts.keys().find(|&&id| !self.requests.contains(id)) {
+            return broken(format!("request {id} may be drafted for but is not in the scheduler"));
         }
         kv.check_holding(self.pending.is_some())
     }

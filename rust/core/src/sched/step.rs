@@ -38,21 +38,25 @@ const PLACEHOLDER: [u32; 1] = [0];
 
 impl Scheduler {
     /// An item's request, if it still runs on the item's sequence.
-    fn item_request(&self, it: &ScheduledItem) -> Option<&Request> {
+    pub(super) fn item_request(&self, it: &ScheduledItem) -> Option<&Request> {
         self.requests.running_at(it.slot, it.request, it.seq)
     }
 
     /// An item's tokens, if its request still runs on the item's sequence; for an item of a step
-    /// planned ahead whose token is not sampled yet, [`PLACEHOLDER`].
+    /// planned ahead whose token is not sampled yet, [`PLACEHOLDER`]; for a drafted item, its token
+    /// and drafts.
     fn item_tokens(&self, it: &ScheduledItem) -> Option<&[u32]> {
         let r = self.item_request(it)?;
+        if it.drafts > 0 {
+            return self.drafted_tokens(it);
+        }
         let tokens = r.tokens.get(it.start..it.start + it.num_tokens);
         debug_assert!(tokens.is_some() || (it.num_tokens == 1 && it.start == r.tokens.len()));
         Some(tokens.unwrap_or(&PLACEHOLDER))
     }
 
     /// The model's work for `out` (the latest step's output): each item's tokens and which rows'
-    /// logits are needed (the last of a sampling item; every row of a `prompt_logits` item).
+    /// logits are needed (the last of a sampling item; every row of a `prompt_logits` or drafted item).
     pub fn step_items(&self, out: &SchedulerOutput) -> Result<Vec<StepItem<'_>>> {
         self.check_pending(out)?;
         Ok(out.items.iter().filter_map(|it| self.step_item(it)).collect())
@@ -61,18 +65,18 @@ impl Scheduler {
     /// An item as the model's work, if its request still runs on the item's sequence.
     fn step_item(&self, it: &ScheduledItem) -> Option<StepItem<'_>> {
         let tokens = self.item_tokens(it)?;
-        let logits = match (it.prompt_logits, it.sample) {
+        let logits = match (it.prompt_logits || it.drafts > 0, it.sample) {
             (true, _) => Logits::All,
             (false, true) => Logits::Last,
             (false, false) => Logits::None,
         };
-        Some(StepItem { seq: it.seq, tokens, logits })
+        Some(StepItem { seq: it.seq, tokens, logits, drafts: it.drafts as usize })
     }
 
     /// Where the logits rows of `out`'s step (the latest schedule's, not yet updated) come from, in
     /// the order a runner returns them ([`step_items`](Self::step_items), or the plan's
     /// `logits_indices`): the sampling rows, and the prompt rows of the requests that want their
-    /// prompt's logprobs.
+    /// prompt's logprobs. A drafted item's rows are all sampling rows, in order.
     pub fn logit_rows(&self, out: &SchedulerOutput) -> LogitRows {
         let mut rows = LogitRows::default();
         let mut next = 0;
@@ -93,8 +97,10 @@ impl Scheduler {
                     rows.sample.push(next - 1);
                 }
             } else if it.sample {
-                rows.sample.push(next);
-                next += 1;
+                // A drafted item samples from every row: its token's, then each draft's.
+                let count = 1 + it.drafts as usize;
+                rows.sample.extend(next..next + count);
+                next += count;
             }
         }
         rows.total = next;
@@ -107,7 +113,8 @@ impl Scheduler {
     /// blocks) can come between.
     pub fn advance_ledger(&self, out: &SchedulerOutput, kv: &mut SequenceTable) -> Result<()> {
         self.check_pending(out)?;
-        kv.advance_planned(out.new_blocks(), out.items.iter().filter_map(|it| Some((it.seq, self.item_tokens(it)?))))?;
+        let steps = out.items.iter().filter_map(|it| Some((it.seq, self.item_tokens(it)?, it.drafts as usize)));
+        kv.advance_planned(out.new_blocks(), steps)?;
         // No memory to copy: the copies are done as soon as they are made.
         kv.take_copies();
         kv.complete_copies()
@@ -144,14 +151,14 @@ impl Scheduler {
         self.check_pending(out)?;
         for it in &out.items {
             if let Some(tokens) = self.item_tokens(it) {
-                kv.append(it.seq, tokens)?;
+                kv.append(it.seq, &tokens[..tokens.len() - it.drafts as usize])?;
             }
         }
         kv.complete_copies()
     }
 
     /// Fails unless `out` is the output of the latest `schedule` and not yet recorded.
-    fn check_pending(&self, out: &SchedulerOutput) -> Result<()> {
+    pub(super) fn check_pending(&self, out: &SchedulerOutput) -> Result<()> {
         if self.pending == Some(out.step) {
             return Ok(());
         }
@@ -164,8 +171,12 @@ impl Scheduler {
     /// Records that the step ran: every item's tokens now hold KV, and each sampling item gets its
     /// sampled token (`sampled` in item order). Fails, changing nothing, on a stale output or the
     /// wrong number of tokens.
+    /// A step with drafts is recorded by [`update_drafted`](Self::update_drafted).
     pub fn update(&mut self, out: &SchedulerOutput, sampled: &[u32]) -> Result<()> {
         self.check_pending(out)?;
+        if out.num_draft_tokens > 0 {
+            return Err(Error::Value("this step has drafts: record it with update_drafted()".into()));
+        }
         if sampled.len() != out.num_sample() {
             return Err(Error::Value(format!(
                 "update() got {} sampled tokens for {} sampling items",
@@ -173,19 +184,30 @@ impl Scheduler {
                 out.num_sample()
             )));
         }
+        self.record(out, sampled, &[]);
+        Ok(())
+    }
+
+    /// `update`'s bookkeeping, checked before: each item's computed tokens less its rejected drafts
+    /// now hold KV, and each sampling item `i` appends its `accepted[i] + 1` tokens of `sampled` (one
+    /// where `accepted` is empty).
+    pub(super) fn record(&mut self, out: &SchedulerOutput, sampled: &[u32], accepted: &[usize]) {
         self.pending = self.ahead.take();
-        let mut tokens = sampled.iter();
+        let (mut at, mut k) = (0, 0);
         for it in &out.items {
-            let token = if it.sample { tokens.next().copied() } else { None };
+            let taken = if it.sample { accepted.get(k).map_or(1, |a| a + 1) } else { 0 };
+            let tokens = &sampled[at..at + taken];
+            (at, k) = (at + taken, k + usize::from(it.sample));
+            if it.sample && it.drafts == 0 && !self.drafts.is_empty() {
+                self.score_shadow(it.request, tokens[0]);
+            }
             let Some(r) = self.requests.running_at_mut(it.slot, it.request, it.seq) else { continue };
-            r.num_computed += it.num_tokens;
+            // A drafted item's KV holds its token and the drafts kept: all its tokens but the last.
+            r.num_computed += if it.drafts > 0 { taken } else { it.num_tokens };
             if it.prompt_logits && r.num_computed + 1 >= r.prompt_len as usize {
                 self.prompt_logprobs.remove(&it.request);
             }
-            if let Some(token) = token {
-                r.tokens.push(token);
-            }
+            r.tokens.extend_from_slice(tokens);
         }
-        Ok(())
     }
 }

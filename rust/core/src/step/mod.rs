@@ -17,9 +17,24 @@ pub enum Logits {
     All,
 }
 
-/// One entry of a step: append `tokens` to sequence `seq` and return the requested logits.
+/// One entry of a step: compute `tokens` at the end of sequence `seq`, append all but the last
+/// `drafts` of them (speculative decoding's drafted tokens: their KV is written into the blocks the
+/// sequence reserved, and recorded only once accepted) and return the requested logits.
 pub struct StepItem<'a> {
     pub seq: u64,
     pub tokens: &'a [u32],
     pub logits: Logits,
+    pub drafts: usize,
+}
+
+impl<'a> StepItem<'a> {
+    /// An item that appends every token it computes.
+    pub fn new(seq: u64, tokens: &'a [u32], logits: Logits) -> StepItem<'a> {
+        StepItem { seq, tokens, logits, drafts: 0 }
+    }
+
+    /// The tokens the step records in the sequence: all but the drafts.
+    pub fn recorded(&self) -> &'a [u32] {
+        &self.tokens[..self.tokens.len() - self.drafts]
+    }
 }

@@ -126,10 +126,7 @@ mod tests {
         table.append(a, &[7; 20]).unwrap();
         let decode = [5];
         let prompt = [1, 2, 3];
-        let items = [
-            StepItem { seq: a, tokens: &decode, logits: Logits::Last },
-            StepItem { seq: b, tokens: &prompt, logits: Logits::All },
-        ];
+        let items = [StepItem::new(a, &decode, Logits::Last), StepItem::new(b, &prompt, Logits::All)];
         table.reserve(&[(a, 1), (b, 3)]).unwrap();
         let plan = StepPlan::build(&items, &[12, 3], &table).unwrap();
         let ta = &table.get(a).unwrap().block_table;
@@ -151,7 +148,7 @@ mod tests {
         let mut table = SequenceTable::new(4, 0, false);
         let a = table.add_sequence();
         let tokens = [1; 17];
-        let items = [StepItem { seq: a, tokens: &tokens, logits: Logits::Last }];
+        let items = [StepItem::new(a, &tokens, Logits::Last)];
         assert!(StepPlan::build(&items, &[17], &table).is_err());
         table.reserve(&[(a, 17)]).unwrap();
         assert!(StepPlan::build(&items, &[], &table).is_err(), "one decode_from per item");
