@@ -105,7 +105,8 @@ def workloads(random_path: Path, rng: np.random.Generator) -> list[tuple[str, st
 
 def decode_speed(args: argparse.Namespace, random_path: Path, rng: np.random.Generator) -> None:
     print(
-        f"\nDecode, one request, {args.decode} tokens, tokens/s first token to last (median of {args.rounds}):"
+        f"\nDecode, one request, {args.decode} tokens, tokens/s first token to last "
+        f"(median of {args.rounds}):"
     )
     print("| workload | off | adaptive | vs off | kept | tokens/step | fixed | vs off | kept | tokens/step |")
     print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")

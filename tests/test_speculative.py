@@ -116,7 +116,7 @@ def test_stop_strings_stop_tokens_and_lengths_end_requests_where_they_would(pair
 
 
 def test_grammars_and_logits_processors_see_every_token_in_order(pair, rng):
-    plain, drafted = pair
+    plain, _ = pair
     banned = int(plain.tokenizer.encode(" the")[-1])
     seen: dict[int, list[int]] = {0: [], 1: []}
 
@@ -276,7 +276,7 @@ def test_drafted_ledgers_keep_their_invariants_and_free_every_block(
         sampled = [t for d, a in zip(drafts, kept, strict=True) for t in [*d[:a], int(rng.integers(0, 4))]]
         sched.update(out, sampled, kept)
         sched.check()
-        for request, n, sample in out.items:
+        for request, _, sample in out.items:
             state = sched.request_state(request)
             if sample and state is not None and (len(state[0]) >= limits[request] or rng.random() < 0.1):
                 (sched.finish if rng.random() < 0.5 else sched.abort)(request)
