@@ -397,7 +397,8 @@ class LLM:
     def stream(
         self, prompt: PromptType, sampling_params: SamplingParams | None = None
     ) -> Iterator[RequestOutput]:
-        """Yields the request's cumulative output after every generated token; the last one is finished.
+        """Yields the request's cumulative output after every step (one token, or more with accepted
+        drafts); the last one is finished.
         Closing the iterator early aborts the request and frees its KV blocks."""
         request_id = self._add(
             self._prompt_list(prompt)[0], sampling_params or self.get_default_sampling_params(), stream=True
