@@ -8,11 +8,12 @@ native and the torch runner alike."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
+
+from oxibonsai.json_arg import json_mapping
 
 ROPE_TYPES = ("default", "linear", "yarn")
 _MAX_CONTEXT = 1 << 24
@@ -60,13 +61,7 @@ class RopeScaling:
         Keys this engine does not implement are refused, not ignored."""
         if value is None or isinstance(value, RopeScaling):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"rope_scaling is not valid JSON: {e}") from e
-        if not isinstance(value, Mapping):
-            raise ValueError(f"rope_scaling must be a dict, got {type(value).__name__}")
+        value = json_mapping(value, "rope_scaling")
         items = dict(value)
         if "type" in items:
             legacy = items.pop("type")

@@ -21,11 +21,11 @@ rejected ones cost a little (``benches/bench_speculative.py``)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from oxibonsai.json_arg import json_mapping
 from oxibonsai.runner import DraftedDraws, Draw, SampleRow, sample_on_host
 
 if TYPE_CHECKING:
@@ -94,13 +94,7 @@ class SpeculativeConfig:
         stays None. Unknown keys are a ``ValueError`` naming them."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"speculative_config is not valid JSON: {e}") from e
-        if not isinstance(value, Mapping):
-            raise ValueError(f"speculative_config must be a dict (or its JSON), got {type(value).__name__}")
+        value = json_mapping(value, "speculative_config")
         fields = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "adaptive"}
         unknown = sorted(set(value) - fields)
         if unknown:
